@@ -1,0 +1,60 @@
+"""The SQL that differs between SQLite and PostgreSQL, in one place.
+
+Business code never branches on the database; it uses these constructs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import DateTime
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.expression import FunctionElement
+
+
+class utcnow(FunctionElement[Any]):  # noqa: N801 - reads like the SQL function it is
+    """The database's current UTC time, with sub-second resolution.
+
+    Time comes from the database, not from client clocks (heartbeats from
+    several machines must be comparable). SQLite's ``CURRENT_TIMESTAMP`` has
+    one-second resolution, so it gets ``strftime`` with milliseconds instead.
+    """
+
+    type = DateTime(timezone=True)
+    inherit_cache = True
+
+
+@compiles(utcnow, "postgresql")
+def _utcnow_postgresql(element: utcnow, compiler: Any, **kw: Any) -> str:
+    return "statement_timestamp()"
+
+
+@compiles(utcnow, "sqlite")
+def _utcnow_sqlite(element: utcnow, compiler: Any, **kw: Any) -> str:
+    return "(strftime('%Y-%m-%d %H:%M:%f', 'now'))"
+
+
+@compiles(utcnow)
+def _utcnow_default(element: utcnow, compiler: Any, **kw: Any) -> str:
+    return "CURRENT_TIMESTAMP"
+
+
+def metric_insert_sql(dialect_name: str) -> str:
+    """The driver-level statement for one metric row, idempotent on its key.
+
+    Written for the driver (positional parameters, executemany) because that is
+    what keeps ingest at raw-driver speed: SQLAlchemy's compiled insert of
+    dicts reaches under half of it. ``ON CONFLICT DO NOTHING`` makes a retried
+    flush of the same (segment, key, step) harmless on both engines.
+    """
+    placeholder = "?" if dialect_name == "sqlite" else "%s"
+    values = ", ".join([placeholder] * 7)
+    return (
+        "INSERT INTO metrics (run_id, segment_id, key, step, value, examples_seen, wall_time) "
+        f"VALUES ({values}) ON CONFLICT DO NOTHING"
+    )
+
+
+def placeholder(dialect_name: str) -> str:
+    """The DB-API parameter marker of the driver behind ``dialect_name``."""
+    return "?" if dialect_name == "sqlite" else "%s"

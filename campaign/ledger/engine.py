@@ -1,0 +1,210 @@
+"""Engines and transactions for the two supported databases.
+
+Everything that depends on the database engine at connection level lives
+here: URL resolution, SQLite pragmas and ``BEGIN IMMEDIATE``, PostgreSQL
+connect timeouts, the retry policy, and the translation of driver errors into
+the ledger's own errors.
+
+Why ``BEGIN IMMEDIATE`` on SQLite: a deferred transaction that reads and then
+writes upgrades its lock at the write; if another connection wrote in between,
+SQLite fails at once with "database is locked" regardless of the busy timeout
+(the snapshot is stale, waiting cannot help). Taking the write lock at BEGIN
+makes writers queue on the busy timeout instead. Readers use plain deferred
+transactions and, in WAL mode, never block writers.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+from sqlalchemy import Connection, Engine, create_engine, event, exc
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.pool import StaticPool
+
+from campaign.ledger.errors import (
+    LedgerError,
+    LedgerUnreachable,
+    LedgerUrlError,
+    NotALedger,
+    RefusedWrite,
+)
+
+DEFAULT_URL = "sqlite:///campaign.db"
+ENV_VAR = "CAMPAIGN_LEDGER"
+SQLITE_BUSY_TIMEOUT_S = 60.0
+POSTGRES_CONNECT_TIMEOUT_S = 5
+MAX_ATTEMPTS = 6
+REFUSAL_PREFIX = "campaign ledger refused"
+
+_WRITE_OPTION = "campaign_write"
+_RETRYABLE_SQLSTATES = {"40001", "40P01"}  # serialization_failure, deadlock_detected
+_T = TypeVar("_T")
+
+
+def resolve_url(explicit: str | None = None) -> str:
+    """``--ledger URL``, else ``CAMPAIGN_LEDGER``, else the SQLite default (DESIGN.md §11)."""
+    return explicit or os.environ.get(ENV_VAR) or DEFAULT_URL
+
+
+def parse_url(text: str) -> URL:
+    """Parse and normalise a ledger URL; refuse anything we do not support.
+
+    ``postgresql://`` and ``postgres://`` mean psycopg 3, the driver we ship
+    with (SQLAlchemy would otherwise look for psycopg2).
+    """
+    try:
+        url = make_url(text)
+    except exc.ArgumentError:
+        raise LedgerUrlError(
+            f"malformed ledger URL {text!r}: expected sqlite:///PATH or "
+            "postgresql+psycopg://USER@HOST:PORT/DATABASE"
+        ) from None
+    if url.drivername in ("postgresql", "postgres", "postgresql+psycopg"):
+        return url.set(drivername="postgresql+psycopg")
+    if url.drivername in ("sqlite", "sqlite+pysqlite"):
+        return url.set(drivername="sqlite")
+    raise LedgerUrlError(
+        f"unsupported ledger URL {safe_url(url)!r}: the ledger runs on sqlite:/// or postgresql://"
+    )
+
+
+def safe_url(url: URL) -> str:
+    """The URL as it may be printed: never with its password."""
+    return url.render_as_string(hide_password=True)
+
+
+def sqlite_path(url: URL) -> Path | None:
+    """The database file of a SQLite URL; None for in-memory or PostgreSQL."""
+    if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
+        return None
+    return Path(url.database)
+
+
+def create_ledger_engine(url: URL) -> Engine:
+    """An engine configured for the ledger's transaction discipline."""
+    if url.get_backend_name() == "sqlite":
+        return _sqlite_engine(url)
+    return create_engine(
+        url,
+        pool_pre_ping=True,
+        connect_args={
+            "connect_timeout": POSTGRES_CONNECT_TIMEOUT_S,
+            "application_name": "campaign",
+        },
+    )
+
+
+def _sqlite_engine(url: URL) -> Engine:
+    path = sqlite_path(url)
+    if path is not None and not path.parent.exists():
+        raise LedgerUnreachable(
+            f"cannot open SQLite ledger {str(path)!r}: directory {str(path.parent)!r} does not exist"
+        )
+    kwargs: dict[str, Any] = {
+        "connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_S, "check_same_thread": False}
+    }
+    if path is None:
+        kwargs["poolclass"] = StaticPool  # one shared in-memory database
+    engine = create_engine(url, **kwargs)
+    event.listen(engine, "connect", _sqlite_on_connect)
+    event.listen(engine, "begin", _sqlite_on_begin)
+    return engine
+
+
+def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
+    # Hand transaction control to us: the sqlite3 module's own implicit BEGIN
+    # is always deferred and commits before DDL, both wrong here.
+    dbapi_connection.isolation_level = None
+    cursor = dbapi_connection.cursor()
+    cursor.execute(f"PRAGMA busy_timeout = {int(SQLITE_BUSY_TIMEOUT_S * 1000)}")
+    cursor.execute("PRAGMA foreign_keys = ON")
+    # Safe in WAL mode: a crash may lose the last commits, never corrupt.
+    cursor.execute("PRAGMA synchronous = NORMAL")
+    cursor.close()
+
+
+def _sqlite_on_begin(connection: Connection) -> None:
+    if connection.get_execution_options().get(_WRITE_OPTION):
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+    else:
+        connection.exec_driver_sql("BEGIN")
+
+
+def enable_wal(engine: Engine) -> None:
+    """Switch a SQLite ledger to WAL (persistent in the file; a no-op if already)."""
+    if engine.dialect.name != "sqlite" or sqlite_path(engine.url) is None:
+        return
+    with engine.connect() as conn:
+        raw = conn.connection.dbapi_connection
+        assert raw is not None
+        mode = raw.execute("PRAGMA journal_mode").fetchone()[0]
+        if mode.lower() != "wal":
+            raw.execute("PRAGMA journal_mode = WAL")
+
+
+@contextmanager
+def write_connection(engine: Engine) -> Iterator[Connection]:
+    """A connection whose transactions take the write lock at BEGIN (SQLite)."""
+    with engine.connect().execution_options(**{_WRITE_OPTION: True}) as conn:
+        yield conn
+
+
+def run_in_transaction(
+    engine: Engine, work: Callable[[Connection], _T], *, write: bool, what: str
+) -> _T:
+    """Run ``work`` in one transaction, retrying races a bounded number of times.
+
+    PostgreSQL serialization failures and deadlocks, and SQLite's "database is
+    locked" after the busy timeout, are normal outcomes under concurrency: they
+    get a few jittered retries. ``work`` must therefore be safe to repeat (it
+    is: the transaction rolled back). Everything else is translated once.
+    """
+    for attempt in range(1, MAX_ATTEMPTS + 1):
+        try:
+            with write_connection(engine) if write else engine.connect() as conn:
+                with conn.begin():
+                    return work(conn)
+        except exc.DBAPIError as error:
+            if attempt < MAX_ATTEMPTS and is_retryable(error):
+                time.sleep(random.uniform(0.01, 0.05) * attempt)
+                continue
+            raise translate_error(error, engine.url, what) from error
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def is_retryable(error: exc.DBAPIError) -> bool:
+    sqlstate = getattr(error.orig, "sqlstate", None)
+    if sqlstate in _RETRYABLE_SQLSTATES:
+        return True
+    message = str(error.orig).lower()
+    return "database is locked" in message or "database is busy" in message
+
+
+def translate_error(error: exc.DBAPIError, url: URL, what: str) -> LedgerError:
+    """Turn a driver error into one clear line of the ledger's own kind."""
+    message = str(error.orig).strip().splitlines()[0] if error.orig else str(error)
+    where = safe_url(url)
+    if REFUSAL_PREFIX in message:
+        return RefusedWrite(f"{what}: {message[message.index(REFUSAL_PREFIX):]}")
+    if isinstance(error, exc.IntegrityError):
+        return RefusedWrite(f"{what}: {REFUSAL_PREFIX}: {message}")
+    if "file is not a database" in message:
+        return NotALedger(f"{where} is not a campaign ledger: the file is not a SQLite database")
+    if error.connection_invalidated or isinstance(error, exc.OperationalError):
+        return LedgerUnreachable(f"ledger {where} unreachable while {what}: {message}")
+    return LedgerError(f"ledger {where} error while {what}: {message}")
+
+
+@contextmanager
+def translated(url: URL, what: str) -> Iterator[None]:
+    """Translate driver errors raised inside the block (for reads and setup)."""
+    try:
+        yield
+    except exc.DBAPIError as error:
+        raise translate_error(error, url, what) from error

@@ -1,0 +1,87 @@
+"""Reads that go straight to pandas.
+
+Queries run on the driver connection (DB-API cursor, ``fetchall``, one
+``DataFrame`` construction): going through a SQLAlchemy ``Connection`` costs
+about twice as long for the large metric reads (benchmarks/read.py). SQL is
+written once with ``?`` markers and adapted to the driver's style.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import pandas as pd
+from sqlalchemy import Engine
+
+from campaign.ledger.engine import translated
+
+TIME_COLUMNS = frozenset(
+    {"created_at", "started_at", "ended_at", "heartbeat_at", "at"}
+)
+JSON_COLUMNS = frozenset({"config", "environment", "overrides", "inputs"})
+
+
+def query_frame(engine: Engine, sql: str, params: Sequence[Any] = (), what: str = "reading") -> pd.DataFrame:
+    """Run ``sql`` (``?`` markers) on the driver connection into a DataFrame."""
+    if engine.dialect.name != "sqlite":
+        sql = sql.replace("?", "%s")
+    with translated(engine.url, what), engine.connect() as conn:
+        raw = conn.connection.driver_connection
+        cursor = raw.cursor()
+        try:
+            cursor.execute(sql, tuple(params))
+            rows = cursor.fetchall()
+            columns = [d[0] for d in cursor.description]
+        finally:
+            cursor.close()
+        if engine.dialect.name != "sqlite":
+            raw.rollback()  # end the read transaction psycopg opened
+    frame = pd.DataFrame.from_records(rows, columns=columns, coerce_float=False)
+    return _normalise(frame)
+
+
+def _normalise(frame: pd.DataFrame) -> pd.DataFrame:
+    """Same dtypes on both engines: UTC timestamps, decoded JSON documents."""
+    for column in frame.columns:
+        if column in TIME_COLUMNS:
+            frame[column] = pd.to_datetime(frame[column], utc=True, format="ISO8601")
+        elif column in JSON_COLUMNS:
+            frame[column] = [None if v is None else json.loads(v) for v in frame[column]]
+        elif column == "is_control":
+            frame[column] = frame[column].astype(bool)
+    return frame
+
+
+def in_list(values: Sequence[Any]) -> str:
+    """``(?, ?, ...)`` for an IN clause of ``len(values)`` parameters."""
+    return "(" + ", ".join("?" * len(values)) + ")"
+
+
+def latest_segment_only(frame: pd.DataFrame) -> pd.DataFrame:
+    """Keep, for every (run, key, step), the value of the latest segment.
+
+    A resumed segment re-executes the steps after its checkpoint; both values
+    stay in the ledger, and readers take the newest by default. Only runs
+    with several segments need the work.
+    """
+    if frame.empty:
+        return frame
+    multi = frame.groupby("run_id", sort=False)["segment_id"].nunique()
+    resumed = multi.index[multi > 1]
+    if len(resumed) == 0:
+        return frame
+    mask = frame["run_id"].isin(resumed)
+    part = frame[mask].sort_values(["run_id", "key", "step", "segment_id"])
+    part = part.drop_duplicates(["run_id", "key", "step"], keep="last")
+    merged = pd.concat([frame[~mask], part])
+    return merged.sort_values(["run_id", "key", "step"], kind="stable").reset_index(drop=True)
+
+
+def flatten_config(configs: pd.Series) -> pd.DataFrame:
+    """One column per dotted config key (``config.optimizer.lr``) for comparisons."""
+    flat = pd.json_normalize(list(configs), sep=".")
+    flat.columns = [f"config.{c}" for c in flat.columns]
+    flat.index = configs.index
+    return flat

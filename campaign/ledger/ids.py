@@ -1,0 +1,32 @@
+"""Run identities: generated once, sortable by creation time, unguessable.
+
+A run id is a ULID-style string: 48 bits of milliseconds since the epoch and
+80 random bits from :mod:`secrets`, in Crockford base32 (26 characters, no
+ambiguous letters). Sorting ids sorts runs by creation time; the random part
+makes collisions between machines negligible and ids impossible to guess. The
+primary key makes reuse impossible even so.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+
+_ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"  # Crockford base32, lower case
+RUN_ID_LENGTH = 26
+
+
+def new_run_id(now_ms: int | None = None) -> str:
+    """Return a fresh run id; ``now_ms`` only exists to test the ordering."""
+    ms = int(time.time() * 1000) if now_ms is None else now_ms
+    value = (ms << 80) | secrets.randbits(80)
+    chars = []
+    for _ in range(RUN_ID_LENGTH):
+        value, digit = divmod(value, 32)
+        chars.append(_ALPHABET[digit])
+    return "".join(reversed(chars))
+
+
+def looks_like_run_id(text: str) -> bool:
+    """Cheap syntactic check used to give a clear error before any query."""
+    return len(text) == RUN_ID_LENGTH and all(c in _ALPHABET for c in text.lower())

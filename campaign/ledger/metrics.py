@@ -1,0 +1,174 @@
+"""The metric writer: buffer points on the caller's side, flush them in one transaction.
+
+Logging must never dominate a training step. ``log`` appends a tuple to a
+list (a few microseconds); a flush sends the whole buffer with the driver's
+``executemany`` inside one transaction, which is what raw ``sqlite3`` or
+psycopg would do by hand. SQLAlchemy's compiled insert of dicts is skipped on
+purpose: it reaches under half of the driver's speed (benchmarks/ingest.py).
+
+Flushes happen when the buffer reaches ``batch_size`` points, when a ``log``
+call finds the last flush older than ``interval_s``, on ``flush()`` and on
+``close()``. Writes are idempotent on (segment, key, step): a flush retried
+after a lost connection cannot duplicate a point.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any
+
+from sqlalchemy import Engine, exc
+
+from campaign.ledger.dialects import metric_insert_sql
+from campaign.ledger.engine import MAX_ATTEMPTS, is_retryable, translate_error
+
+MetricRow = tuple[str, int, str, int, float | None, int | None, float]
+
+
+class MetricWriter:
+    """Buffered writer of one segment's metric points. Not thread-safe: one per loop."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        run_id: str,
+        segment_id: int,
+        *,
+        batch_size: int = 1000,
+        interval_s: float = 5.0,
+    ) -> None:
+        if batch_size < 1 or interval_s <= 0:
+            raise ValueError("batch_size must be >= 1 and interval_s > 0")
+        self._engine = engine
+        self._sql = metric_insert_sql(engine.dialect.name)
+        self._sqlite = engine.dialect.name == "sqlite"
+        self.run_id = run_id
+        self.segment_id = segment_id
+        self.batch_size = batch_size
+        self.interval_s = interval_s
+        self._buffer: list[MetricRow] = []
+        self._last_flush = time.time()
+        self._raw: Any = None
+        self.points_written = 0
+
+    # -- logging (the hot path) -------------------------------------------------
+
+    def log(
+        self,
+        key: str,
+        step: int,
+        value: float,
+        examples_seen: int | None = None,
+        wall_time: float | None = None,
+    ) -> None:
+        """Buffer one point. ``float(value)`` syncs a CUDA tensor: pass a number."""
+        now = time.time() if wall_time is None else wall_time
+        number = float(value)
+        # NaN is stored as NULL on both engines (SQLite cannot store NaN);
+        # pandas reads NULL back as NaN, so a diverged curve reads the same.
+        self._buffer.append(
+            (self.run_id, self.segment_id, key, step, None if number != number else number,
+             examples_seen, now)
+        )  # fmt: skip
+        if len(self._buffer) >= self.batch_size or now - self._last_flush >= self.interval_s:
+            self.flush()
+
+    def log_dict(
+        self, step: int, values: Mapping[str, float], examples_seen: int | None = None
+    ) -> None:
+        """Buffer several keys measured at the same step."""
+        now = time.time()
+        for key, value in values.items():
+            self.log(key, step, value, examples_seen, now)
+
+    @property
+    def pending(self) -> int:
+        return len(self._buffer)
+
+    # -- flushing ---------------------------------------------------------------
+
+    def flush(self) -> int:
+        """Write every buffered point in one transaction; return how many."""
+        rows = self._buffer
+        self._last_flush = time.time()
+        if not rows:
+            return 0
+        for attempt in range(1, MAX_ATTEMPTS + 1):
+            try:
+                self._write(rows)
+                break
+            except exc.DBAPIError as error:
+                self._drop_connection()
+                if attempt < MAX_ATTEMPTS and is_retryable(error):
+                    time.sleep(random.uniform(0.01, 0.05) * attempt)
+                    continue
+                raise translate_error(error, self._engine.url, "writing metrics") from error
+            except Exception as error:  # a driver error not yet wrapped by SQLAlchemy
+                self._drop_connection()
+                wrapped = exc.DBAPIError(self._sql, None, error)
+                if attempt < MAX_ATTEMPTS and is_retryable(wrapped):
+                    time.sleep(random.uniform(0.01, 0.05) * attempt)
+                    continue
+                if _is_driver_error(error):
+                    raise translate_error(wrapped, self._engine.url, "writing metrics") from error
+                raise
+        self._buffer = []
+        self.points_written += len(rows)
+        return len(rows)
+
+    def _write(self, rows: list[MetricRow]) -> None:
+        raw = self._connection()
+        cursor = raw.cursor()
+        try:
+            if self._sqlite:
+                # The write lock at BEGIN, so the batch waits on the busy timeout
+                # instead of failing on a lock upgrade (see engine.py).
+                cursor.execute("BEGIN IMMEDIATE")
+            cursor.executemany(self._sql, rows)
+            raw.commit()
+        except BaseException:
+            raw.rollback()
+            raise
+        finally:
+            cursor.close()
+
+    def _connection(self) -> Any:
+        if self._raw is None:
+            self._raw = self._engine.raw_connection()
+        return self._raw.driver_connection
+
+    def _drop_connection(self) -> None:
+        if self._raw is not None:
+            try:
+                self._raw.invalidate()
+            finally:
+                self._raw = None
+
+    def close(self) -> None:
+        """Flush what is left and give the connection back to the pool."""
+        try:
+            self.flush()
+        finally:
+            if self._raw is not None:
+                self._raw.close()
+                self._raw = None
+
+    def __enter__(self) -> MetricWriter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def _is_driver_error(error: BaseException) -> bool:
+    module = type(error).__module__
+    return module.startswith(("sqlite3", "psycopg"))
+

@@ -1,0 +1,161 @@
+"""Schema revisions: the startup check, first-use creation and upgrades.
+
+The migrations ship inside the package (``campaign.migrations``, the
+top-level ``migrations/`` folder of the source tree), so they work from a
+non-editable install in any directory.
+
+Concurrency: every migration runs inside one write transaction that first
+takes a lock (PostgreSQL: a transaction-scoped advisory lock; SQLite: the
+database write lock taken by ``BEGIN IMMEDIATE``). A process that waited for
+the lock re-reads the revision and finds the work done, so eight processes
+opening the same fresh ledger run the migrations exactly once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib.resources import files
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Connection, Engine, inspect, text
+
+from campaign.ledger.engine import enable_wal, safe_url, translated, write_connection
+from campaign.ledger.errors import LedgerRevisionError, NotALedger
+
+# pg_advisory_xact_lock key: "campaign" in ASCII, fits a bigint.
+_ADVISORY_LOCK_KEY = 0x63616D706169676E
+UPGRADE_HINT = "run `campaign db upgrade`"
+
+
+@dataclass(frozen=True)
+class SchemaState:
+    """What a database holds, as far as the ledger schema is concerned."""
+
+    revision: str | None  # None: no campaign revision recorded
+    tables: frozenset[str]
+
+    @property
+    def is_empty(self) -> bool:
+        return self.revision is None and not self.tables
+
+
+def alembic_config() -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(files("campaign.migrations")))
+    return config
+
+
+@lru_cache(maxsize=1)
+def _script() -> ScriptDirectory:
+    return ScriptDirectory.from_config(alembic_config())
+
+
+def head_revision() -> str:
+    head = _script().get_current_head()
+    assert head is not None, "the package ships no migrations"
+    return head
+
+
+def is_known_revision(revision: str) -> bool:
+    return any(script.revision == revision for script in _script().walk_revisions())
+
+
+def read_state(conn: Connection) -> SchemaState:
+    tables = frozenset(inspect(conn).get_table_names())
+    revision = None
+    if "alembic_version" in tables:
+        revision = MigrationContext.configure(conn).get_current_revision()
+    return SchemaState(revision, tables - {"alembic_version"})
+
+
+def ensure_ready(engine: Engine, *, create: bool = True) -> str:
+    """Check the ledger's revision before any write; create a fresh ledger at head.
+
+    Returns the revision. Raises :class:`NotALedger` for a database holding
+    other tables, :class:`LedgerRevisionError` for an older or unknown revision.
+    """
+    where = safe_url(engine.url)
+    with translated(engine.url, "reading the ledger revision"), engine.connect() as conn:
+        state = read_state(conn)
+    if state.is_empty and create:
+        return _create_at_head(engine)
+    return check_revision(state, where)
+
+
+def check_revision(state: SchemaState, where: str) -> str:
+    head = head_revision()
+    if state.revision is None:
+        if not state.tables:
+            raise LedgerRevisionError(f"ledger {where} has no schema yet: {UPGRADE_HINT}")
+        listed = ", ".join(sorted(state.tables)[:5])
+        raise NotALedger(
+            f"{where} is not a campaign ledger: it holds other tables ({listed}) "
+            "and no campaign schema revision"
+        )
+    if state.revision == head:
+        return head
+    if is_known_revision(state.revision):
+        raise LedgerRevisionError(
+            f"ledger {where} is at revision {state.revision}, this code needs {head}: {UPGRADE_HINT}"
+        )
+    raise LedgerRevisionError(
+        f"ledger {where} is at revision {state.revision}, unknown to this campaign version "
+        f"(head {head}): it was written by newer code; upgrade the campaign package"
+    )
+
+
+def _create_at_head(engine: Engine) -> str:
+    # WAL cannot be switched on inside a transaction; it persists in the file.
+    with translated(engine.url, "creating the ledger"):
+        enable_wal(engine)
+    upgrade(engine, "head", only_if_empty=True)
+    return head_revision()
+
+
+def upgrade(engine: Engine, revision: str = "head", *, only_if_empty: bool = False) -> None:
+    """Bring the ledger to ``revision`` under the migration lock.
+
+    ``only_if_empty``: the first-use path; if another process created the
+    schema while we waited for the lock, do nothing.
+    """
+    with translated(engine.url, "upgrading the ledger"), write_connection(engine) as conn:
+        with conn.begin():
+            _take_migration_lock(conn)
+            state = read_state(conn)
+            if only_if_empty and not state.is_empty:
+                return
+            if state.revision is None and state.tables:
+                check_revision(state, safe_url(engine.url))  # raises NotALedger
+            if state.revision is not None and not is_known_revision(state.revision):
+                check_revision(state, safe_url(engine.url))  # raises: newer code's ledger
+            _run_alembic(conn, "upgrade", revision)
+    enable_wal(engine)
+
+
+def downgrade(engine: Engine, revision: str) -> None:
+    """Step the schema back (developers and migration tests; drops data of later revisions)."""
+    with translated(engine.url, "downgrading the ledger"), write_connection(engine) as conn:
+        with conn.begin():
+            _take_migration_lock(conn)
+            _run_alembic(conn, "downgrade", revision)
+
+
+def current_revision(engine: Engine) -> str | None:
+    with translated(engine.url, "reading the ledger revision"), engine.connect() as conn:
+        return read_state(conn).revision
+
+
+def _take_migration_lock(conn: Connection) -> None:
+    if conn.dialect.name == "postgresql":
+        conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _ADVISORY_LOCK_KEY})
+    # SQLite: BEGIN IMMEDIATE of the write connection already holds the write lock.
+
+
+def _run_alembic(conn: Connection, verb: str, revision: str) -> None:
+    config = alembic_config()
+    config.attributes["connection"] = conn
+    getattr(command, verb)(config, revision)

@@ -1,0 +1,80 @@
+"""The ledger's fixed words: run statuses, stop causes and the legal transitions.
+
+These are contract (DESIGN.md §2): scripts and SQL users match on the exact
+strings. The database enforces the same rules with CHECK constraints and
+triggers; the migrations carry their own frozen copy of these lists so that an
+old migration never changes meaning when this module grows.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+PLANNED: Final = "planned"
+RUNNING: Final = "running"
+
+RUN_STATUSES: Final = (
+    "planned",
+    "running",
+    "completed",
+    "diverged",
+    "stopped",
+    "failed",
+    "oom",
+    "interrupted",
+    "lost",
+)
+TERMINAL_STATUSES: Final = frozenset({"completed", "diverged", "stopped", "failed", "oom"})
+RESUMABLE_STATUSES: Final = frozenset({"interrupted", "lost"})
+ENDED_STATUSES: Final = TERMINAL_STATUSES | RESUMABLE_STATUSES
+
+STOP_CAUSES: Final = (
+    "budget_reached",
+    "non_finite_loss",
+    "non_finite_grad",
+    "loss_explosion",
+    "early_stop",
+    "wall_time",
+    "out_of_memory",
+    "exception",
+    "interrupted",
+    "preempted",
+    "heartbeat_lost",
+)
+
+# Which stop causes make sense for which end status. The database only checks
+# that an ended run has *a* cause; this finer mapping is checked by the API so
+# that a balance sheet never shows "completed / out_of_memory".
+CAUSES_BY_STATUS: Final[dict[str, frozenset[str]]] = {
+    "completed": frozenset({"budget_reached", "early_stop"}),
+    "stopped": frozenset({"early_stop", "wall_time"}),
+    "diverged": frozenset({"non_finite_loss", "non_finite_grad", "loss_explosion"}),
+    "oom": frozenset({"out_of_memory"}),
+    "failed": frozenset({"exception"}),
+    "interrupted": frozenset({"interrupted", "preempted"}),
+    "lost": frozenset({"heartbeat_lost"}),
+}
+
+TRANSITIONS: Final[dict[str, frozenset[str]]] = {
+    "planned": frozenset({"running"}),
+    "running": ENDED_STATUSES,
+    "interrupted": frozenset({"running"}),
+    "lost": frozenset({"running"}),
+}
+
+ARTIFACT_KINDS: Final = ("checkpoint", "final", "predictions", "report", "config", "traceback")
+PHASES: Final = (
+    "data",
+    "forward",
+    "backward",
+    "update",
+    "validation",
+    "checkpoint",
+    "resume",
+    "export",
+)
+
+
+def can_transition(current: str, new: str) -> bool:
+    """True when the run-status graph of DESIGN.md §2 allows ``current -> new``."""
+    return new in TRANSITIONS.get(current, frozenset())

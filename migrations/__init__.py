@@ -1,0 +1,1 @@
+"""The ledger's Alembic environment, shipped in the wheel as ``campaign.migrations``."""
