@@ -81,4 +81,3 @@ def start_without_commit(
         )
     )
     return Claim(run_id, segment_id, ordinal, config, worker)
-

@@ -12,7 +12,7 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.expression import FunctionElement
 
 
-class utcnow(FunctionElement[Any]):  # noqa: N801 - reads like the SQL function it is
+class utcnow(FunctionElement[Any]):
     """The database's current UTC time, with sub-second resolution.
 
     Time comes from the database, not from client clocks (heartbeats from

@@ -191,7 +191,7 @@ def translate_error(error: exc.DBAPIError, url: URL, what: str) -> LedgerError:
     message = str(error.orig).strip().splitlines()[0] if error.orig else str(error)
     where = safe_url(url)
     if REFUSAL_PREFIX in message:
-        return RefusedWrite(f"{what}: {message[message.index(REFUSAL_PREFIX):]}")
+        return RefusedWrite(f"{what}: {message[message.index(REFUSAL_PREFIX) :]}")
     if isinstance(error, exc.IntegrityError):
         return RefusedWrite(f"{what}: {REFUSAL_PREFIX}: {message}")
     if "file is not a database" in message:

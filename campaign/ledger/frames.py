@@ -17,13 +17,17 @@ from sqlalchemy import Engine
 
 from campaign.ledger.engine import translated
 
-TIME_COLUMNS = frozenset(
-    {"created_at", "started_at", "ended_at", "heartbeat_at", "at"}
-)
+TIME_COLUMNS = frozenset({"created_at", "started_at", "ended_at", "heartbeat_at", "at"})
 JSON_COLUMNS = frozenset({"config", "environment", "overrides", "inputs"})
+# Integer columns that may hold NULL: nullable Int64 instead of object dtype.
+NULLABLE_INT_COLUMNS = frozenset(
+    {"examples_seen", "stop_step", "end_step", "step", "resumed_from", "run_step"}
+)
 
 
-def query_frame(engine: Engine, sql: str, params: Sequence[Any] = (), what: str = "reading") -> pd.DataFrame:
+def query_frame(
+    engine: Engine, sql: str, params: Sequence[Any] = (), what: str = "reading"
+) -> pd.DataFrame:
     """Run ``sql`` (``?`` markers) on the driver connection into a DataFrame."""
     if engine.dialect.name != "sqlite":
         sql = sql.replace("?", "%s")
@@ -49,6 +53,8 @@ def _normalise(frame: pd.DataFrame) -> pd.DataFrame:
             frame[column] = pd.to_datetime(frame[column], utc=True, format="ISO8601")
         elif column in JSON_COLUMNS:
             frame[column] = [None if v is None else json.loads(v) for v in frame[column]]
+        elif column in NULLABLE_INT_COLUMNS and frame[column].dtype == object:
+            frame[column] = frame[column].astype("Int64")
         elif column == "is_control":
             frame[column] = frame[column].astype(bool)
     return frame

@@ -171,4 +171,3 @@ class MetricWriter:
 def _is_driver_error(error: BaseException) -> bool:
     module = type(error).__module__
     return module.startswith(("sqlite3", "psycopg"))
-

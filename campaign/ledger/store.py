@@ -10,7 +10,6 @@ so that a mistake gets a precise message instead of a trigger's.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
@@ -30,6 +29,7 @@ from campaign.ledger.engine import (
     safe_url,
 )
 from campaign.ledger.errors import IllegalTransition, LedgerInputError, NotFound
+from campaign.ledger.ids import new_run_id
 from campaign.ledger.metrics import MetricWriter
 from campaign.ledger.models import (
     Artifact,
@@ -42,8 +42,15 @@ from campaign.ledger.models import (
     Segment,
     Variant,
 )
-from campaign.ledger.records import CampaignRecord, Claim, NewRun, NewVariant, RunRecord, StopInfo
-from campaign.ledger.ids import new_run_id
+from campaign.ledger.records import (
+    CampaignRecord,
+    Claim,
+    NewRun,
+    NewVariant,
+    RunRecord,
+    StopInfo,
+    as_utc,
+)
 from campaign.ledger.vocabulary import (
     CAUSES_BY_STATUS,
     ENDED_STATUSES,
@@ -276,8 +283,9 @@ class Ledger:
                 stop_cause=m["stop_cause"], stop_step=m["stop_step"],
                 stop_phase=m["stop_phase"], stop_detail=m["stop_detail"],
                 relaunch_of=m["relaunch_of"], relaunch_reason=m["relaunch_reason"],
-                worker=m["worker"], created_at=m["created_at"], started_at=m["started_at"],
-                ended_at=m["ended_at"], heartbeat_at=m["heartbeat_at"],
+                worker=m["worker"], created_at=as_utc(m["created_at"]),
+                started_at=as_utc(m["started_at"]), ended_at=as_utc(m["ended_at"]),
+                heartbeat_at=as_utc(m["heartbeat_at"]),
             )  # fmt: skip
 
         return self._read(work, f"reading run {run_id}")
@@ -694,9 +702,5 @@ def _campaign_by_id(conn: Connection, campaign_id: int, run_ids: tuple[str, ...]
     m = conn.execute(select(campaigns_t).where(campaigns_t.c.id == campaign_id)).one()._mapping
     return CampaignRecord(
         id=m["id"], name=m["name"], question=m["question"], task=m["task"], spec=m["spec"],
-        spec_sha256=m["spec_sha256"], created_at=m["created_at"], run_ids=run_ids,
+        spec_sha256=m["spec_sha256"], created_at=as_utc(m["created_at"]), run_ids=run_ids,
     )  # fmt: skip
-
-
-def to_json(document: Mapping[str, Any]) -> str:
-    return json.dumps(document)

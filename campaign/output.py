@@ -1,0 +1,67 @@
+"""Rendering of listings for the command line: ``--format table|json|csv`` (DESIGN.md §11).
+
+``json`` prints one JSON document on stdout and nothing else there; messages
+always go to stderr.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import io
+import json
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import click
+
+FORMATS = ("table", "json", "csv")
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def output_options(command: _F) -> _F:
+    """Add ``--format`` to a listing command."""
+    return click.option(
+        "--format",
+        "output_format",
+        type=click.Choice(FORMATS),
+        default="table",
+        show_default=True,
+        help="table for people, json (one document) or csv for scripts.",
+    )(command)
+
+
+def render(rows: Sequence[Mapping[str, Any]], output_format: str, document: Any = None) -> str:
+    """Rows as an aligned table, CSV, or JSON (``document`` overrides the JSON body)."""
+    if output_format == "json":
+        return json.dumps(rows if document is None else document, indent=2, default=str)
+    if output_format == "csv":
+        return _csv(rows)
+    return _table(rows)
+
+
+def _csv(rows: Sequence[Mapping[str, Any]]) -> str:
+    buffer = io.StringIO()
+    if rows:
+        writer = csv.DictWriter(buffer, fieldnames=list(rows[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    return buffer.getvalue().rstrip("\n")
+
+
+def _table(rows: Sequence[Mapping[str, Any]]) -> str:
+    if not rows:
+        return "(none)"
+    columns = list(rows[0])
+    cells = [[_cell(row.get(c)) for c in columns] for row in rows]
+    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+    line = functools.partial(_line, widths=widths)
+    return "\n".join([line(columns), line(["-" * w for w in widths]), *map(line, cells)])
+
+
+def _line(values: Sequence[str], widths: Sequence[int]) -> str:
+    return "  ".join(v.ljust(w) for v, w in zip(values, widths, strict=True)).rstrip()
+
+
+def _cell(value: Any) -> str:
+    return "" if value is None else str(value)

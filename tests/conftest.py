@@ -1,0 +1,70 @@
+"""Fixtures: one ledger URL fixture parametrised over SQLite and the real PostgreSQL.
+
+PostgreSQL is never skipped: if the server named by ``CAMPAIGN_TEST_POSTGRES``
+(default: the local trust-auth server, database ``test``) cannot be reached,
+the PostgreSQL half of the suite fails with a message saying so. Each test
+gets its own database, created and dropped here.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from campaign.ledger import Ledger
+
+POSTGRES_ADMIN_URL = os.environ.get(
+    "CAMPAIGN_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test"
+)
+BACKENDS = ("sqlite", "postgresql")
+
+
+def _admin_connection() -> psycopg.Connection:
+    try:
+        return psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True, connect_timeout=5)
+    except psycopg.OperationalError as error:
+        pytest.fail(
+            f"PostgreSQL for the ledger tests is unreachable at {POSTGRES_ADMIN_URL} "
+            f"(set CAMPAIGN_TEST_POSTGRES; .ci/run starts the local server): {error}",
+            pytrace=False,
+        )
+
+
+@pytest.fixture
+def postgresql_url() -> Iterator[str]:
+    """A fresh, empty PostgreSQL database for this test; dropped afterwards."""
+    name = f"campaign_test_{uuid.uuid4().hex[:12]}"
+    with _admin_connection() as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    base = POSTGRES_ADMIN_URL.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://")
+    try:
+        yield f"{base}/{name}"
+    finally:
+        with _admin_connection() as admin:
+            admin.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'ledger.db'}"
+
+
+@pytest.fixture(params=BACKENDS)
+def ledger_url(request: pytest.FixtureRequest) -> str:
+    """An empty ledger location on each engine (nothing created yet)."""
+    return request.getfixturevalue(f"{request.param}_url")
+
+
+@pytest.fixture
+def ledger(ledger_url: str) -> Iterator[Ledger]:
+    """A ledger created at head on each engine."""
+    with Ledger.open(ledger_url) as opened:
+        yield opened
