@@ -47,12 +47,26 @@ def metric_insert_sql(dialect_name: str) -> str:
     dicts reaches under half of it. ``ON CONFLICT DO NOTHING`` makes a retried
     flush of the same (segment, key, step) harmless on both engines.
     """
-    placeholder = "?" if dialect_name == "sqlite" else "%s"
-    values = ", ".join([placeholder] * 7)
+    values = ", ".join([placeholder(dialect_name)] * 7)
     return (
         "INSERT INTO metrics (run_id, segment_id, key, step, value, examples_seen, wall_time) "
         f"VALUES ({values}) ON CONFLICT DO NOTHING"
     )
+
+
+def metric_transaction_prelude(dialect_name: str) -> tuple[str, ...]:
+    """Statements that open a metric batch's transaction on the driver connection.
+
+    SQLite: take the write lock at BEGIN, so the batch queues on the busy
+    timeout instead of failing on a lock upgrade. PostgreSQL: do not wait for
+    the WAL flush of metric batches (``synchronous_commit = off`` for this
+    transaction only): a server crash may lose the last fraction of a second
+    of points, never corrupt, the same trade as SQLite's ``synchronous =
+    NORMAL`` in WAL mode; run lifecycle writes stay fully durable.
+    """
+    if dialect_name == "sqlite":
+        return ("BEGIN IMMEDIATE",)
+    return ("SET LOCAL synchronous_commit = off",)
 
 
 def placeholder(dialect_name: str) -> str:

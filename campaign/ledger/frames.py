@@ -15,6 +15,7 @@ from typing import Any
 import pandas as pd
 from sqlalchemy import Engine
 
+from campaign.ledger.dialects import placeholder
 from campaign.ledger.engine import translated
 
 TIME_COLUMNS = frozenset({"created_at", "started_at", "ended_at", "heartbeat_at", "at"})
@@ -29,8 +30,7 @@ def query_frame(
     engine: Engine, sql: str, params: Sequence[Any] = (), what: str = "reading"
 ) -> pd.DataFrame:
     """Run ``sql`` (``?`` markers) on the driver connection into a DataFrame."""
-    if engine.dialect.name != "sqlite":
-        sql = sql.replace("?", "%s")
+    sql = sql.replace("?", placeholder(engine.dialect.name))
     with translated(engine.url, what), engine.connect() as conn:
         raw = conn.connection.driver_connection
         cursor = raw.cursor()

@@ -22,7 +22,7 @@ from typing import Any
 
 from sqlalchemy import Engine, exc
 
-from campaign.ledger.dialects import metric_insert_sql
+from campaign.ledger.dialects import metric_insert_sql, metric_transaction_prelude
 from campaign.ledger.engine import MAX_ATTEMPTS, is_retryable, translate_error
 
 MetricRow = tuple[str, int, str, int, float | None, int | None, float]
@@ -44,7 +44,7 @@ class MetricWriter:
             raise ValueError("batch_size must be >= 1 and interval_s > 0")
         self._engine = engine
         self._sql = metric_insert_sql(engine.dialect.name)
-        self._sqlite = engine.dialect.name == "sqlite"
+        self._prelude = metric_transaction_prelude(engine.dialect.name)
         self.run_id = run_id
         self.segment_id = segment_id
         self.batch_size = batch_size
@@ -123,10 +123,8 @@ class MetricWriter:
         raw = self._connection()
         cursor = raw.cursor()
         try:
-            if self._sqlite:
-                # The write lock at BEGIN, so the batch waits on the busy timeout
-                # instead of failing on a lock upgrade (see engine.py).
-                cursor.execute("BEGIN IMMEDIATE")
+            for statement in self._prelude:
+                cursor.execute(statement)
             cursor.executemany(self._sql, rows)
             raw.commit()
         except BaseException:
