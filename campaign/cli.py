@@ -72,6 +72,24 @@ def main(ctx: click.Context, ledger_url: str) -> None:
     ctx.obj = LedgerSource(ledger_url)
 
 
+@main.command("campaigns")
+@output_options
+@click.pass_obj
+def campaigns(source: LedgerSource, output_format: str) -> None:
+    """List the campaigns in the ledger with their number of runs.
+
+    Example: campaign campaigns --format json
+    """
+    with source.open() as ledger:
+        frame = ledger.campaigns()
+    rows = [
+        {"name": r.name, "runs": int(r.runs), "task": r.task, "created_at": r.created_at.isoformat(),
+         "question": r.question}
+        for r in frame.itertuples()
+    ]  # fmt: skip
+    click.echo(render(rows, output_format))
+
+
 @main.group(cls=CampaignGroup)
 def db() -> None:
     """Ledger schema: show the revision, upgrade an older ledger.
