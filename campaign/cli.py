@@ -109,7 +109,7 @@ def db_current(source: LedgerSource, output_format: str) -> None:
     url = parse_url(source.url)
     path = sqlite_path(url)
     head = migrate.head_revision()
-    if path is not None and not path.exists():
+    if path is not None and path.parent.exists() and not path.exists():
         revision = None  # do not create a file just to look at it
     else:
         engine = create_ledger_engine(url)
