@@ -25,7 +25,9 @@ _last = (0, 0)
 def new_run_id(now_ms: int | None = None) -> str:
     """Return a fresh run id; ``now_ms`` only exists to test the ordering."""
     global _last
-    ms = int(time.time() * 1000) if now_ms is None else now_ms
+    if now_ms is not None:
+        return _encode((now_ms << _RANDOM_BITS) | secrets.randbits(_RANDOM_BITS))
+    ms = int(time.time() * 1000)
     with _lock:
         last_ms, last_random = _last
         if ms <= last_ms and last_random + 1 < (1 << _RANDOM_BITS):
