@@ -60,11 +60,13 @@ def start_without_commit(
     ).rowcount
     if changed != 1:
         raise LookupError(f"run {run_id} is no longer {status}")
-    ordinal = conn.execute(
-        select(func.coalesce(func.max(segments.c.ordinal), 0) + 1).where(
-            segments.c.run_id == run_id
-        )
-    ).scalar_one()
+    ordinal = 1  # a planned run has no segment yet
+    if status != PLANNED:
+        ordinal = conn.execute(
+            select(func.coalesce(func.max(segments.c.ordinal), 0) + 1).where(
+                segments.c.run_id == run_id
+            )
+        ).scalar_one()
     segment_id = conn.execute(
         insert(segments)
         .values(run_id=run_id, ordinal=ordinal, start_step=start_step, worker=worker,

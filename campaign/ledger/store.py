@@ -88,6 +88,9 @@ class Ledger:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        # Campaign names map to ids forever (no rename, no delete: triggers),
+        # so the lookup can be remembered for the life of this object.
+        self._campaign_ids: dict[str, int] = {}
 
     # -- opening -----------------------------------------------------------------
 
@@ -637,11 +640,14 @@ class Ledger:
     # -- helpers ----------------------------------------------------------------------
 
     def _campaign_id(self, conn: Connection, name: str) -> int:
+        if name in self._campaign_ids:
+            return self._campaign_ids[name]
         campaign_id = conn.execute(
             select(campaigns_t.c.id).where(campaigns_t.c.name == name)
         ).scalar()
         if campaign_id is None:
             raise NotFound(f"no campaign named {name!r} in ledger {self.url}")
+        self._campaign_ids[name] = int(campaign_id)
         return int(campaign_id)
 
 
