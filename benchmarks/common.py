@@ -15,17 +15,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from campaign.ledger import Claim, Ledger, NewRun, NewVariant  # noqa: E402
+from campaign.ledger import Claim, Ledger, NewRun, NewVariant
 
 
-def interleaved(
-    approaches: dict[str, Callable[[], object]], rounds: int
-) -> dict[str, float]:
+def interleaved(approaches: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
     """Run every approach once per round, in rotating order; median seconds of each."""
     times: dict[str, list[float]] = {name: [] for name in approaches}
     names = list(approaches)
     for round_index in range(rounds):
-        order = names[round_index % len(names):] + names[: round_index % len(names)]
+        order = names[round_index % len(names) :] + names[: round_index % len(names)]
         for name in order:
             start = time.perf_counter()
             approaches[name]()

@@ -60,10 +60,10 @@ def sqlite_bench(count: int, rounds: int) -> None:
         rows = points(claim.run_id, claim.segment_id, count)
         for start in range(0, count, 1000):
             raw.execute("BEGIN")
-            raw.executemany(RAW_SQL, rows[start:start + 1000])
+            raw.executemany(RAW_SQL, rows[start : start + 1000])
             raw.execute("COMMIT")
 
-    def writer(batch_size: int):  # noqa: ANN202
+    def writer(batch_size: int):
         def run() -> None:
             claim = next(claims)
             rows = points(claim.run_id, claim.segment_id, count)
@@ -71,6 +71,7 @@ def sqlite_bench(count: int, rounds: int) -> None:
                                       interval_s=3600) as w:  # fmt: skip
                 for _, _, key, step, value, seen, wall in rows:
                     w.log(key, step, value, seen, wall)
+
         return run
 
     def sqlalchemy_core_dicts() -> None:
@@ -101,7 +102,7 @@ def sqlite_bench(count: int, rounds: int) -> None:
     ledger.close()
 
 
-def caller_side(ledger: Ledger, claim, count: int) -> None:  # noqa: ANN001
+def caller_side(ledger: Ledger, claim, count: int) -> None:
     writer = ledger.metric_writer(claim.run_id, claim.segment_id, batch_size=count + 1,
                                   interval_s=3600)  # fmt: skip
     start = time.perf_counter()
@@ -132,7 +133,7 @@ def mlflow_bench(folder: Path, count: int) -> None:
     batch = [MlflowMetric(KEYS[i % 4], 1.0 / (i + 1), now, i // 4) for i in range(n)]
     start = time.perf_counter()
     for offset in range(0, n, 1000):
-        client.log_batch(run.info.run_id, metrics=batch[offset:offset + 1000])
+        client.log_batch(run.info.run_id, metrics=batch[offset : offset + 1000])
     batch_rate = n / (time.perf_counter() - start)
     m = 300
     start = time.perf_counter()
@@ -163,10 +164,13 @@ def postgres_bench(url: str, count: int, rounds: int) -> None:
 
     def raw_copy() -> None:
         claim = next(claims)
-        with raw.cursor() as cursor, cursor.copy(
-            "COPY metrics (run_id, segment_id, key, step, value, examples_seen, wall_time) "
-            "FROM STDIN"
-        ) as copy:
+        with (
+            raw.cursor() as cursor,
+            cursor.copy(
+                "COPY metrics (run_id, segment_id, key, step, value, examples_seen, wall_time) "
+                "FROM STDIN"
+            ) as copy,
+        ):
             for row in points(claim.run_id, claim.segment_id, count):
                 copy.write_row(row)
         raw.commit()

@@ -61,7 +61,9 @@ def main() -> None:
     report(f"Run lifecycle, {args.runs} runs per round (SQLite, WAL)", medians,
            next(iter(approaches)), args.runs, "runs")  # fmt: skip
     rate = args.runs / medians[next(iter(approaches))]
-    print(f"  ledger: {rate:,.0f} runs/s (target >= 370); total {time.perf_counter() - start:.1f} s")
+    print(
+        f"  ledger: {rate:,.0f} runs/s (target >= 370); total {time.perf_counter() - start:.1f} s"
+    )
     ledger.close()
 
 

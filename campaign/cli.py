@@ -12,8 +12,7 @@ from typing import Any
 
 import click
 
-from campaign.ledger import Ledger, LedgerError, LedgerInputError
-from campaign.ledger import migrate
+from campaign.ledger import Ledger, LedgerError, LedgerInputError, migrate
 from campaign.ledger.engine import (
     DEFAULT_URL,
     ENV_VAR,
@@ -83,8 +82,8 @@ def campaigns(source: LedgerSource, output_format: str) -> None:
     with source.open() as ledger:
         frame = ledger.campaigns()
     rows = [
-        {"name": r.name, "runs": int(r.runs), "task": r.task, "created_at": r.created_at.isoformat(),
-         "question": r.question}
+        {"name": r.name, "runs": int(r.runs), "task": r.task,
+         "created_at": r.created_at.isoformat(), "question": r.question}
         for r in frame.itertuples()
     ]  # fmt: skip
     click.echo(render(rows, output_format))

@@ -18,9 +18,7 @@ def plan_campaign(
         question="Which learning rate gives the best validation accuracy after 200 updates?",
         task="campaign.tasks.digits:build",
         spec={"campaign": {"name": name}, "grid": {"seeds": list(range(seeds))}},
-        variants=[
-            NewVariant(v, v == control, {"optimizer.lr": lr}) for v, lr in variants.items()
-        ],
+        variants=[NewVariant(v, v == control, {"optimizer.lr": lr}) for v, lr in variants.items()],
         runs=[
             NewRun(v, seed, {"optimizer": {"lr": lr, "name": "adamw"}, "seed": seed})
             for v, lr in variants.items()

@@ -61,7 +61,13 @@ def test_campaign_listing_formats(tmp_path: Path) -> None:
         plan_campaign(ledger, seeds=3)
     runner = CliRunner()
     table = runner.invoke(main, ["--ledger", url, "campaigns"])
-    assert table.stdout.splitlines()[0].split() == ["name", "runs", "task", "created_at", "question"]
+    assert table.stdout.splitlines()[0].split() == [
+        "name",
+        "runs",
+        "task",
+        "created_at",
+        "question",
+    ]
     assert "digits-lr" in table.stdout and " 9 " in table.stdout
     csv = runner.invoke(main, ["--ledger", url, "campaigns", "--format", "csv"])
     assert csv.stdout.startswith("name,runs,task,created_at,question\ndigits-lr,9,")

@@ -13,6 +13,7 @@ from campaign.ledger import (
     Ledger,
     LedgerInputError,
     NotFound,
+    RefusedWrite,
     StopInfo,
 )
 from campaign.ledger.canonical import sha256_text
@@ -41,7 +42,9 @@ def test_plan_with_a_duplicate_name_writes_nothing(ledger: Ledger, ledger_url: s
     counts = [execute(ledger_url, f"SELECT COUNT(*) FROM {t}") for t in ("runs", "variants")]
     with pytest.raises(Exception, match="refused"):
         plan_campaign(ledger)
-    assert [execute(ledger_url, f"SELECT COUNT(*) FROM {t}") for t in ("runs", "variants")] == counts
+    assert [
+        execute(ledger_url, f"SELECT COUNT(*) FROM {t}") for t in ("runs", "variants")
+    ] == counts
 
 
 def test_run_ids_sort_by_creation_and_never_repeat() -> None:
@@ -228,7 +231,7 @@ def test_notes_pilots_phases_artifacts(ledger: Ledger) -> None:
     plan_campaign(ledger, seeds=1)
     ledger.add_note("digits-lr", "control kept: 2e-4 diverged on seed 1")
     ledger.add_note("digits-lr", "<b>escaped later</b>")
-    assert list(ledger.notes("digits-lr")["text"])[0].startswith("control kept")
+    assert next(iter(ledger.notes("digits-lr")["text"])).startswith("control kept")
     pilot = ledger.create_pilot("digits-lr", "ab" * 32, {"torch": "2.13.0"})
     ledger.add_phase_measurements([
         {"pilot_id": pilot, "phase": phase, "device": "cpu", "rss": 10 << 20,
@@ -243,3 +246,19 @@ def test_notes_pilots_phases_artifacts(ledger: Ledger) -> None:
     claim = ledger.claim_next("digits-lr", "w")
     ledger.add_artifact(claim.run_id, "final", "/a/final.safetensors", "cd" * 32, 123, 200)
     assert ledger.artifacts("digits-lr").loc[0, "bytes"] == 123
+
+
+def test_metric_writer_refuses_a_segment_of_another_run(ledger: Ledger) -> None:
+    plan_campaign(ledger, seeds=2, variants={"only": 1e-4})
+    first = ledger.claim_next("digits-lr", "w1")
+    second = ledger.claim_next("digits-lr", "w2")
+    writer = ledger.metric_writer(first.run_id, second.segment_id)
+    writer.log("train/loss", 1, 1.0)
+    with pytest.raises(RefusedWrite, match="is not a segment of run"):
+        writer.flush()
+    assert writer.pending == 1  # nothing lost: the caller still holds the point
+    assert len(ledger.metrics("digits-lr")) == 0
+    # The pooled connection went back with foreign key checks on again.
+    with ledger.engine.connect() as conn:
+        if ledger.dialect == "sqlite":
+            assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1

@@ -22,7 +22,7 @@ TABLES = ("campaigns", "variants", "runs", "segments", "metrics", "events",
           "phase_measurements", "artifacts", "pilots", "notes")  # fmt: skip
 
 
-def _engine(url: str):  # noqa: ANN202 - a SQLAlchemy Engine
+def _engine(url: str):
     return create_ledger_engine(parse_url(url))
 
 
@@ -46,8 +46,7 @@ def _snapshot(url: str) -> dict[str, list[str]]:
         engine.dispose()
     known = {t: [c for c in cols if c != "author"] for t, cols in columns.items()}
     return {
-        t: sorted(map(repr, execute(url, f"SELECT {', '.join(known[t])} FROM {t}")))
-        for t in TABLES
+        t: sorted(map(repr, execute(url, f"SELECT {', '.join(known[t])} FROM {t}"))) for t in TABLES
     }
 
 

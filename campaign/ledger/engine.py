@@ -104,7 +104,8 @@ def _sqlite_engine(url: URL) -> Engine:
     path = sqlite_path(url)
     if path is not None and not path.parent.exists():
         raise LedgerUnreachable(
-            f"cannot open SQLite ledger {str(path)!r}: directory {str(path.parent)!r} does not exist"
+            f"cannot open SQLite ledger {str(path)!r}: "
+            f"directory {str(path.parent)!r} does not exist"
         )
     kwargs: dict[str, Any] = {
         "connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_S, "check_same_thread": False}
@@ -114,7 +115,30 @@ def _sqlite_engine(url: URL) -> Engine:
     engine = create_engine(url, **kwargs)
     event.listen(engine, "connect", _sqlite_on_connect)
     event.listen(engine, "begin", _sqlite_on_begin)
+    event.listen(engine, "checkin", _sqlite_on_checkin)
     return engine
+
+
+def _sqlite_on_checkin(dbapi_connection: Any, _record: Any) -> None:
+    # A metric writer may have switched per-row foreign key checks off on its
+    # connection (see bulk_metric_connection); no one else gets it that way.
+    if dbapi_connection is not None:
+        dbapi_connection.execute("PRAGMA foreign_keys = ON")
+
+
+def bulk_metric_connection(engine: Engine) -> Any:
+    """A pooled connection for a metric writer, as a SQLAlchemy pool proxy.
+
+    On SQLite, per-row foreign key checks cost 12-20% of ingest. Every row of
+    one writer carries the same (run, segment) pair, which the writer checks
+    once per batch inside the batch's transaction, so the per-row check is
+    switched off on this connection only; returning it to the pool switches
+    it back on.
+    """
+    raw = engine.raw_connection()
+    if engine.dialect.name == "sqlite":
+        raw.driver_connection.execute("PRAGMA foreign_keys = OFF")
+    return raw
 
 
 def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -167,9 +191,8 @@ def run_in_transaction(
     """
     for attempt in range(1, MAX_ATTEMPTS + 1):
         try:
-            with write_connection(engine) if write else engine.connect() as conn:
-                with conn.begin():
-                    return work(conn)
+            with write_connection(engine) if write else engine.connect() as conn, conn.begin():
+                return work(conn)
         except exc.DBAPIError as error:
             if attempt < MAX_ATTEMPTS and is_retryable(error):
                 time.sleep(random.uniform(0.01, 0.05) * attempt)

@@ -22,8 +22,15 @@ from typing import Any
 
 from sqlalchemy import Engine, exc
 
-from campaign.ledger.dialects import metric_insert_sql, metric_transaction_prelude
-from campaign.ledger.engine import MAX_ATTEMPTS, is_retryable, translate_error
+from campaign.ledger.dialects import metric_insert_sql, metric_transaction_prelude, placeholder
+from campaign.ledger.engine import (
+    MAX_ATTEMPTS,
+    REFUSAL_PREFIX,
+    bulk_metric_connection,
+    is_retryable,
+    translate_error,
+)
+from campaign.ledger.errors import RefusedWrite
 
 MetricRow = tuple[str, int, str, int, float | None, int | None, float]
 
@@ -45,6 +52,8 @@ class MetricWriter:
         self._engine = engine
         self._sql = metric_insert_sql(engine.dialect.name)
         self._prelude = metric_transaction_prelude(engine.dialect.name)
+        mark = placeholder(engine.dialect.name)
+        self._segment_check = f"SELECT 1 FROM segments WHERE id = {mark} AND run_id = {mark}"
         self.run_id = run_id
         self.segment_id = segment_id
         self.batch_size = batch_size
@@ -125,6 +134,12 @@ class MetricWriter:
         try:
             for statement in self._prelude:
                 cursor.execute(statement)
+            cursor.execute(self._segment_check, (self.segment_id, self.run_id))
+            if cursor.fetchone() is None:
+                raise RefusedWrite(
+                    f"writing metrics: {REFUSAL_PREFIX}: segment {self.segment_id} "
+                    f"is not a segment of run {self.run_id}"
+                )
             cursor.executemany(self._sql, rows)
             raw.commit()
         except BaseException:
@@ -135,7 +150,7 @@ class MetricWriter:
 
     def _connection(self) -> Any:
         if self._raw is None:
-            self._raw = self._engine.raw_connection()
+            self._raw = bulk_metric_connection(self._engine)
         return self._raw.driver_connection
 
     def _drop_connection(self) -> None:

@@ -100,7 +100,8 @@ def check_revision(state: SchemaState, where: str) -> str:
         return head
     if is_known_revision(state.revision):
         raise LedgerRevisionError(
-            f"ledger {where} is at revision {state.revision}, this code needs {head}: {UPGRADE_HINT}"
+            f"ledger {where} is at revision {state.revision}, "
+            f"this code needs {head}: {UPGRADE_HINT}"
         )
     raise LedgerRevisionError(
         f"ledger {where} is at revision {state.revision}, unknown to this campaign version "
@@ -122,26 +123,32 @@ def upgrade(engine: Engine, revision: str = "head", *, only_if_empty: bool = Fal
     ``only_if_empty``: the first-use path; if another process created the
     schema while we waited for the lock, do nothing.
     """
-    with translated(engine.url, "upgrading the ledger"), write_connection(engine) as conn:
-        with conn.begin():
-            _take_migration_lock(conn)
-            state = read_state(conn)
-            if only_if_empty and not state.is_empty:
-                return
-            if state.revision is None and state.tables:
-                check_revision(state, safe_url(engine.url))  # raises NotALedger
-            if state.revision is not None and not is_known_revision(state.revision):
-                check_revision(state, safe_url(engine.url))  # raises: newer code's ledger
-            _run_alembic(conn, "upgrade", revision)
+    with (
+        translated(engine.url, "upgrading the ledger"),
+        write_connection(engine) as conn,
+        conn.begin(),
+    ):
+        _take_migration_lock(conn)
+        state = read_state(conn)
+        if only_if_empty and not state.is_empty:
+            return
+        if state.revision is None and state.tables:
+            check_revision(state, safe_url(engine.url))  # raises NotALedger
+        if state.revision is not None and not is_known_revision(state.revision):
+            check_revision(state, safe_url(engine.url))  # raises: newer code's ledger
+        _run_alembic(conn, "upgrade", revision)
     enable_wal(engine)
 
 
 def downgrade(engine: Engine, revision: str) -> None:
     """Step the schema back (developers and migration tests; drops data of later revisions)."""
-    with translated(engine.url, "downgrading the ledger"), write_connection(engine) as conn:
-        with conn.begin():
-            _take_migration_lock(conn)
-            _run_alembic(conn, "downgrade", revision)
+    with (
+        translated(engine.url, "downgrading the ledger"),
+        write_connection(engine) as conn,
+        conn.begin(),
+    ):
+        _take_migration_lock(conn)
+        _run_alembic(conn, "downgrade", revision)
 
 
 def current_revision(engine: Engine) -> str | None:

@@ -441,12 +441,14 @@ class Ledger:
 
     def create_pilot(self, campaign: str, config_sha256: str,
                      environment: Mapping[str, Any] | None = None) -> int:  # fmt: skip
+        stack = None if environment is None else canonical_json(dict(environment))
+
         def work(conn: Connection) -> int:
             return conn.execute(
                 insert(pilots_t)
                 .values(campaign_id=self._campaign_id(conn, campaign),
                         config_sha256=config_sha256,
-                        environment=None if environment is None else canonical_json(dict(environment)))
+                        environment=stack)
                 .returning(pilots_t.c.id)
             ).scalar_one()  # fmt: skip
 
@@ -510,7 +512,8 @@ class Ledger:
         runs: Sequence[str] | None = None,
         all_segments: bool = False,
     ) -> pd.DataFrame:
-        """Metric points as a long frame: run_id, segment_id, key, step, value, examples_seen, wall_time.
+        """Metric points as a long frame (run_id, segment_id, key, step, value, examples_seen,
+        wall_time).
 
         Select by ``campaign`` and/or explicit ``runs``; ``keys`` filters. By
         default, where a resumed segment replayed steps, the latest segment's
