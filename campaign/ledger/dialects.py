@@ -48,10 +48,35 @@ def metric_insert_sql(dialect_name: str) -> str:
     flush of the same (segment, key, step) harmless on both engines.
     """
     values = ", ".join([placeholder(dialect_name)] * 7)
-    return (
-        "INSERT INTO metrics (run_id, segment_id, key, step, value, examples_seen, wall_time) "
-        f"VALUES ({values}) ON CONFLICT DO NOTHING"
-    )
+    return f"INSERT INTO metrics ({_METRIC_COLUMNS}) VALUES ({values}) ON CONFLICT DO NOTHING"
+
+
+_METRIC_COLUMNS = "run_id, segment_id, key, step, value, examples_seen, wall_time"
+_UNIQUE_VIOLATION = "23505"
+
+
+def insert_metric_rows(dialect_name: str, cursor: Any, rows: list[tuple[Any, ...]]) -> None:
+    """Insert one batch of metric rows on a driver cursor, inside the caller's transaction.
+
+    PostgreSQL: ``COPY`` (about 1.5x ``executemany``, benchmarks/ingest.py).
+    COPY knows no ``ON CONFLICT``, so it is optimistic: if the batch repeats
+    points already stored (a flush retried after an ambiguous commit), the
+    savepoint is rolled back and the batch goes through the idempotent
+    insert. SQLite: ``executemany`` of the idempotent insert.
+    """
+    if dialect_name == "postgresql":
+        cursor.execute("SAVEPOINT metric_batch")
+        try:
+            with cursor.copy(f"COPY metrics ({_METRIC_COLUMNS}) FROM STDIN") as copy:
+                for row in rows:
+                    copy.write_row(row)
+            cursor.execute("RELEASE SAVEPOINT metric_batch")
+            return
+        except Exception as error:
+            if getattr(error, "sqlstate", None) != _UNIQUE_VIOLATION:
+                raise
+            cursor.execute("ROLLBACK TO SAVEPOINT metric_batch")
+    cursor.executemany(metric_insert_sql(dialect_name), rows)
 
 
 def metric_transaction_prelude(dialect_name: str) -> tuple[str, ...]:

@@ -184,9 +184,8 @@ def run_in_transaction(
 ) -> _T:
     """Run ``work`` in one transaction, retrying races a bounded number of times.
 
-    PostgreSQL serialization failures and deadlocks, and SQLite's "database is
-    locked" after the busy timeout, are normal outcomes under concurrency: they
-    get a few jittered retries. ``work`` must therefore be safe to repeat (it
+    PostgreSQL serialization failures and deadlocks are normal outcomes under
+    concurrency: they get a few jittered retries. ``work`` must therefore be safe to repeat (it
     is: the transaction rolled back). Everything else is translated once.
     """
     for attempt in range(1, MAX_ATTEMPTS + 1):
@@ -202,11 +201,13 @@ def run_in_transaction(
 
 
 def is_retryable(error: exc.DBAPIError) -> bool:
-    sqlstate = getattr(error.orig, "sqlstate", None)
-    if sqlstate in _RETRYABLE_SQLSTATES:
-        return True
-    message = str(error.orig).lower()
-    return "database is locked" in message or "database is busy" in message
+    """PostgreSQL serialization failures and deadlocks are worth another attempt.
+
+    SQLite's "database is locked" is not: write transactions begin IMMEDIATE,
+    so it only surfaces after the busy timeout has already waited for the
+    lock (SQLITE_BUSY_TIMEOUT_S), and retrying would multiply that wait.
+    """
+    return getattr(error.orig, "sqlstate", None) in _RETRYABLE_SQLSTATES
 
 
 def translate_error(error: exc.DBAPIError, url: URL, what: str) -> LedgerError:
@@ -219,6 +220,11 @@ def translate_error(error: exc.DBAPIError, url: URL, what: str) -> LedgerError:
         return RefusedWrite(f"{what}: {REFUSAL_PREFIX}: {message}")
     if "file is not a database" in message:
         return NotALedger(f"{where} is not a campaign ledger: the file is not a SQLite database")
+    if "database is locked" in message:
+        return LedgerUnreachable(
+            f"ledger {where} stayed locked by another writer for over "
+            f"{SQLITE_BUSY_TIMEOUT_S:.0f} s while {what}"
+        )
     if error.connection_invalidated or isinstance(error, exc.OperationalError):
         return LedgerUnreachable(f"ledger {where} unreachable while {what}: {message}")
     return LedgerError(f"ledger {where} error while {what}: {message}")
