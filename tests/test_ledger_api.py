@@ -262,3 +262,15 @@ def test_metric_writer_refuses_a_segment_of_another_run(ledger: Ledger) -> None:
     with ledger.engine.connect() as conn:
         if ledger.dialect == "sqlite":
             assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+
+
+def test_large_batches_repeated_after_an_ambiguous_commit(ledger: Ledger) -> None:
+    """A whole batch written twice (the bulk path on PostgreSQL): no error, no duplicate."""
+    plan_campaign(ledger, seeds=1, variants={"only": 1e-4})
+    claim = ledger.claim_next("digits-lr", "w")
+    for _ in range(2):
+        with ledger.metric_writer(claim.run_id, claim.segment_id, batch_size=500) as writer:
+            for step in range(1000):
+                writer.log("train/loss", step, 1.0 / (step + 1))
+    frame = ledger.metrics("digits-lr", all_segments=True)
+    assert len(frame) == 1000 and frame["step"].is_unique

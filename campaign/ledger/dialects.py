@@ -53,18 +53,22 @@ def metric_insert_sql(dialect_name: str) -> str:
 
 _METRIC_COLUMNS = "run_id, segment_id, key, step, value, examples_seen, wall_time"
 _UNIQUE_VIOLATION = "23505"
+# Below this a COPY's extra round trips (savepoint, copy, release) cost more
+# than the rows it saves.
+COPY_MIN_ROWS = 64
 
 
 def insert_metric_rows(dialect_name: str, cursor: Any, rows: list[tuple[Any, ...]]) -> None:
     """Insert one batch of metric rows on a driver cursor, inside the caller's transaction.
 
-    PostgreSQL: ``COPY`` (about 1.5x ``executemany``, benchmarks/ingest.py).
+    PostgreSQL, batches of ``COPY_MIN_ROWS`` or more: ``COPY`` (about 1.5x
+    ``executemany``, benchmarks/ingest.py).
     COPY knows no ``ON CONFLICT``, so it is optimistic: if the batch repeats
     points already stored (a flush retried after an ambiguous commit), the
     savepoint is rolled back and the batch goes through the idempotent
     insert. SQLite: ``executemany`` of the idempotent insert.
     """
-    if dialect_name == "postgresql":
+    if dialect_name == "postgresql" and len(rows) >= COPY_MIN_ROWS:
         cursor.execute("SAVEPOINT metric_batch")
         try:
             with cursor.copy(f"COPY metrics ({_METRIC_COLUMNS}) FROM STDIN") as copy:
