@@ -44,22 +44,23 @@ def _run_writers(url: str, batch_size: int, read_every: int, points: int) -> lis
     return [c.run_id for c in claims]
 
 
+def _assert_every_point_stored(url: str, run_ids: list[str]) -> None:
+    assert execute(url, "SELECT COUNT(*) FROM metrics")[0][0] == PROCESSES * POINTS
+    per_run = dict(execute(url, "SELECT run_id, COUNT(*) FROM metrics GROUP BY run_id"))
+    assert per_run == dict.fromkeys(run_ids, POINTS)
+
+
 @pytest.mark.slow
 def test_eight_processes_batched_writes(ledger_url: str) -> None:
     run_ids = _run_writers(ledger_url, batch_size=1000, read_every=0, points=POINTS)
-    assert execute(ledger_url, "SELECT COUNT(*) FROM metrics")[0][0] == PROCESSES * POINTS
-    per_run = dict(execute(ledger_url, "SELECT run_id, COUNT(*) FROM metrics GROUP BY run_id"))
-    assert per_run == dict.fromkeys(run_ids, POINTS)
+    _assert_every_point_stored(ledger_url, run_ids)
 
 
 @pytest.mark.slow
 def test_eight_processes_one_row_per_transaction_with_reads(ledger_url: str) -> None:
     """Every point its own transaction, reads interleaved: no "database is locked" surfaces."""
-    points = POINTS
-    run_ids = _run_writers(ledger_url, batch_size=1, read_every=1_000, points=points)
-    assert execute(ledger_url, "SELECT COUNT(*) FROM metrics")[0][0] == PROCESSES * points
-    per_run = dict(execute(ledger_url, "SELECT run_id, COUNT(*) FROM metrics GROUP BY run_id"))
-    assert per_run == dict.fromkeys(run_ids, points)
+    run_ids = _run_writers(ledger_url, batch_size=1, read_every=1_000, points=POINTS)
+    _assert_every_point_stored(ledger_url, run_ids)
 
 
 @pytest.mark.slow

@@ -18,11 +18,11 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Mapping
-from types import TracebackType
 from typing import Any
 
 from sqlalchemy import Engine, exc
 
+from campaign.ledger.closing import Closing
 from campaign.ledger.dialects import (
     insert_metric_rows,
     metric_insert_sql,
@@ -41,7 +41,7 @@ from campaign.ledger.errors import RefusedWrite
 MetricRow = tuple[str, int, str, int, float | None, int | None, float]
 
 
-class MetricWriter:
+class MetricWriter(Closing):
     """Buffered writer of one segment's metric points. Not thread-safe: one per loop."""
 
     def __init__(
@@ -175,17 +175,6 @@ class MetricWriter:
             if self._raw is not None:
                 self._raw.close()
                 self._raw = None
-
-    def __enter__(self) -> MetricWriter:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc_value: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 def _is_driver_error(error: BaseException) -> bool:

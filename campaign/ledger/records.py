@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 
@@ -13,7 +13,7 @@ def as_utc(moment: datetime | None) -> datetime | None:
     """Timestamps read back from SQLite are naive; they were written in UTC."""
     if moment is None or moment.tzinfo is not None:
         return moment
-    return moment.replace(tzinfo=timezone.utc)
+    return moment.replace(tzinfo=UTC)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,6 @@ so that a mistake gets a precise message instead of a trigger's.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from types import TracebackType
 from typing import Any, TypeVar
 
 import pandas as pd
@@ -20,6 +19,7 @@ from sqlalchemy import Connection, Engine, insert, select, update
 from campaign.ledger import frames, migrate
 from campaign.ledger.canonical import canonical_json, sha256_text
 from campaign.ledger.claims import claim_next_without_commit, start_without_commit
+from campaign.ledger.closing import Closing
 from campaign.ledger.dialects import utcnow
 from campaign.ledger.engine import (
     create_ledger_engine,
@@ -80,7 +80,7 @@ _RUN_COLUMNS = (
 )
 
 
-class Ledger:
+class Ledger(Closing):
     """A campaign ledger on SQLite or PostgreSQL.
 
     Open with :meth:`open`; use as a context manager or call :meth:`close`.
@@ -125,17 +125,6 @@ class Ledger:
 
     def close(self) -> None:
         self.engine.dispose()
-
-    def __enter__(self) -> Ledger:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc_value: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def _write(self, work: Callable[[Connection], _T], what: str) -> _T:
         return run_in_transaction(self.engine, work, write=True, what=what)
