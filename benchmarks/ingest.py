@@ -39,11 +39,19 @@ def points(run_id: str, segment_id: int, count: int) -> list[tuple]:
     ]
 
 
+def log_points(writer, count: int) -> None:
+    """The caller forms each point once and logs it: what ``points`` does for raw."""
+    now = time.time()
+    log = writer.log
+    for i in range(count):
+        log(KEYS[i % 4], i // 4, 1.0 / (i + 1), 16 * (i // 4), now + i * 1e-6)
+
+
 def sqlite_bench(count: int, rounds: int) -> None:
     folder = Path(tempfile.mkdtemp(prefix="campaign-ingest-"))
     url = f"sqlite:///{folder / 'ingest.db'}"
     ledger = Ledger.open(url)
-    approaches = 6
+    approaches = 7
     plan_runs(ledger, "ingest", rounds * approaches + 1)
     claims = iter(claim_all(ledger, "ingest", rounds * approaches + 1))
     raw = sqlite3.connect(folder / "ingest.db", isolation_level=None)
@@ -66,13 +74,18 @@ def sqlite_bench(count: int, rounds: int) -> None:
     def writer(batch_size: int):
         def run() -> None:
             claim = next(claims)
-            rows = points(claim.run_id, claim.segment_id, count)
             with ledger.metric_writer(claim.run_id, claim.segment_id, batch_size=batch_size,
                                       interval_s=3600) as w:  # fmt: skip
-                for _, _, key, step, value, seen, wall in rows:
-                    w.log(key, step, value, seen, wall)
+                log_points(w, count)
 
         return run
+
+    def writer_flush_only() -> None:
+        claim = next(claims)
+        w = ledger.metric_writer(claim.run_id, claim.segment_id, batch_size=count + 1,
+                                 interval_s=3600)  # fmt: skip
+        w._buffer = points(claim.run_id, claim.segment_id, count)  # the same prebuilt tuples
+        w.close()
 
     def sqlalchemy_core_dicts() -> None:
         claim = next(claims)
@@ -86,6 +99,7 @@ def sqlite_bench(count: int, rounds: int) -> None:
         {
             "raw sqlite3 executemany, one transaction": raw_one_transaction,
             "Ledger writer, one transaction": writer(count),
+            "Ledger writer flush of a prebuilt buffer": writer_flush_only,
             "raw sqlite3, commit per 1,000": raw_commit_per_1000,
             "Ledger writer, batch 1,000 (WAL)": writer(1000),
             "SQLAlchemy Core insert of dicts": sqlalchemy_core_dicts,
@@ -98,7 +112,10 @@ def sqlite_bench(count: int, rounds: int) -> None:
     print(f"  writer batch 1,000 vs raw commit per 1,000: "
           f"{base_1000 / medians['Ledger writer, batch 1,000 (WAL)']:.2f}x")  # fmt: skip
     caller_side(ledger, next(claims), count)
-    mlflow_bench(folder, count)
+    mlflow_rate = mlflow_bench(folder, count)
+    if mlflow_rate:
+        ours = count / medians["Ledger writer, batch 1,000 (WAL)"]
+        print(f"  Ledger writer (batch 1,000) vs MLflow log_batch: {ours / mlflow_rate:.0f}x")
     ledger.close()
 
 
@@ -114,13 +131,13 @@ def caller_side(ledger: Ledger, claim, count: int) -> None:
           f"{per_point * 1e6:.2f} us/point")  # fmt: skip
 
 
-def mlflow_bench(folder: Path, count: int) -> None:
+def mlflow_bench(folder: Path, count: int) -> float | None:
     try:
         import mlflow
         from mlflow.entities import Metric as MlflowMetric
     except ImportError:
         print("\nMLflow not installed: skipped (pip install mlflow-skinny to compare)")
-        return
+        return None
     import logging
 
     logging.getLogger("alembic").setLevel(logging.WARNING)
@@ -142,6 +159,7 @@ def mlflow_bench(folder: Path, count: int) -> None:
     per_point = (time.perf_counter() - start) / m
     print(f"\nMLflow {mlflow.__version__} SQLite store: log_batch {batch_rate:,.0f} points/s "
           f"({n:,} points), log_metric {per_point * 1000:.2f} ms/point")  # fmt: skip
+    return batch_rate
 
 
 def postgres_bench(url: str, count: int, rounds: int) -> None:
@@ -179,9 +197,7 @@ def postgres_bench(url: str, count: int, rounds: int) -> None:
         claim = next(claims)
         with ledger.metric_writer(claim.run_id, claim.segment_id, batch_size=count,
                                   interval_s=3600) as w:  # fmt: skip
-            for _, _, key, step, value, seen, wall in points(claim.run_id, claim.segment_id,
-                                                              count):  # fmt: skip
-                w.log(key, step, value, seen, wall)
+            log_points(w, count)
 
     medians = interleaved(
         {"raw psycopg executemany": raw_executemany, "raw psycopg COPY": raw_copy,
