@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from campaign import cli_plan
 from campaign.ledger import Ledger, LedgerError, LedgerInputError, migrate
 from campaign.ledger.engine import (
     DEFAULT_URL,
@@ -21,6 +22,7 @@ from campaign.ledger.engine import (
     sqlite_path,
 )
 from campaign.output import output_options, render
+from campaign.spec import SpecError
 
 EXIT_CHECK_FAILED = 1
 EXIT_BAD_INPUT = 2
@@ -36,7 +38,7 @@ class CampaignGroup(click.Group):
         except LedgerError as error:
             click.echo(f"campaign: ledger error: {error}", err=True)
             ctx.exit(EXIT_LEDGER)
-        except LedgerInputError as error:
+        except (LedgerInputError, SpecError) as error:
             click.echo(f"campaign: {error}", err=True)
             ctx.exit(EXIT_BAD_INPUT)
 
@@ -145,6 +147,8 @@ def db_upgrade(source: LedgerSource, revision: str) -> None:
     else:
         click.echo(f"ledger {where} upgraded from {before or 'empty'} to {after}", err=True)
 
+
+cli_plan.register(main)
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

@@ -1,0 +1,237 @@
+"""Planning commands: plan, show, runs, relaunch, note, notes (thin: parse, call, print)."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from typing import Any
+
+import click
+import pandas as pd
+
+from campaign import plan as planning
+from campaign.ledger import Ledger, LedgerInputError
+from campaign.ledger.vocabulary import RUN_STATUSES
+from campaign.output import output_options, render
+from campaign.spec import load_spec
+
+
+def register(main: click.Group) -> None:
+    for command in (plan, show, runs, relaunch, note, notes):
+        main.add_command(command)
+
+
+@click.command()
+@click.argument("spec_path", metavar="SPEC", type=click.Path(dir_okay=False))
+@click.option("--dry-run", is_flag=True, help="Validate and print the plan; write nothing.")
+@output_options
+@click.pass_obj
+def plan(source: Any, spec_path: str, dry_run: bool, output_format: str) -> None:
+    """Plan the campaign in SPEC: every (variant, seed) becomes a planned run.
+
+    Example: campaign plan lr-sweep.toml --dry-run
+    """
+    resolved = load_spec(spec_path)
+    the_plan = planning.make_plan(resolved)
+    for warning in the_plan.warnings:
+        click.echo(f"campaign: warning: {warning}", err=True)
+    run_ids: list[str | None] = [None] * len(the_plan.runs)
+    created = False
+    if not dry_run:
+        with source.open() as ledger:
+            record, created = planning.record_plan(ledger, the_plan)
+            run_ids = _run_ids_in_plan_order(ledger, record.name, the_plan)
+    grid = [
+        {"variant": v.name, "control": "yes" if v.is_control else "",
+         "seeds": " ".join(map(str, resolved.seeds)),
+         "sets": ", ".join(f"{k}={v!r}" for k, v in v.overrides.items())}
+        for v in resolved.variants
+    ]  # fmt: skip
+    accounting = planning.accounting_rows(the_plan)
+    run_rows = [{"run_id": rid, "variant": r.variant, "seed": r.seed,
+                 "config_sha256": r.config_sha256[:16]}
+                for rid, r in zip(run_ids, the_plan.runs, strict=True)]  # fmt: skip
+    document = {
+        "campaign": resolved.name, "question": resolved.question, "task": resolved.task,
+        "spec_sha256": resolved.sha256, "dry_run": dry_run, "created": created,
+        "control": resolved.control.name, "variants": grid, "accounting": accounting,
+        "runs": [{**row, "config_sha256": r.config_sha256}
+                 for row, r in zip(run_rows, the_plan.runs, strict=True)],
+        "warnings": the_plan.warnings,
+    }  # fmt: skip
+    if output_format == "json":
+        click.echo(json.dumps(document, indent=2))
+    else:
+        for rows in (grid, accounting, run_rows):
+            click.echo(render(rows, output_format))
+            click.echo("")
+    count = (
+        f"{len(resolved.variants)} variants x {len(resolved.seeds)} seeds = {len(run_rows)} runs"
+    )
+    if dry_run:
+        click.echo(f"campaign: dry run of {resolved.name!r}: {count}; nothing written", err=True)
+    elif created:
+        click.echo(f"campaign: planned {resolved.name!r}: {count}", err=True)
+    else:
+        click.echo(f"campaign: {resolved.name!r} is already planned with this identical spec; "
+                   "nothing written", err=True)  # fmt: skip
+
+
+def _run_ids_in_plan_order(ledger: Ledger, name: str, the_plan: planning.Plan) -> list[str | None]:
+    frame = ledger.runs(name)
+    originals = frame[frame["relaunch_of"].isna()]
+    by_key = {(r.variant, int(r.seed)): r.run_id for r in originals.itertuples()}
+    return [by_key.get((r.variant, r.seed)) for r in the_plan.runs]
+
+
+@click.command()
+@click.argument("campaign")
+@output_options
+@click.pass_obj
+def show(source: Any, campaign: str, output_format: str) -> None:
+    """Show a campaign: its question, frozen spec hash, variants, accounting and run counts.
+
+    Example: campaign show digits-lr
+    """
+    with source.open() as ledger:
+        record = ledger.campaign(campaign)
+        frame = ledger.runs(campaign)
+        note_count = len(ledger.notes(campaign))
+    spec = record.spec_document
+    hold = spec.get("hold", {})
+    counts = frame.groupby(["variant", "status"]).size().unstack(fill_value=0)
+    variants = []
+    for name in dict.fromkeys(frame["variant"]):
+        rows = frame[frame["variant"] == name]
+        config = rows.iloc[0]["config"]
+        budget = config["budget"]
+        variants.append({
+            "variant": name, "control": "yes" if bool(rows.iloc[0]["is_control"]) else "",
+            "runs": len(rows),
+            **{status: int(counts.loc[name].get(status, 0)) for status in RUN_STATUSES
+               if status in counts.columns},
+            "examples_per_update": budget.get("examples_per_update"),
+            "updates": budget.get("updates"), "examples_seen": budget.get("examples_seen"),
+        })  # fmt: skip
+    header = {
+        "campaign": record.name, "question": record.question, "task": record.task,
+        "spec_sha256": record.spec_sha256, "created_at": record.created_at.isoformat(),
+        "runs": len(frame), "notes": note_count,
+        "hold": ", ".join(f"{k}={v!r}" for k, v in sorted(hold.items())),
+    }  # fmt: skip
+    if output_format == "json":
+        click.echo(json.dumps({**header, "variants": variants}, indent=2, default=str))
+        return
+    if output_format == "table":
+        for key, value in header.items():
+            click.echo(f"{key + ':':<13} {value}")
+        click.echo("")
+    click.echo(render(variants, output_format))
+
+
+@click.command()
+@click.argument("campaign")
+@click.option("--status", "statuses", multiple=True, type=click.Choice(RUN_STATUSES),
+              help="Only runs in this status (repeatable).")  # fmt: skip
+@output_options
+@click.pass_obj
+def runs(source: Any, campaign: str, statuses: tuple[str, ...], output_format: str) -> None:
+    """List the runs of a campaign, relaunches and deviations from the plan included.
+
+    Example: campaign runs digits-lr --status diverged --format csv
+    """
+    with source.open() as ledger:
+        record = ledger.campaign(campaign)
+        frame = ledger.runs(campaign, status=list(statuses) or None)
+    hold = record.spec_document.get("hold", {})
+    rows = [
+        {"run_id": r.run_id, "variant": r.variant, "seed": int(r.seed), "status": r.status,
+         "stop_cause": _value(r.stop_cause),
+         "stop_step": None if _missing(r.stop_step) else int(r.stop_step),
+         "relaunch_of": _value(r.relaunch_of),
+         "deviation": ", ".join(planning.held_deviations(r.config, hold)) or None}
+        for r in frame.itertuples()
+    ]  # fmt: skip
+    click.echo(render(rows, output_format))
+
+
+def _missing(value: Any) -> bool:
+    return bool(pd.isna(value))
+
+
+def _value(value: Any) -> Any:
+    """A frame cell as a plain value: missing (None, NaN, NA) becomes None."""
+    return None if _missing(value) else value
+
+
+@click.command()
+@click.argument("run_id")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+              help="A dotted config key and its new value (TOML syntax); repeatable.")  # fmt: skip
+@click.option("--reason", required=True, help="Why the run is relaunched (recorded).")
+@output_options
+@click.pass_obj
+def relaunch(source: Any, run_id: str, sets: tuple[str, ...], reason: str,
+             output_format: str) -> None:  # fmt: skip
+    """Plan a new run (new id) that repeats RUN_ID with changes; the old run stays as it is.
+
+    Example: campaign relaunch 01jd... --set loop.microbatch=1 --reason "OOM in validation"
+    """
+    changes = dict(_parse_set(item) for item in sets)
+    if not reason.strip():
+        raise LedgerInputError("--reason must say why the run is relaunched")
+    with source.open() as ledger:
+        old = ledger.run(run_id)
+        hold = ledger.campaign(old.campaign).spec_document.get("hold", {})
+        config, deviations = planning.relaunch_config(old.config_document, changes, hold)
+        full_reason = reason + (f" [deviation: changes held {', '.join(deviations)}]"
+                                if deviations else "")  # fmt: skip
+        new_id = ledger.add_run(old.campaign, old.variant, old.seed, config,
+                                relaunch_of=run_id, reason=full_reason)  # fmt: skip
+    row = {"run_id": new_id, "relaunch_of": run_id, "variant": old.variant, "seed": old.seed,
+           "changes": ", ".join(f"{k}={v!r}" for k, v in changes.items()) or None,
+           "deviation": ", ".join(deviations) or None}  # fmt: skip
+    click.echo(render([row], output_format, document=row))
+    if deviations:
+        click.echo(f"campaign: warning: relaunch changes held {', '.join(deviations)}: "
+                   "the report marks it as a deviation from the plan", err=True)  # fmt: skip
+
+
+def _parse_set(item: str) -> tuple[str, Any]:
+    key, sep, text = item.partition("=")
+    if not sep or not key.strip():
+        raise LedgerInputError(f"--set {item!r}: expected KEY=VALUE, e.g. loop.microbatch=1")
+    try:
+        value = tomllib.loads(f"value = {text}")["value"]
+    except tomllib.TOMLDecodeError:
+        value = text  # a bare word such as adamw is a string
+    return key.strip(), value
+
+
+@click.command()
+@click.argument("campaign")
+@click.argument("text")
+@click.pass_obj
+def note(source: Any, campaign: str, text: str) -> None:
+    """Add a timestamped note (a decision, an observation) to a campaign.
+
+    Example: campaign note digits-lr "control kept: 2e-4 diverged on seed 1"
+    """
+    with source.open() as ledger:
+        ledger.add_note(campaign, text)
+    click.echo(f"campaign: note added to {campaign!r}", err=True)
+
+
+@click.command()
+@click.argument("campaign")
+@output_options
+@click.pass_obj
+def notes(source: Any, campaign: str, output_format: str) -> None:
+    """List a campaign's notes, oldest first.
+
+    Example: campaign notes digits-lr --format json
+    """
+    with source.open() as ledger:
+        frame = ledger.notes(campaign)
+    rows = [{"at": r.at.isoformat(), "text": r.text} for r in frame.itertuples()]
+    click.echo(render(rows, output_format))

@@ -1,0 +1,90 @@
+"""The resolved run config: its known keys, their types, ranges and defaults.
+
+A campaign spec addresses this config with dotted keys (``optimizer.lr``).
+Everything here is validated by pydantic (unknown keys refused, types
+strict: a string is never silently turned into a number); task-specific keys
+live under ``task`` and are the task's business.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+OPTIMIZERS = ("adamw", "sgd")
+SCHEDULERS = ("constant", "linear_warmup", "cosine")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class LoopConfig(_Strict):
+    """Options that change memory and the effective batch (shown in the report)."""
+
+    microbatch: int = Field(1, ge=1)
+    accumulation: int = Field(1, ge=1)
+    replicas: int = Field(1, ge=1)
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    max_length: int | None = Field(None, ge=1)
+    activation_checkpointing: bool = False
+    clip_grad_norm: float | None = Field(None, gt=0)
+    last_batch: Literal["partial", "drop"] = "partial"
+    checkpoint_every: int | None = Field(None, ge=1)
+
+
+class BudgetConfig(_Strict):
+    """Exactly one of ``updates`` or ``epochs``; the planner records the other."""
+
+    updates: int | None = Field(None, ge=1)
+    epochs: float | None = Field(None, gt=0)
+    train_examples: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _one_budget(self) -> BudgetConfig:
+        if (self.updates is None) == (self.epochs is None):
+            raise ValueError("set exactly one of budget.updates or budget.epochs")
+        return self
+
+
+class OptimizerConfig(_Strict):
+    name: Literal["adamw", "sgd"] = "adamw"
+    lr: float = Field(1e-3, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    momentum: float = Field(0.0, ge=0, lt=1)
+    beta1: float = Field(0.9, gt=0, lt=1)
+    beta2: float = Field(0.999, gt=0, lt=1)
+
+
+class SchedulerConfig(_Strict):
+    name: Literal["constant", "linear_warmup", "cosine"] = "constant"
+    warmup: int = Field(0, ge=0)
+
+
+class RunConfig(_Strict):
+    """The resolved config of one run, before the planner's accounting is added."""
+
+    loop: LoopConfig = LoopConfig()
+    budget: BudgetConfig
+    optimizer: OptimizerConfig = OptimizerConfig()
+    scheduler: SchedulerConfig = SchedulerConfig()
+    task: dict[str, Any] = {}
+
+
+# Numbers written as integers in TOML are fine where a float is expected.
+_FLOAT_FIELDS = {
+    ("budget", "epochs"),
+    ("loop", "clip_grad_norm"),
+    *(("optimizer", f) for f in ("lr", "weight_decay", "momentum", "beta1", "beta2")),
+}
+
+
+def widen_integers(nested: dict[str, Any]) -> dict[str, Any]:
+    """Turn an int into a float where the schema wants a float (``lr = 1`` is fine)."""
+    for section, field in _FLOAT_FIELDS:
+        value = nested.get(section, {}).get(field)
+        if isinstance(value, int) and not isinstance(value, bool):
+            nested[section][field] = float(value)
+    return nested

@@ -1,0 +1,280 @@
+"""Planning: grid -> variants x seeds -> planned runs, and the arithmetic of DESIGN.md §6.
+
+examples per update = microbatch x accumulation x data replicas (model
+parallelism does not multiply it). The spec fixes either the number of
+updates or the number of epochs; the planner computes the other, the
+examples seen, the epochs as a fraction, and records them in every run's
+config together with the last-batch policy. Planning starts nothing.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from campaign.ledger import CampaignRecord, Ledger, LedgerInputError, NewRun, NewVariant, NotFound
+from campaign.ledger.canonical import canonical_json, sha256_text
+from campaign.spec import ResolvedSpec, SpecError, resolve_config
+from campaign.taskref import load_factory
+
+ACCOUNTING_KEYS = ("examples_per_update", "examples_seen", "updates_per_epoch", "fixed")
+
+
+@dataclass(frozen=True)
+class Accounting:
+    """How much data one run sees, in updates, examples and epochs."""
+
+    microbatch: int
+    accumulation: int
+    replicas: int
+    examples_per_update: int
+    updates: int
+    examples_seen: int
+    epochs: float | None  # None when the training set size is unknown
+    train_examples: int | None
+    updates_per_epoch: int | None
+    last_batch: str
+
+
+def account(
+    microbatch: int,
+    accumulation: int,
+    replicas: int = 1,
+    *,
+    updates: int | None = None,
+    epochs: float | None = None,
+    train_examples: int | None = None,
+    last_batch: str = "partial",
+) -> Accounting:
+    """The arithmetic of §6. With ``epochs``, the training set size is required.
+
+    ``last_batch``: ``partial`` keeps the incomplete last update of an epoch
+    (normalised exactly, DESIGN.md §4); ``drop`` skips it.
+    """
+    per_update = microbatch * accumulation * replicas
+    per_epoch = None
+    if train_examples is not None:
+        rounding = math.ceil if last_batch == "partial" else math.floor
+        per_epoch = max(1, rounding(train_examples / per_update))
+    if (updates is None) == (epochs is None):
+        raise ValueError("give exactly one of updates or epochs")
+    if epochs is not None:
+        if train_examples is None or per_epoch is None:
+            raise ValueError("an epoch budget needs the number of training examples")
+        if float(epochs).is_integer():
+            updates = int(epochs) * per_epoch
+            seen = int(epochs) * (train_examples if last_batch == "partial"
+                                  else per_epoch * per_update)  # fmt: skip
+        else:
+            updates = max(1, math.floor(epochs * train_examples / per_update))
+            seen = updates * per_update
+    else:
+        assert updates is not None
+        seen = updates * per_update
+        if per_epoch is not None and last_batch == "partial" and train_examples is not None:
+            whole, rest = divmod(updates, per_epoch)
+            seen = whole * train_examples + min(rest * per_update, train_examples)
+    epochs_done = None if train_examples is None else seen / train_examples
+    return Accounting(
+        microbatch, accumulation, replicas, per_update, updates, seen,
+        epochs_done, train_examples, per_epoch, last_batch,
+    )  # fmt: skip
+
+
+def account_config(config: Mapping[str, Any], train_examples: int | None = None) -> Accounting:
+    loop, budget = config["loop"], config["budget"]
+    return account(
+        loop["microbatch"], loop["accumulation"], loop["replicas"],
+        updates=budget.get("updates") if budget.get("epochs") is None else None,
+        epochs=budget.get("epochs"),
+        train_examples=budget.get("train_examples") or train_examples,
+        last_batch=loop["last_batch"],
+    )  # fmt: skip
+
+
+def with_accounting(config: Mapping[str, Any], accounting: Accounting) -> dict[str, Any]:
+    """The config with both budget quantities and the examples recorded."""
+    result = copy.deepcopy(dict(config))
+    fixed = "epochs" if result["budget"].get("epochs") is not None else "updates"
+    result["budget"] = {
+        **result["budget"],
+        "fixed": fixed,
+        "updates": accounting.updates,
+        "epochs": accounting.epochs,
+        "train_examples": accounting.train_examples,
+        "examples_per_update": accounting.examples_per_update,
+        "examples_seen": accounting.examples_seen,
+        "updates_per_epoch": accounting.updates_per_epoch,
+    }
+    return result
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    variant: str
+    seed: int
+    config: dict[str, Any]
+
+    @property
+    def config_sha256(self) -> str:
+        return sha256_text(canonical_json(self.config))
+
+
+@dataclass(frozen=True)
+class Plan:
+    spec: ResolvedSpec
+    accounting: dict[str, Accounting]  # per variant
+    runs: tuple[PlannedRun, ...]
+
+    @property
+    def warnings(self) -> list[str]:
+        seen = {name: a.examples_seen for name, a in self.accounting.items()}
+        if len(set(seen.values())) > 1:
+            listed = ", ".join(f"{n}: {s:,}" for n, s in seen.items())
+            return [f"variants see different numbers of examples ({listed})"]
+        return []
+
+
+def make_plan(spec: ResolvedSpec, *, where: str | None = None) -> Plan:
+    """Resolve the accounting of every variant and one run per (variant, seed)."""
+    accounting: dict[str, Accounting] = {}
+    runs = []
+    sizes: dict[str, int | None] = {}  # training-set size per distinct task config
+    for variant in spec.variants:
+        try:
+            train = None
+            if variant.config["budget"].get("train_examples") is None:
+                key = canonical_json(variant.config["task"])
+                if key not in sizes:
+                    needed = variant.config["budget"].get("epochs") is not None
+                    sizes[key] = count_train_examples(spec.task, variant.config, needed)
+                train = sizes[key]
+            accounting[variant.name] = account_config(variant.config, train)
+        except ValueError as error:
+            raise SpecError(f"{where or spec.path}: variant {variant.name!r}: {error}") from None
+        config = with_accounting(variant.config, accounting[variant.name])
+        for seed in spec.seeds:
+            runs.append(PlannedRun(variant.name, seed, {**config, "seed": seed}))
+    return Plan(spec, accounting, tuple(runs))
+
+
+def count_train_examples(task: str, config: Mapping[str, Any], needed: bool) -> int | None:
+    """Ask the task how many training examples it has, to record epochs as a fraction.
+
+    ``needed``: an epoch budget cannot be planned without it (an error); for an
+    update budget a task that cannot tell leaves the epochs unknown.
+    """
+    try:
+        built = load_factory(task)(copy.deepcopy(dict(config)))
+        return len(built.splits()["train"])
+    except Exception as error:  # the user's task code: any failure means "cannot count"
+        if needed:
+            raise ValueError(
+                f"an epoch budget needs the training-set size: set budget.train_examples "
+                f"or give the task a splits() ({type(error).__name__}: {error})"
+            ) from None
+        return None
+
+
+def record_plan(ledger: Ledger, plan: Plan) -> tuple[CampaignRecord, bool]:
+    """Write the campaign, its variants and its planned runs in one transaction.
+
+    Returns (campaign, created). The same name with the identical spec is a
+    no-op (created False); with a different spec it is refused: a new
+    question gets a new name.
+    """
+    existing = _existing(ledger, plan.spec.name)
+    if existing is not None:
+        if existing.spec_sha256 == plan.spec.sha256:
+            return existing, False
+        raise LedgerInputError(
+            f"campaign {plan.spec.name!r} is already planned with a different spec "
+            f"(sha256 {existing.spec_sha256[:12]} vs {plan.spec.sha256[:12]}): "
+            "a new question gets a new name"
+        )
+    record = ledger.create_campaign(
+        plan.spec.name,
+        question=plan.spec.question,
+        task=plan.spec.task,
+        spec=canonical_json(plan.spec.document),
+        variants=[NewVariant(v.name, v.is_control, v.overrides) for v in plan.spec.variants],
+        runs=[NewRun(r.variant, r.seed, r.config) for r in plan.runs],
+    )
+    return record, True
+
+
+def _existing(ledger: Ledger, name: str) -> CampaignRecord | None:
+    try:
+        return ledger.campaign(name)
+    except NotFound:
+        return None
+
+
+def relaunch_config(
+    config: Mapping[str, Any], sets: Mapping[str, Any], hold: Mapping[str, Any]
+) -> tuple[dict[str, Any], list[str]]:
+    """A relaunch's config: the old one with ``sets`` applied, validated and re-accounted.
+
+    Returns the config and the held keys it changes (a deviation from the plan).
+    """
+    base = copy.deepcopy(dict(config))
+    extra = {k: base.pop(k) for k in ("validation", "stop", "seed") if k in base}
+    fixed = base["budget"].get("fixed", "updates")
+    for key in ACCOUNTING_KEYS:
+        base["budget"].pop(key, None)
+    # Keep only the budget quantity the spec fixed; the planner recomputes the other.
+    base["budget"].pop("epochs" if fixed == "updates" else "updates", None)
+    dotted = _flatten(base)
+    for key in sets:
+        if key.split(".")[0] in ("validation", "stop", "seed"):
+            raise LedgerInputError(
+                f"--set {key}: campaign-wide settings cannot change in a relaunch"
+            )
+        if key in ("budget.updates", "budget.epochs"):
+            dotted.pop("budget.updates", None)
+            dotted.pop("budget.epochs", None)
+    dotted.update(sets)
+    origins = {k: f"--set {k}" if k in sets else f"run config {k}" for k in dotted}
+    resolved = resolve_config(dotted, origins, "relaunch")
+    resolved = with_accounting(resolved, account_config(resolved))
+    resolved.update(extra)
+    changed_held = [k for k in hold if _get(resolved, k) != hold[k]]
+    return resolved, changed_held
+
+
+def held_deviations(config: Mapping[str, Any], hold: Mapping[str, Any]) -> list[str]:
+    """The held keys whose value in ``config`` differs from the spec's [hold]."""
+    return [k for k, v in hold.items() if _get(config, k) != v]
+
+
+def _flatten(nested: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested config -> dotted keys (None values dropped: they are the defaults)."""
+    flat: dict[str, Any] = {}
+    for key, value in nested.items():
+        if isinstance(value, Mapping):
+            flat |= _flatten(value, f"{prefix}{key}.")
+        elif value is not None:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _get(config: Mapping[str, Any], dotted: str) -> Any:
+    node: Any = config
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def accounting_rows(plan: Plan) -> list[dict[str, Any]]:
+    rows = []
+    for name, a in plan.accounting.items():
+        row = asdict(a)
+        rows.append({"variant": name, **{k: row[k] for k in (
+            "microbatch", "accumulation", "replicas", "examples_per_update", "updates",
+            "examples_seen", "epochs", "last_batch")}})  # fmt: skip
+    return rows

@@ -1,0 +1,354 @@
+"""The campaign spec file (DESIGN.md §10): parse TOML, validate, resolve every variant, hash.
+
+Every refusal is a :class:`SpecError` whose message is one line naming the
+file, the key path as written in the file (``hold."loop.microbatch"``,
+``grid.variants[2].set."optimizer.lr"``) and what was expected. Nothing is
+written anywhere by this module.
+"""
+
+from __future__ import annotations
+
+import difflib
+import itertools
+import math
+import re
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+)
+
+from campaign.config_schema import RunConfig, widen_integers
+from campaign.ledger.canonical import canonical_json, sha256_text
+from campaign.taskref import TaskReferenceError, load_factory
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
+TASK_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
+DURATION_PATTERN = r"^\d+(\.\d+)?(s|m|h|d)$"
+CAMPAIGN_WIDE = ("validation", "stop")
+
+Scalar = StrictBool | StrictInt | StrictFloat | StrictStr
+Value = Scalar | list[Scalar]
+
+
+class SpecError(ValueError):
+    """A spec that cannot be planned; the message is the one line the user sees."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class CampaignSection(_Section):
+    name: str = Field(pattern=NAME_PATTERN)
+    question: str = Field(min_length=1)
+    task: str = Field(pattern=TASK_PATTERN)
+
+
+class ValidationSection(_Section):
+    every: int = Field(ge=1)
+    metric: str = Field(pattern=r"^val/\S+$")
+    mode: Literal["max", "min"]
+
+
+class StopSection(_Section):
+    loss_explosion: float | None = Field(None, gt=1)
+    patience: int = Field(0, ge=0)
+    wall_time: str | None = Field(None, pattern=DURATION_PATTERN)
+
+
+class VariantSection(_Section):
+    name: str = Field(pattern=NAME_PATTERN)
+    set: dict[str, Value] = {}
+
+
+class GridSection(_Section):
+    seeds: list[int] = Field(min_length=1)
+    control: str
+    variants: list[VariantSection] = []
+    axes: dict[str, list[Scalar]] = {}
+
+
+class SpecDocument(_Section):
+    campaign: CampaignSection
+    hold: dict[str, Value] = {}
+    config: dict[str, Value] = {}
+    validation: ValidationSection
+    stop: StopSection = StopSection()
+    grid: GridSection
+
+
+@dataclass(frozen=True)
+class ResolvedVariant:
+    name: str
+    is_control: bool
+    overrides: dict[str, Any]  # the dotted keys this variant sets
+    config: dict[str, Any]  # the full nested config (without seed and accounting)
+
+
+@dataclass(frozen=True)
+class ResolvedSpec:
+    path: str
+    document: dict[str, Any]  # the spec as parsed, stored frozen with the campaign
+    sha256: str
+    name: str
+    question: str
+    task: str
+    hold: dict[str, Any]
+    seeds: tuple[int, ...]
+    variants: tuple[ResolvedVariant, ...]
+
+    @property
+    def control(self) -> ResolvedVariant:
+        return next(v for v in self.variants if v.is_control)
+
+
+def load_spec(path: str | Path, *, check_task: bool = True) -> ResolvedSpec:
+    """Read, validate and resolve the spec at ``path``."""
+    where = str(path)
+    try:
+        document = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise SpecError(f"{where}: no such spec file") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise SpecError(f"{where}: cannot read the spec ({error})") from None
+    except tomllib.TOMLDecodeError as error:
+        raise SpecError(f"{where}: not valid TOML ({error})") from None
+    return resolve_spec(document, where, check_task=check_task)
+
+
+def resolve_spec(
+    document: dict[str, Any], where: str = "<spec>", *, check_task: bool = True
+) -> ResolvedSpec:
+    """Validate a parsed spec document and resolve every variant into a full config."""
+    try:
+        spec = SpecDocument.model_validate(document)
+    except ValidationError as error:
+        raise SpecError(f"{where}: {_describe(error.errors()[0], SpecDocument)}") from None
+    _check_grid(spec, where)
+    if check_task:
+        check_task_reference(spec.campaign.task, where)
+    variants = _variants(spec, where)
+    resolved = tuple(_resolve_variant(spec, v, where) for v in variants)
+    return ResolvedSpec(
+        path=where,
+        document=document,
+        sha256=sha256_text(canonical_json(document)),
+        name=spec.campaign.name,
+        question=spec.campaign.question,
+        task=spec.campaign.task,
+        hold=dict(spec.hold),
+        seeds=tuple(spec.grid.seeds),
+        variants=resolved,
+    )
+
+
+# -- structure ------------------------------------------------------------------------
+
+
+def _check_grid(spec: SpecDocument, where: str) -> None:
+    seeds = spec.grid.seeds
+    for i, seed in enumerate(seeds):
+        if seed < 0 or seed >= 2**32:
+            raise SpecError(f"{where}: grid.seeds[{i}]: expected a seed in [0, 2**32), got {seed}")
+    if len(set(seeds)) != len(seeds):
+        duplicate = next(s for s in seeds if seeds.count(s) > 1)
+        raise SpecError(f"{where}: grid.seeds: seed {duplicate} appears twice")
+    for key in set(spec.hold) & set(spec.config):
+        raise SpecError(
+            f"{where}: config.{_quote(key)}: also in [hold]; a key is either held or free"
+        )
+    for section, keys in (("hold", spec.hold), ("config", spec.config)):
+        for key in keys:
+            _check_dotted_key(key, f"{section}.{_quote(key)}", where)
+
+
+def _check_dotted_key(key: str, path: str, where: str) -> None:
+    if not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", key):
+        raise SpecError(f"{where}: {path}: expected a dotted key such as optimizer.lr")
+    if key.split(".")[0] in CAMPAIGN_WIDE:
+        section = key.split(".")[0]
+        raise SpecError(
+            f"{where}: {path}: {section} settings are campaign-wide: set them in [{section}]"
+        )
+
+
+def _variants(spec: SpecDocument, where: str) -> list[tuple[str, str, dict[str, Any]]]:
+    """(name, path of its settings, dotted overrides) for explicit variants and axes."""
+    found = [
+        (v.name, f"grid.variants[{i}].set", dict(v.set)) for i, v in enumerate(spec.grid.variants)
+    ]
+    axes = spec.grid.axes
+    for key, values in axes.items():
+        _check_dotted_key(key, f"grid.axes.{_quote(key)}", where)
+        if not values:
+            raise SpecError(f"{where}: grid.axes.{_quote(key)}: expected at least one value")
+    if axes:
+        keys = list(axes)
+        for combination in itertools.product(*(axes[k] for k in keys)):
+            name = "_".join(f"{k.rsplit('.', 1)[-1]}-{_format(v)}" for k, v in
+                            zip(keys, combination, strict=True))  # fmt: skip
+            found.append((name, f"grid.axes ({name})", dict(zip(keys, combination, strict=True))))
+    if not found:
+        raise SpecError(
+            f"{where}: grid: expected [[grid.variants]] or [grid.axes] (at least the control)"
+        )
+    names = [name for name, _, _ in found]
+    for name in names:
+        if names.count(name) > 1:
+            raise SpecError(f"{where}: grid.variants: variant name {name!r} appears twice")
+    if spec.grid.control not in names:
+        close = difflib.get_close_matches(spec.grid.control, names, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else f" (variants: {', '.join(names)})"
+        raise SpecError(f"{where}: grid.control: {spec.grid.control!r} is not a variant{hint}")
+    for name, path, overrides in found:
+        for key in overrides:
+            _check_dotted_key(key, f"{path}.{_quote(key)}", where)
+            if key in spec.hold:
+                raise SpecError(
+                    f"{where}: {path}.{_quote(key)}: variant {name!r} changes {key}, "
+                    "which is held identical across variants ([hold])"
+                )
+    return found
+
+
+def check_task_reference(reference: str, where: str) -> None:
+    """The task reference ``package.module:factory`` must import and name a callable."""
+    try:
+        load_factory(reference)
+    except TaskReferenceError as error:
+        raise SpecError(f"{where}: campaign.task: {error}") from None
+
+
+# -- resolution -----------------------------------------------------------------------
+
+
+def _resolve_variant(
+    spec: SpecDocument, variant: tuple[str, str, dict[str, Any]], where: str
+) -> ResolvedVariant:
+    name, path, overrides = variant
+    origins = {k: f"config.{_quote(k)}" for k in spec.config}
+    origins |= {k: f"hold.{_quote(k)}" for k in spec.hold}
+    origins |= {k: f"{path}.{_quote(k)}" for k in overrides}
+    dotted = {**spec.config, **spec.hold, **overrides}
+    config = resolve_config(dotted, origins, where)
+    config["validation"] = spec.validation.model_dump()
+    config["stop"] = spec.stop.model_dump()
+    return ResolvedVariant(name, name == spec.grid.control, overrides, config)
+
+
+def resolve_config(
+    dotted: Mapping[str, Any], origins: Mapping[str, str], where: str
+) -> dict[str, Any]:
+    """Nest dotted keys, validate against the run config schema, fill the defaults."""
+    nested: dict[str, Any] = {}
+    for key, value in dotted.items():
+        _place(nested, key, value, origins, where)
+    try:
+        model = RunConfig.model_validate(widen_integers(nested))
+    except ValidationError as error:
+        first = error.errors()[0]
+        key = ".".join(str(p) for p in first["loc"])
+        origin = origins.get(key) or next(
+            (o for k, o in origins.items() if k.startswith(key + ".") or key.startswith(k)),
+            "hold/config",
+        )
+        if first["type"] == "extra_forbidden":
+            detail = _describe(first, RunConfig).split(": ", 1)[1]
+        else:
+            detail = _describe({**first, "loc": ()}, RunConfig)
+        raise SpecError(f"{where}: {origin}: {detail}") from None
+    return model.model_dump()
+
+
+def _place(nested: dict[str, Any], key: str, value: Any, origins: Mapping[str, str],
+           where: str) -> None:  # fmt: skip
+    parts = key.split(".")
+    node = nested
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise SpecError(f"{where}: {origins[key]}: {part} is a value, not a table")
+        node = child
+    if isinstance(node.get(parts[-1]), dict):
+        raise SpecError(f"{where}: {origins[key]}: {key} is a table of other keys")
+    node[parts[-1]] = value
+
+
+# -- messages -------------------------------------------------------------------------
+
+
+def _describe(error: Mapping[str, Any], model: type[BaseModel]) -> str:
+    """One pydantic error as ``key.path: expected ...``."""
+    loc = [p for p in error["loc"] if p not in ("function-after",)]
+    path = _path(loc)
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        known = _known_keys(model, loc[:-1])
+        close = difflib.get_close_matches(str(loc[-1]), known, n=1)
+        hint = f"did you mean {close[0]!r}?" if close else f"expected one of {', '.join(known)}"
+        message = f"unknown key ({hint})"
+    elif kind == "missing":
+        message = "required key is missing"
+    else:
+        text = error["msg"].replace("Input should be", "expected").replace("Value error, ", "")
+        got = error.get("input")
+        message = text if isinstance(got, dict | list) else f"{text}, got {got!r}"
+    return f"{path}: {message}" if path else message
+
+
+def _known_keys(model: type[BaseModel], loc: Sequence[Any]) -> list[str]:
+    """The field names of the model found at ``loc`` (for "did you mean")."""
+    current: Any = model
+    for part in loc:
+        if isinstance(part, int) or not _is_model(current):
+            continue
+        field = current.model_fields.get(str(part))
+        if field is None:
+            return []
+        annotation = field.annotation
+        candidates = (annotation, *getattr(annotation, "__args__", ()))
+        current = next((a for a in candidates if _is_model(a)), None)
+        if current is None:
+            return []
+    return list(current.model_fields) if _is_model(current) else []
+
+
+def _is_model(candidate: Any) -> bool:
+    return isinstance(candidate, type) and issubclass(candidate, BaseModel)
+
+
+def _path(loc: Sequence[Any]) -> str:
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        else:
+            path += ("." if path else "") + _quote(str(part))
+    return path
+
+
+def _quote(key: str) -> str:
+    return f'"{key}"' if "." in key else key
+
+
+def _format(value: Any) -> str:
+    """Axis values in variant names: 1e-4 rather than 0.0001."""
+    if isinstance(value, float):
+        if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e5):
+            mantissa, exponent = f"{value:.6e}".split("e")
+            mantissa = mantissa.rstrip("0").rstrip(".")
+            return f"{mantissa}e{int(exponent)}"
+        return repr(value) if not math.isfinite(value) else f"{value:g}"
+    return str(value).lower() if isinstance(value, bool) else str(value)
