@@ -239,7 +239,11 @@ def relaunch_config(
     dotted.update(sets)
     origins = {k: f"--set {k}" if k in sets else f"run config {k}" for k in dotted}
     resolved = resolve_config(dotted, origins, "relaunch")
-    resolved = with_accounting(resolved, account_config(resolved))
+    try:
+        accounting = account_config(resolved)
+    except ValueError as error:
+        raise LedgerInputError(f"relaunch: {error}") from None
+    resolved = with_accounting(resolved, accounting)
     resolved.update(extra)
     changed_held = [k for k in hold if _get(resolved, k) != hold[k]]
     return resolved, changed_held

@@ -135,7 +135,7 @@ def resolve_spec(
     try:
         spec = SpecDocument.model_validate(document)
     except ValidationError as error:
-        raise SpecError(f"{where}: {_describe(error.errors()[0], SpecDocument)}") from None
+        raise SpecError(f"{where}: {_describe(_first(error), SpecDocument)}") from None
     _check_grid(spec, where)
     if check_task:
         check_task_reference(spec.campaign.task, where)
@@ -258,12 +258,14 @@ def resolve_config(
     try:
         model = RunConfig.model_validate(widen_integers(nested))
     except ValidationError as error:
-        first = error.errors()[0]
+        first = _first(error)
         key = ".".join(str(p) for p in first["loc"])
         origin = origins.get(key) or next(
             (o for k, o in origins.items() if k.startswith(key + ".") or key.startswith(k)),
-            "hold/config",
+            None,
         )
+        if origin is None:  # a required key that no section sets
+            raise SpecError(f"{where}: [hold] or [config]: {_describe(first, RunConfig)}") from None
         if first["type"] == "extra_forbidden":
             detail = _describe(first, RunConfig).split(": ", 1)[1]
         else:
@@ -289,9 +291,32 @@ def _place(nested: dict[str, Any], key: str, value: Any, origins: Mapping[str, s
 # -- messages -------------------------------------------------------------------------
 
 
+# What a pattern means, in words (pydantic would print the regular expression).
+PATTERN_WORDS = {
+    NAME_PATTERN: "expected letters, digits, '.', '_' or '-' (at most 100, not starting "
+    "with a symbol)",
+    TASK_PATTERN: "expected a task reference package.module:factory",
+    DURATION_PATTERN: "expected a duration such as 45s, 30m, 2h or 1d",
+    r"^val/\S+$": "expected a validation metric such as val/accuracy",
+}
+_UNION_TAGS = ("bool", "int", "float", "str")
+
+
+def _first(error: ValidationError) -> dict[str, Any]:
+    """The error to show: an unknown key first (a typo also explains a missing one)."""
+    errors = error.errors()
+    return next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
+
+
 def _describe(error: Mapping[str, Any], model: type[BaseModel]) -> str:
     """One pydantic error as ``key.path: expected ...``."""
-    loc = [p for p in error["loc"] if p not in ("function-after",)]
+    raw_loc = list(error["loc"])
+    loc = [
+        p
+        for p in raw_loc
+        if not (isinstance(p, str) and (p in _UNION_TAGS or p.startswith(("list[", "function-"))))
+    ]
+    union = len(loc) != len(raw_loc)
     path = _path(loc)
     kind = error["type"]
     if kind == "extra_forbidden":
@@ -301,6 +326,15 @@ def _describe(error: Mapping[str, Any], model: type[BaseModel]) -> str:
         message = f"unknown key ({hint})"
     elif kind == "missing":
         message = "required key is missing"
+    elif union:
+        message = (
+            f"expected a number, string, boolean or a list of them, got {error.get('input')!r}"
+        )
+    elif kind == "string_pattern_mismatch":
+        pattern = error.get("ctx", {}).get("pattern", "")
+        message = f"{PATTERN_WORDS.get(pattern, 'expected ' + pattern)}, got {error.get('input')!r}"
+    elif kind == "too_short":
+        message = "expected at least one item"
     else:
         text = error["msg"].replace("Input should be", "expected").replace("Value error, ", "")
         got = error.get("input")
