@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "tests" / "specs" / "digits-lr.toml"
 
 
-def cli(url: str, *args: str):  # noqa: ANN201 - click Result
+def cli(url: str, *args: str):
     return CliRunner().invoke(main, ["--ledger", url, *args])
 
 
@@ -112,8 +112,10 @@ def test_axes_expand_to_the_product(tmp_path: Path) -> None:
 
 def test_epoch_budget_counts_the_task_and_warns_on_unequal_data(tmp_path: Path) -> None:
     spec = tmp_path / "epochs.toml"
-    text = SPEC.read_text().replace('"budget.updates" = 200\n', "").replace(
-        "[config]\n", '[config]\n"budget.epochs" = 1\n"task.train_size" = 3200\n'
+    text = (
+        SPEC.read_text()
+        .replace('"budget.updates" = 200\n', "")
+        .replace("[config]\n", '[config]\n"budget.epochs" = 1\n"task.train_size" = 3200\n')
     )
     text = text.replace('set = { "optimizer.lr" = 2e-4 }', 'set = { "task.train_size" = 1600 }')
     spec.write_text(text)
