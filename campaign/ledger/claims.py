@@ -10,28 +10,16 @@ the ``running`` event in one transaction.
 
 from __future__ import annotations
 
-from sqlalchemy import Connection, func, insert, select, update
+from sqlalchemy import Connection
 
-from campaign.ledger.dialects import utcnow
-from campaign.ledger.models import Event, Run, Segment
+from campaign.ledger import statements as sql
 from campaign.ledger.records import Claim
-from campaign.ledger.vocabulary import PLANNED, RUNNING
-
-runs = Run.__table__
-segments = Segment.__table__
-events = Event.__table__
+from campaign.ledger.vocabulary import PLANNED
 
 
 def claim_next_without_commit(conn: Connection, campaign_id: int, worker: str) -> Claim | None:
     """Claim the oldest planned run of a campaign, or return None when none is left."""
-    query = (
-        select(runs.c.id, runs.c.status, runs.c.config)
-        .where(runs.c.campaign_id == campaign_id, runs.c.status == PLANNED)
-        .order_by(runs.c.created_at, runs.c.id)
-        .limit(1)
-        .with_for_update(skip_locked=True)
-    )
-    row = conn.execute(query).first()
+    row = conn.execute(sql.NEXT_PLANNED, {"p_campaign_id": campaign_id}).first()
     if row is None:
         return None
     return start_without_commit(conn, campaign_id, row.id, row.status, row.config, worker)
@@ -42,44 +30,23 @@ def start_without_commit(
     start_step: int = 0, resumed_from: int | None = None,
 ) -> Claim:  # fmt: skip
     """Move ``run_id`` from ``status`` to running and open its next segment."""
-    now = utcnow()
     changed = conn.execute(
-        update(runs)
-        .where(runs.c.id == run_id, runs.c.status == status)
-        .values(
-            status=RUNNING,
-            worker=worker,
-            heartbeat_at=now,
-            started_at=func.coalesce(runs.c.started_at, now),
-            ended_at=None,
-            stop_cause=None,
-            stop_step=None,
-            stop_phase=None,
-            stop_detail=None,
-        )
+        sql.START_RUN, {"p_run_id": run_id, "p_old_status": status, "p_worker": worker}
     ).rowcount
     if changed != 1:
         raise LookupError(f"run {run_id} is no longer {status}")
     ordinal = 1  # a planned run has no segment yet
     if status != PLANNED:
-        ordinal = conn.execute(
-            select(func.coalesce(func.max(segments.c.ordinal), 0) + 1).where(
-                segments.c.run_id == run_id
-            )
-        ).scalar_one()
+        ordinal = conn.execute(sql.NEXT_ORDINAL, {"p_run_id": run_id}).scalar_one()
     segment_id = conn.execute(
-        insert(segments)
-        .values(run_id=run_id, ordinal=ordinal, start_step=start_step, worker=worker,
-                resumed_from=resumed_from)
-        .returning(segments.c.id)
+        sql.INSERT_SEGMENT,
+        {"run_id": run_id, "ordinal": ordinal, "start_step": start_step, "worker": worker,
+         "resumed_from": resumed_from},
     ).scalar_one()  # fmt: skip
     kind = "running" if status == PLANNED else "resumed"
     conn.execute(
-        insert(events).values(
-            campaign_id=campaign_id,
-            run_id=run_id,
-            kind=kind,
-            detail=f"{status} -> running, segment {ordinal}, worker {worker}",
-        )
-    )
+        sql.INSERT_EVENT,
+        {"campaign_id": campaign_id, "run_id": run_id, "kind": kind,
+         "detail": f"{status} -> running, segment {ordinal}, worker {worker}"},
+    )  # fmt: skip
     return Claim(run_id, segment_id, ordinal, config, worker)

@@ -17,6 +17,7 @@ import pandas as pd
 from sqlalchemy import Connection, Engine, insert, select, update
 
 from campaign.ledger import frames, migrate
+from campaign.ledger import statements as sql
 from campaign.ledger.canonical import canonical_json, sha256_text
 from campaign.ledger.claims import claim_next_without_commit, start_without_commit
 from campaign.ledger.closing import Closing
@@ -230,20 +231,17 @@ class Ledger(Closing):
         def work(conn: Connection) -> str:
             campaign_id = self._campaign_id(conn, campaign)
             variant_id = conn.execute(
-                select(variants_t.c.id).where(
-                    variants_t.c.campaign_id == campaign_id, variants_t.c.name == variant
-                )
+                sql.VARIANT_ID, {"p_campaign_id": campaign_id, "p_name": variant}
             ).scalar()
             if variant_id is None:
                 raise NotFound(f"campaign {campaign!r} has no variant {variant!r}")
             if relaunch_of is not None:
                 _run_campaign(conn, relaunch_of, campaign_id)
             conn.execute(
-                insert(runs_t).values(
-                    id=run_id, campaign_id=campaign_id, variant_id=variant_id, seed=seed,
-                    config=config_text, config_sha256=sha256_text(config_text),
-                    relaunch_of=relaunch_of, relaunch_reason=reason,
-                )
+                sql.INSERT_RUN,
+                {"id": run_id, "campaign_id": campaign_id, "variant_id": variant_id, "seed": seed,
+                 "config": config_text, "config_sha256": sha256_text(config_text),
+                 "relaunch_of": relaunch_of, "relaunch_reason": reason},
             )  # fmt: skip
             detail = f"variant {variant}, seed {seed}"
             if relaunch_of is not None:
@@ -323,20 +321,15 @@ class Ledger(Closing):
             row = _run_row(conn, run_id, self.url)
             if not can_transition(row.status, status):
                 raise IllegalTransition(_transition_refusal(run_id, row.status, status))
-            now = utcnow()
             changed = conn.execute(
-                update(runs_t)
-                .where(runs_t.c.id == run_id, runs_t.c.status == row.status)
-                .values(status=status, stop_cause=stop.cause, stop_step=stop.step,
-                        stop_phase=stop.phase, stop_detail=stop.detail, ended_at=now)
+                sql.END_RUN,
+                {"p_run_id": run_id, "p_old_status": row.status, "p_status": status,
+                 "p_stop_cause": stop.cause, "p_stop_step": stop.step,
+                 "p_stop_phase": stop.phase, "p_stop_detail": stop.detail},
             ).rowcount  # fmt: skip
             if changed != 1:
                 raise IllegalTransition(f"run {run_id} changed status while it was being ended")
-            conn.execute(
-                update(segments_t)
-                .where(segments_t.c.run_id == run_id, segments_t.c.ended_at.is_(None))
-                .values(ended_at=now, end_step=stop.step)
-            )
+            conn.execute(sql.END_OPEN_SEGMENTS, {"p_run_id": run_id, "p_end_step": stop.step})
             where = f" at step {stop.step}" if stop.step is not None else ""
             phase = f" ({stop.phase})" if stop.phase else ""
             detail = f"{row.status} -> {status}: {stop.cause}{where}{phase}"
@@ -350,14 +343,7 @@ class Ledger(Closing):
         """Stamp the run's heartbeat with the database's clock; False if it is not running."""
 
         def work(conn: Connection) -> bool:
-            return (
-                conn.execute(
-                    update(runs_t)
-                    .where(runs_t.c.id == run_id, runs_t.c.status == RUNNING)
-                    .values(heartbeat_at=utcnow())
-                ).rowcount
-                == 1
-            )
+            return conn.execute(sql.HEARTBEAT, {"p_run_id": run_id}).rowcount == 1
 
         return self._write(work, f"heartbeat of run {run_id}")
 
@@ -680,11 +666,7 @@ def _transition_refusal(run_id: str, current: str, new: str) -> str:
 
 
 def _run_row(conn: Connection, run_id: str, url: str) -> Any:
-    row = conn.execute(
-        select(runs_t.c.id, runs_t.c.status, runs_t.c.campaign_id, runs_t.c.config).where(
-            runs_t.c.id == run_id
-        )
-    ).first()
+    row = conn.execute(sql.RUN_ROW, {"p_run_id": run_id}).first()
     if row is None:
         raise NotFound(f"no run {run_id!r} in ledger {url}")
     return row
@@ -701,7 +683,8 @@ def _run_campaign(conn: Connection, run_id: str, campaign_id: int) -> None:
 def _event(conn: Connection, campaign_id: int, run_id: str | None, kind: str,
            detail: str | None) -> None:  # fmt: skip
     conn.execute(
-        insert(events_t).values(campaign_id=campaign_id, run_id=run_id, kind=kind, detail=detail)
+        sql.INSERT_EVENT,
+        {"campaign_id": campaign_id, "run_id": run_id, "kind": kind, "detail": detail},
     )
 
 
