@@ -564,56 +564,54 @@ class Ledger(Closing):
         return frame["key"].tolist()
 
     def events(self, campaign: str, run_id: str | None = None) -> pd.DataFrame:
-        campaign_id = self._read(lambda c: self._campaign_id(c, campaign), "reading events")
         sql = "SELECT id, run_id, at, kind, detail FROM events WHERE campaign_id = ?"
-        params: list[Any] = [campaign_id]
+        extra: list[Any] = []
         if run_id is not None:
             sql += " AND run_id = ?"
-            params.append(run_id)
-        return frames.query_frame(self.engine, sql + " ORDER BY id", params, "reading events")
+            extra.append(run_id)
+        return self._campaign_frame(campaign, sql + " ORDER BY id", "events", extra)
 
     def notes(self, campaign: str) -> pd.DataFrame:
-        campaign_id = self._read(lambda c: self._campaign_id(c, campaign), "reading notes")
-        return frames.query_frame(
-            self.engine,
-            "SELECT id, at, text FROM notes WHERE campaign_id = ? ORDER BY id",
-            [campaign_id],
-            "reading notes",
+        return self._campaign_frame(
+            campaign, "SELECT id, at, text FROM notes WHERE campaign_id = ? ORDER BY id", "notes"
         )
 
     def segments(self, campaign: str) -> pd.DataFrame:
-        campaign_id = self._read(lambda c: self._campaign_id(c, campaign), "reading segments")
-        return frames.query_frame(
-            self.engine,
+        return self._campaign_frame(
+            campaign,
             "SELECT s.id AS segment_id, s.run_id, s.ordinal, s.start_step, s.end_step, s.worker, "
             "s.started_at, s.ended_at, s.resumed_from FROM segments s JOIN runs r "
             "ON r.id = s.run_id WHERE r.campaign_id = ? ORDER BY s.run_id, s.ordinal",
-            [campaign_id],
-            "reading segments",
+            "segments",
         )
 
     def artifacts(self, campaign: str) -> pd.DataFrame:
-        campaign_id = self._read(lambda c: self._campaign_id(c, campaign), "reading artifacts")
-        return frames.query_frame(
-            self.engine,
+        return self._campaign_frame(
+            campaign,
             "SELECT a.id, a.run_id, a.kind, a.path, a.sha256, a.bytes, a.step, a.created_at "
             "FROM artifacts a JOIN runs r ON r.id = a.run_id WHERE r.campaign_id = ? "
             "ORDER BY a.id",
-            [campaign_id],
-            "reading artifacts",
+            "artifacts",
         )
 
     def phases(self, campaign: str) -> pd.DataFrame:
         """Phase measurements of the campaign's runs and pilots (one row per phase and device)."""
-        campaign_id = self._read(lambda c: self._campaign_id(c, campaign), "reading phases")
-        return frames.query_frame(
-            self.engine,
+        return self._campaign_frame(
+            campaign,
             "SELECT p.* FROM phase_measurements p LEFT JOIN runs r ON r.id = p.run_id "
             "LEFT JOIN pilots pl ON pl.id = p.pilot_id "
-            "WHERE r.campaign_id = ? OR pl.campaign_id = ? ORDER BY p.id",
-            [campaign_id, campaign_id],
-            "reading phase measurements",
+            "WHERE (r.campaign_id = ? OR pl.campaign_id = ?) ORDER BY p.id",
+            "phase measurements",
+            placeholders=2,
         )
+
+    def _campaign_frame(
+        self, campaign: str, sql: str, what: str, extra: Sequence[Any] = (), placeholders: int = 1
+    ) -> pd.DataFrame:
+        """Run ``sql`` with the campaign's id bound to its first ``placeholders`` markers."""
+        campaign_id = self._read(lambda c: self._campaign_id(c, campaign), f"reading {what}")
+        params = [campaign_id] * placeholders + list(extra)
+        return frames.query_frame(self.engine, sql, params, f"reading {what} of {campaign!r}")
 
     # -- helpers ----------------------------------------------------------------------
 
