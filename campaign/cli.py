@@ -19,7 +19,6 @@ from campaign.ledger.engine import (
     ENV_VAR,
     create_ledger_engine,
     parse_url,
-    sqlite_path,
 )
 from campaign.output import output_options, render
 from campaign.spec import SpecError
@@ -107,22 +106,7 @@ def db_current(source: LedgerSource, output_format: str) -> None:
 
     Example: campaign --ledger postgresql://me@db/lab db current --format json
     """
-    url = parse_url(source.url)
-    path = sqlite_path(url)
-    head = migrate.head_revision()
-    if path is not None and path.parent.exists() and not path.exists():
-        revision = None  # do not create a file just to look at it
-    else:
-        engine = create_ledger_engine(url)
-        try:
-            revision = migrate.current_revision(engine)
-        finally:
-            engine.dispose()
-    state = "up to date" if revision == head else ("empty" if revision is None else "outdated")
-    if revision is not None and revision != head and not migrate.is_known_revision(revision):
-        state = "unknown (newer code)"
-    row = {"ledger": url.render_as_string(hide_password=True), "revision": revision,
-           "head": head, "state": state}  # fmt: skip
+    row = migrate.describe(parse_url(source.url))
     click.echo(render([row], output_format, document=row))
 
 

@@ -99,3 +99,16 @@ def test_db_current_reports_without_creating(tmp_path: Path) -> None:
     assert result.exit_code == 0
     assert '"state": "empty"' in result.stdout
     assert not path.exists()
+
+
+def test_db_current_names_each_state(tmp_path: Path, ledger_url: str) -> None:
+    foreign = tmp_path / "foreign.db"
+    with sqlite3.connect(foreign) as conn:
+        conn.execute("CREATE TABLE t (x)")
+    result = _invoke(f"sqlite:///{foreign}", "db", "current", "--format", "json")
+    assert '"state": "not a campaign ledger"' in result.stdout
+    Ledger.open(ledger_url).close()
+    assert '"state": "up to date"' in _invoke(ledger_url, "db", "current", "--format", "json").stdout
+    execute(ledger_url, "UPDATE alembic_version SET version_num = '0999'")
+    unknown = _invoke(ledger_url, "db", "current", "--format", "json")
+    assert unknown.exit_code == 0 and "written by newer code" in unknown.stdout

@@ -22,8 +22,16 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, inspect, text
+from sqlalchemy.engine import URL
 
-from campaign.ledger.engine import enable_wal, safe_url, translated, write_connection
+from campaign.ledger.engine import (
+    create_ledger_engine,
+    enable_wal,
+    safe_url,
+    sqlite_path,
+    translated,
+    write_connection,
+)
 from campaign.ledger.errors import LedgerRevisionError, NotALedger
 
 # pg_advisory_xact_lock key: "campaign" in ASCII, fits a bigint.
@@ -149,6 +157,33 @@ def downgrade(engine: Engine, revision: str) -> None:
     ):
         _take_migration_lock(conn)
         _run_alembic(conn, "downgrade", revision)
+
+
+def describe(url: URL) -> dict[str, str | None]:
+    """Where a ledger stands: its revision, this code's head, and a word for the state.
+
+    Looks without writing: a SQLite file that does not exist yet is not created.
+    """
+    head = head_revision()
+    path = sqlite_path(url)
+    if path is not None and path.parent.exists() and not path.exists():
+        state = SchemaState(None, frozenset())
+    else:
+        engine = create_ledger_engine(url)
+        try:
+            with translated(url, "reading the ledger revision"), engine.connect() as conn:
+                state = read_state(conn)
+        finally:
+            engine.dispose()
+    if state.revision == head:
+        word = "up to date"
+    elif state.revision is None:
+        word = "not a campaign ledger" if state.tables else "empty"
+    elif is_known_revision(state.revision):
+        word = "outdated: run `campaign db upgrade`"
+    else:
+        word = "unknown revision (written by newer code)"
+    return {"ledger": safe_url(url), "revision": state.revision, "head": head, "state": word}
 
 
 def current_revision(engine: Engine) -> str | None:
