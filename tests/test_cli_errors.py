@@ -108,7 +108,8 @@ def test_db_current_names_each_state(tmp_path: Path, ledger_url: str) -> None:
     result = _invoke(f"sqlite:///{foreign}", "db", "current", "--format", "json")
     assert '"state": "not a campaign ledger"' in result.stdout
     Ledger.open(ledger_url).close()
-    assert '"state": "up to date"' in _invoke(ledger_url, "db", "current", "--format", "json").stdout
+    current = _invoke(ledger_url, "db", "current", "--format", "json")
+    assert '"state": "up to date"' in current.stdout
     execute(ledger_url, "UPDATE alembic_version SET version_num = '0999'")
     unknown = _invoke(ledger_url, "db", "current", "--format", "json")
     assert unknown.exit_code == 0 and "written by newer code" in unknown.stdout
