@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from campaign import cli_plan
+from campaign import cli_plan, cli_run
 from campaign.ledger import Ledger, LedgerError, LedgerInputError, migrate
 from campaign.ledger.engine import (
     DEFAULT_URL,
@@ -20,6 +20,9 @@ from campaign.ledger.engine import (
     create_ledger_engine,
     parse_url,
 )
+from campaign.loop.checkpoint import CheckpointError
+from campaign.loop.task import TaskContractError
+from campaign.loop.train import LoopError
 from campaign.output import output_options, render
 from campaign.spec import SpecError
 
@@ -37,9 +40,12 @@ class CampaignGroup(click.Group):
         except LedgerError as error:
             click.echo(f"campaign: ledger error: {error}", err=True)
             ctx.exit(EXIT_LEDGER)
-        except (LedgerInputError, SpecError) as error:
+        except (LedgerInputError, SpecError, LoopError, TaskContractError) as error:
             click.echo(f"campaign: {error}", err=True)
             ctx.exit(EXIT_BAD_INPUT)
+        except CheckpointError as error:
+            click.echo(f"campaign: {error}", err=True)
+            ctx.exit(EXIT_CHECK_FAILED)
 
 
 class LedgerSource:
@@ -133,6 +139,7 @@ def db_upgrade(source: LedgerSource, revision: str) -> None:
 
 
 cli_plan.register(main)
+cli_run.register(main)
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

@@ -104,6 +104,12 @@ class MetricWriter(Closing):
     def pending(self) -> int:
         return len(self._buffer)
 
+    def pending_rows(self) -> list[list[Any]]:
+        """The buffered points as (key, step, value, examples_seen, wall_time) lists (for JSON)."""
+        return [
+            [key, step, value, seen, wall] for _, _, key, step, value, seen, wall in self._buffer
+        ]
+
     # -- flushing ---------------------------------------------------------------
 
     def flush(self) -> int:

@@ -1,0 +1,1 @@
+"""The controlled training loop: task contract, loop, stop rules, measurement, checkpoints."""

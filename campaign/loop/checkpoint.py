@@ -1,0 +1,164 @@
+"""Checkpoints: one safetensors file, tensors plus a JSON document of everything else.
+
+Why one file: it is written to a temporary name, flushed to disk and renamed
+over nothing (``os.replace`` of a new name), so a crash mid-write leaves
+either no new checkpoint or a complete one, never a torn file that looks
+valid. The SHA-256 of the file is recorded in the ledger; loading verifies it
+and parses the file with safetensors, which cannot run code: nothing is ever
+unpickled.
+
+What is in it: model, optimizer and scheduler state, the GradScaler, the
+update counter, examples seen, every RNG state (python, numpy, torch, CUDA),
+the data-order position and any metric points not yet flushed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+STATE_KEY = "campaign_checkpoint"
+FORMAT_VERSION = 1
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that must not be loaded: missing, torn, tampered with, not ours."""
+
+
+@dataclass(frozen=True)
+class SavedCheckpoint:
+    path: Path
+    sha256: str
+    size: int
+    step: int
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def save(path: Path, tensors: dict[str, torch.Tensor], state: Mapping[str, Any]) -> SavedCheckpoint:
+    """Write atomically: temp file in the same directory, fsync, rename, fsync the directory."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    document = json.dumps({"format": FORMAT_VERSION, **state}, allow_nan=True)
+    contiguous = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
+    save_file(contiguous, str(temporary), metadata={STATE_KEY: document})
+    with open(temporary, "rb") as handle:
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+    return SavedCheckpoint(path, file_sha256(path), path.stat().st_size, int(state["step"]))
+
+
+def load(path: Path, expected_sha256: str | None) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Verify the hash the ledger recorded, then parse as safetensors (never unpickle)."""
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    actual = file_sha256(path)
+    if expected_sha256 is not None and actual != expected_sha256:
+        raise CheckpointError(
+            f"checkpoint {path} does not match the ledger (sha256 {actual[:12]}, "
+            f"recorded {expected_sha256[:12]}): refused"
+        )
+    try:
+        tensors = load_file(str(path))
+        with open(path, "rb") as handle:
+            header_size = int.from_bytes(handle.read(8), "little")
+            header = json.loads(handle.read(header_size))
+        state = json.loads(header["__metadata__"][STATE_KEY])
+    except (SafetensorError, ValueError, KeyError, OSError) as error:
+        raise CheckpointError(
+            f"checkpoint {path} is not a readable campaign checkpoint ({error}): refused"
+        ) from None
+    if state.get("format") != FORMAT_VERSION:
+        raise CheckpointError(f"checkpoint {path} has unknown format {state.get('format')!r}")
+    return tensors, state
+
+
+# -- state dicts <-> (tensors, JSON) --------------------------------------------------------
+
+
+def split_state(prefix: str, state: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    """Move every tensor of a nested state dict into ``tensors``; return the JSON rest."""
+    if isinstance(state, torch.Tensor):
+        tensors[prefix] = state
+        return {"__tensor__": prefix}
+    if isinstance(state, Mapping):
+        return {
+            "__keys__": [
+                [_key(k), split_state(f"{prefix}.{k}", v, tensors)] for k, v in state.items()
+            ]
+        }
+    if isinstance(state, list | tuple):
+        kind = "__list__" if isinstance(state, list) else "__tuple__"
+        return {kind: [split_state(f"{prefix}.{i}", v, tensors) for i, v in enumerate(state)]}
+    return state
+
+
+def join_state(document: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
+    if isinstance(document, dict):
+        if "__tensor__" in document:
+            return tensors[document["__tensor__"]]
+        if "__keys__" in document:
+            return {_unkey(k): join_state(v, tensors) for k, v in document["__keys__"]}
+        if "__list__" in document:
+            return [join_state(v, tensors) for v in document["__list__"]]
+        if "__tuple__" in document:
+            return tuple(join_state(v, tensors) for v in document["__tuple__"])
+    return document
+
+
+def _key(key: Any) -> Any:
+    return {"int": key} if isinstance(key, int) else key
+
+
+def _unkey(key: Any) -> Any:
+    return key["int"] if isinstance(key, dict) else key
+
+
+def rng_state(tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """All random generators the loop uses; torch and CUDA states as tensors."""
+    tensors["rng.torch"] = torch.get_rng_state()
+    if torch.cuda.is_available():
+        for index, state in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"rng.cuda.{index}"] = state
+    kind, keys, position, has_gauss, gauss = np.random.get_state()
+    tensors["rng.numpy"] = torch.from_numpy(np.asarray(keys, dtype=np.int64))
+    version, internal, gauss_next = random.getstate()
+    return {
+        "numpy": [kind, int(position), int(has_gauss), float(gauss)],
+        "python": [version, list(internal), gauss_next],
+        "cuda_devices": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+    }
+
+
+def restore_rng(document: Mapping[str, Any], tensors: Mapping[str, torch.Tensor]) -> None:
+    torch.set_rng_state(tensors["rng.torch"])
+    for index in range(int(document.get("cuda_devices", 0))):
+        if torch.cuda.is_available() and index < torch.cuda.device_count():
+            torch.cuda.set_rng_state(tensors[f"rng.cuda.{index}"], index)
+    kind, position, has_gauss, gauss = document["numpy"]
+    keys = tensors["rng.numpy"].numpy().astype(np.uint32)
+    np.random.set_state((kind, keys, position, has_gauss, gauss))
+    version, internal, gauss_next = document["python"]
+    random.setstate((version, tuple(internal), gauss_next))

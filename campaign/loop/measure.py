@@ -1,0 +1,111 @@
+"""Per-phase measurement: duration and memory, for the loop and the pilot (DESIGN.md §5).
+
+On CUDA, allocated and reserved memory are different counters and are never
+added: each phase synchronises, resets the peaks, records the baseline, and
+after the phase records current and peak of both, per device. On CPU the
+process RSS and its peak are recorded; Linux lets a process reset its peak
+(``/proc/self/clear_refs``), so each phase gets its own peak where allowed.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+@dataclass
+class PhaseRecord:
+    """One row of ``phase_measurements`` (without its run or pilot id)."""
+
+    phase: str
+    device: str
+    inputs: dict[str, Any] = field(default_factory=dict)
+    duration_s: float | None = None
+    allocated: int | None = None
+    allocated_peak: int | None = None
+    reserved: int | None = None
+    reserved_peak: int | None = None
+    baseline_allocated: int | None = None
+    rss: int | None = None
+    rss_peak: int | None = None
+    verdict: str | None = "measured"
+    detail: str | None = None
+
+    def row(self, **owner: Any) -> dict[str, Any]:
+        return {**asdict(self), **owner}
+
+
+def rss_bytes() -> tuple[int, int]:
+    """(current RSS, peak RSS) of this process, from /proc on Linux."""
+    current = peak = 0
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    current = int(line.split()[1]) * 1024
+                elif line.startswith("VmHWM:"):
+                    peak = int(line.split()[1]) * 1024
+    except OSError:
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        current = peak
+    return current, peak
+
+
+def _reset_rss_peak() -> None:
+    try:
+        with open("/proc/self/clear_refs", "w") as handle:
+            handle.write("5")
+    except OSError:
+        pass  # not Linux or not allowed: the peak is then the process's peak so far
+
+
+class Probe:
+    """Measures phases on one device; ``sampled`` decides which calls are measured."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.records: list[PhaseRecord] = []
+
+    @contextmanager
+    def phase(
+        self, name: str, inputs: Mapping[str, Any] | None = None, measure: bool = True
+    ) -> Iterator[PhaseRecord | None]:
+        if not measure:
+            yield None
+            return
+        record = PhaseRecord(name, str(self.device), dict(inputs or {}))
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            record.baseline_allocated = torch.cuda.memory_allocated(self.device)
+        else:
+            _reset_rss_peak()
+        start = time.perf_counter()
+        try:
+            yield record
+        finally:
+            if self.cuda:
+                torch.cuda.synchronize(self.device)
+            record.duration_s = time.perf_counter() - start
+            if self.cuda:
+                record.allocated = torch.cuda.memory_allocated(self.device)
+                record.allocated_peak = torch.cuda.max_memory_allocated(self.device)
+                record.reserved = torch.cuda.memory_reserved(self.device)
+                record.reserved_peak = torch.cuda.max_memory_reserved(self.device)
+            record.rss, record.rss_peak = rss_bytes()
+            self.records.append(record)
+
+    def drain(self) -> list[PhaseRecord]:
+        records, self.records = self.records, []
+        return records

@@ -1,0 +1,73 @@
+"""Replay the final artifact: reload the weights in a fresh process, rerun the control inputs.
+
+The final artifact (safetensors) holds the weights and, as metadata, the
+resolved config, the environment and the outputs the training process got
+for the task's control inputs. Replaying in another process proves the
+artifact alone reproduces them; the comparison is recorded as an event.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+from campaign.ledger import Ledger
+from campaign.loop.checkpoint import CheckpointError, file_sha256
+from campaign.loop.task import build_task
+
+
+def replay(ledger: Ledger, run_id: str) -> dict[str, Any]:
+    """Reload the run's final artifact (hash verified), replay control inputs, record the result."""
+    record = ledger.run(run_id)
+    frame = ledger.artifacts(record.campaign)
+    finals = frame[(frame["run_id"] == run_id) & (frame["kind"] == "final")]
+    if finals.empty:
+        raise CheckpointError(f"run {run_id} has no final artifact")
+    row = finals.sort_values("id").iloc[-1]
+    path = Path(row["path"])
+    if file_sha256(path) != row["sha256"]:
+        raise CheckpointError(f"final artifact {path} does not match the ledger: refused")
+    with safe_open(str(path), framework="pt") as handle:
+        metadata = handle.metadata()
+    config = json.loads(metadata["config"])
+    expected = json.loads(metadata["control_outputs"])
+    task = build_task(ledger.campaign(record.campaign).task, config)
+    model = task.model()
+    model.load_state_dict(load_file(str(path)), strict=True)
+    model.eval()
+    with torch.no_grad():
+        outputs = task.predict(model, task.collate(list(task.control_inputs())))
+    outputs = json.loads(json.dumps(outputs, default=str))
+    identical = outputs == expected
+    ledger.add_event(
+        record.campaign,
+        "replay",
+        f"final artifact {int(row['id'])} reloaded in process {os.getpid()}: "
+        f"{len(outputs)} control inputs, outputs {'identical' if identical else 'DIFFERENT'}",
+        run_id=run_id,
+    )
+    return {"run_id": run_id, "identical": identical, "outputs": outputs, "expected": expected}
+
+
+def replay_in_subprocess(ledger: Ledger, run_id: str, artifact_id: int) -> bool:
+    """``campaign replay RUN_ID`` in a fresh interpreter; False when it could not run there."""
+    url = ledger.engine.url
+    if url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:"):
+        return False  # another process cannot see an in-memory ledger
+    env = {**os.environ, "CAMPAIGN_LEDGER": url.render_as_string(hide_password=False)}
+    done = subprocess.run(
+        [sys.executable, "-m", "campaign", "replay", run_id],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    return done.returncode == 0

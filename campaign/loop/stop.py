@@ -1,0 +1,109 @@
+"""Stop rules, decided by the frozen config before launch (DESIGN.md §2 stop causes).
+
+Each rule looks at what the loop just measured and either lets the run go on
+or returns a :class:`Stop`: the end status, the cause, and a human detail.
+The loop adds the step and phase and writes it in one transaction.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+@dataclass(frozen=True)
+class Stop:
+    status: str
+    cause: str
+    detail: str
+    phase: str | None = None  # where it was decided, when not the loop's current phase
+    step: int | None = None  # the update it happened in, when not the last one completed
+
+
+def parse_duration(text: str | None) -> float | None:
+    """``"30m"`` -> 1800.0 seconds; None stays None."""
+    if text is None:
+        return None
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd])", text)
+    if match is None:
+        raise ValueError(f"expected a duration such as 30m, got {text!r}")
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+class StopRules:
+    """The stop rules of one run, from its config's ``stop``, ``validation`` and ``budget``."""
+
+    def __init__(self, config: Mapping[str, Any], started: float | None = None) -> None:
+        stop = config.get("stop", {})
+        validation = config.get("validation", {})
+        self.updates = int(config["budget"]["updates"])
+        self.explosion = stop.get("loss_explosion")
+        self.patience = int(stop.get("patience") or 0)
+        self.wall_time = parse_duration(stop.get("wall_time"))
+        self.mode = validation.get("mode", "max")
+        self.started = time.monotonic() if started is None else started
+        self.first_loss: float | None = None
+        self.best: float | None = None
+        self.since_best = 0
+
+    def state(self) -> dict[str, Any]:
+        """What a resume needs (the wall-time clock restarts with each segment)."""
+        return {"first_loss": self.first_loss, "best": self.best, "since_best": self.since_best}
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        self.first_loss = state.get("first_loss")
+        self.best = state.get("best")
+        self.since_best = int(state.get("since_best", 0))
+
+    def after_loss(self, loss: float) -> Stop | None:
+        if not math.isfinite(loss):
+            return Stop("diverged", "non_finite_loss", f"loss is {loss}")
+        if self.first_loss is None:
+            self.first_loss = loss
+        elif self.explosion is not None and loss > self.explosion * self.first_loss:
+            return Stop(
+                "diverged",
+                "loss_explosion",
+                f"loss {loss:.4g} > {self.explosion:g} x first loss {self.first_loss:.4g}",
+            )
+        return None
+
+    def after_gradients(self, grad_norm: float) -> Stop | None:
+        if not math.isfinite(grad_norm):
+            return Stop("diverged", "non_finite_grad", f"gradient norm is {grad_norm}")
+        return None
+
+    def after_update(self, step: int) -> Stop | None:
+        if step >= self.updates:
+            return Stop("completed", "budget_reached", f"{step} of {self.updates} updates done")
+        if self.wall_time is not None and time.monotonic() - self.started > self.wall_time:
+            elapsed = time.monotonic() - self.started
+            return Stop(
+                "stopped", "wall_time", f"{elapsed:.1f} s elapsed, limit {self.wall_time:g} s"
+            )
+        return None
+
+    def after_validation(self, value: float | None) -> Stop | None:
+        if value is None or not math.isfinite(value):
+            return None
+        better = self.best is None or (
+            value > self.best if self.mode == "max" else value < self.best
+        )
+        if better:
+            self.best, self.since_best = value, 0
+            return None
+        self.since_best += 1
+        if self.patience and self.since_best >= self.patience:
+            return Stop(
+                "stopped",
+                "early_stop",
+                f"no improvement of the validation metric for {self.since_best} "
+                f"validations (best {self.best:.4g})",
+            )
+        return None

@@ -1,0 +1,59 @@
+"""The task contract (DESIGN.md §4, contract): what a user's task object must provide.
+
+A task is found by reference ``package.module:factory``; the factory gets the
+resolved config as a nested dict and returns an object with the parts below.
+Tasks see only this contract, never the database.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from campaign.taskref import TaskReferenceError, load_factory
+
+CONTRACT = ("model", "splits", "collate", "loss", "predict", "score", "describe", "control_inputs")
+
+Example = dict[str, Any]
+Batch = dict[str, Any]
+
+
+@runtime_checkable
+class Task(Protocol):
+    def model(self) -> torch.nn.Module: ...
+    def splits(self) -> dict[str, Sequence[Example]]: ...
+    def collate(self, examples: Sequence[Example]) -> Batch: ...
+    def loss(
+        self, model: torch.nn.Module, batch: Batch
+    ) -> tuple[torch.Tensor, int | torch.Tensor]: ...
+    def predict(self, model: torch.nn.Module, batch: Batch) -> list[dict[str, Any]]: ...
+    def score(self, records: Sequence[dict[str, Any]]) -> dict[str, float]: ...
+    def describe(self, example: Example) -> dict[str, str]: ...
+    def control_inputs(self) -> Sequence[Example]: ...
+
+
+class TaskContractError(ValueError):
+    """The task does not import, cannot be built, or lacks a part of the contract."""
+
+
+def build_task(reference: str, config: dict[str, Any]) -> Task:
+    """Import the factory, build the task, and check every part of the contract is there."""
+    try:
+        factory = load_factory(reference)
+    except TaskReferenceError as error:
+        raise TaskContractError(f"task {reference}: {error}") from None
+    try:
+        task = factory(config)
+    except Exception as error:  # the user's factory: report, do not crash the caller
+        raise TaskContractError(
+            f"task {reference}: the factory failed ({type(error).__name__}: {error})"
+        ) from error
+    missing = [part for part in CONTRACT if not callable(getattr(task, part, None))]
+    if missing:
+        raise TaskContractError(
+            f"task {reference}: missing {', '.join(missing)} (the task contract: "
+            f"{', '.join(CONTRACT)})"
+        )
+    return task

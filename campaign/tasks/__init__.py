@@ -1,0 +1,1 @@
+"""Built-in tasks (real, small, no downloads): digits classification, arithmetic generation."""
