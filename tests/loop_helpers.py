@@ -1,0 +1,49 @@
+"""Plan small real campaigns for the loop tests (digits and arithmetic, a few dozen updates)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from campaign.ledger import Ledger
+from campaign.plan import make_plan, record_plan
+from campaign.spec import resolve_spec
+
+BASE: dict[str, Any] = {
+    "campaign": {"name": "loop", "question": "does the loop work?",
+                 "task": "campaign.tasks.digits:build"},
+    "hold": {"loop.microbatch": 4, "loop.accumulation": 2, "budget.updates": 12},
+    "config": {"optimizer.name": "adamw", "optimizer.lr": 1e-2, "task.limit": 300},
+    "validation": {"every": 4, "metric": "val/accuracy", "mode": "max"},
+    "stop": {"loss_explosion": 4.0},
+    "grid": {"seeds": [0], "control": "only", "variants": [{"name": "only"}]},
+}  # fmt: skip
+
+
+def plan_loop(
+    ledger: Ledger,
+    name: str = "loop",
+    *,
+    task: str | None = None,
+    hold: dict[str, Any] | None = None,
+    config: dict[str, Any] | None = None,
+    stop: dict[str, Any] | None = None,
+    validation: dict[str, Any] | None = None,
+    seeds: list[int] | None = None,
+) -> list[str]:
+    """Plan ``BASE`` with the given sections merged in; returns the run ids."""
+    spec = copy.deepcopy(BASE)
+    spec["campaign"]["name"] = name
+    if task:
+        spec["campaign"]["task"] = task
+    spec["hold"].update(hold or {})
+    spec["config"].update(config or {})
+    spec["stop"].update(stop or {})
+    spec["validation"].update(validation or {})
+    if seeds is not None:
+        spec["grid"]["seeds"] = seeds
+    for key in list(spec["config"]):
+        if key in spec["hold"]:
+            del spec["config"][key]
+    record, _ = record_plan(ledger, make_plan(resolve_spec(spec, f"<{name}>")))
+    return list(record.run_ids)

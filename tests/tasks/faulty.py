@@ -1,0 +1,46 @@
+"""The digits task with a fault injected on the N-th call of ``loss`` (for the stop-cause tests)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+import torch
+
+from campaign.tasks.digits import DigitsTask
+
+
+class FaultyDigits(DigitsTask):
+    def __init__(self, config: dict[str, Any]) -> None:
+        super().__init__(config)
+        self.fault = config["task"].get("fault")
+        self.at = int(config["task"].get("at", 3))
+        self.sleep = float(config["task"].get("sleep", 0.0))
+        self.marker = config["task"].get("marker")
+        self.calls = 0
+
+    def loss(self, model: torch.nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, int]:
+        self.calls += 1
+        if self.sleep:
+            time.sleep(self.sleep)
+        total, units = super().loss(model, batch)
+        if self.calls >= self.at and model.training:
+            if self.fault == "nan":
+                total = total * float("nan")
+            elif self.fault == "inf_grad":  # finite loss, infinite gradient
+                weight = next(model.parameters())
+                total = total + torch.sqrt(torch.zeros(()) + 0.0 * weight.sum())
+            elif self.fault == "raise":
+                raise RuntimeError("injected failure in the task's loss")
+            elif self.fault == "sigterm" and self.marker and not os.path.exists(self.marker):
+                open(self.marker, "w").close()  # once: the resumed process runs on
+                os.kill(os.getpid(), signal.SIGTERM)
+            elif self.fault == "oom":
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return total, units
+
+
+def build(config: dict[str, Any]) -> FaultyDigits:
+    return FaultyDigits(config)
