@@ -1,4 +1,4 @@
-"""Checkpoints are safe: torn, tampered and pickled files are refused; kill -9 leaves no torn file."""
+"""Checkpoints are safe: torn, tampered and pickled files refused; kill -9 leaves no torn file."""
 
 from __future__ import annotations
 
@@ -70,8 +70,9 @@ def test_a_pickle_offered_as_a_checkpoint_never_runs(tmp_path: Path, sqlite_url:
     with Ledger.open(sqlite_url) as ledger:
         run_id = plan_loop(ledger)[0]
         claim = ledger.start(run_id, "w")
-        ledger.add_artifact(run_id, "checkpoint", str(evil), ckpt.file_sha256(evil),
-                            evil.stat().st_size, 4)  # fmt: skip
+        ledger.add_artifact(
+            run_id, "checkpoint", str(evil), ckpt.file_sha256(evil), evil.stat().st_size, 4
+        )
         from campaign.ledger import StopInfo
 
         ledger.finish(run_id, "interrupted", StopInfo("interrupted", 4, "update"))
@@ -82,12 +83,15 @@ def test_a_pickle_offered_as_a_checkpoint_never_runs(tmp_path: Path, sqlite_url:
     assert not marker.exists()
 
 
-def test_a_resume_refuses_a_checkpoint_changed_after_recording(tmp_path: Path,
-                                                               sqlite_url: str) -> None:  # fmt: skip
+def test_a_resume_refuses_a_checkpoint_changed_after_recording(
+    tmp_path: Path, sqlite_url: str
+) -> None:
     with Ledger.open(sqlite_url) as ledger:
-        run_id = plan_loop(ledger, task="tests.tasks.faulty:build",
-                           config={"task.fault": "sigterm", "task.at": 5,
-                                   "task.marker": str(tmp_path / "m")})[0]  # fmt: skip
+        run_id = plan_loop(
+            ledger,
+            task="tests.tasks.faulty:build",
+            config={"task.fault": "sigterm", "task.at": 5, "task.marker": str(tmp_path / "m")},
+        )[0]
         execute(ledger, run_id, artifacts=tmp_path / "a", replay_in_subprocess=False)
         assert ledger.run(run_id).status == "interrupted"
         frame = ledger.artifacts("loop")
@@ -107,8 +111,13 @@ def test_kill_9_while_saving_never_leaves_a_torn_checkpoint(tmp_path: Path) -> N
     for attempt in range(30):
         folder = tmp_path / f"attempt-{attempt}"
         folder.mkdir()
-        writer = subprocess.Popen([sys.executable, "-m", "tests.checkpoint_writer", str(folder)],
-                                  cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)  # fmt: skip
+        writer = subprocess.Popen(
+            [sys.executable, "-m", "tests.checkpoint_writer", str(folder)],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         assert writer.stdout is not None
         writer.stdout.readline()  # the first checkpoint is complete
         time.sleep(rng.uniform(0.0, 0.15))

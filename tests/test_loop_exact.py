@@ -80,8 +80,14 @@ def test_prompt_tokens_contribute_nothing_to_the_loss() -> None:
 
 def _cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "CAMPAIGN_LEDGER": url}
-    return subprocess.run([sys.executable, "-m", "campaign", *args], capture_output=True,
-                          text=True, env=env, cwd=ROOT, timeout=600)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "campaign", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=600,
+    )
 
 
 def test_resume_after_sigterm_is_exact(sqlite_url: str, tmp_path: Path) -> None:
@@ -89,9 +95,12 @@ def test_resume_after_sigterm_is_exact(sqlite_url: str, tmp_path: Path) -> None:
     marker = tmp_path / "signalled"
     with Ledger.open(sqlite_url) as ledger:
         plain = plan_loop(ledger, "plain", task="tests.tasks.faulty:build")[0]
-        cut = plan_loop(ledger, "cut", task="tests.tasks.faulty:build",
-                        config={"task.fault": "sigterm", "task.at": 11,
-                                "task.marker": str(marker)})[0]  # fmt: skip
+        cut = plan_loop(
+            ledger,
+            "cut",
+            task="tests.tasks.faulty:build",
+            config={"task.fault": "sigterm", "task.at": 11, "task.marker": str(marker)},
+        )[0]
     artifacts = str(tmp_path / "artifacts")
     assert _cli(sqlite_url, "run", plain, "--artifacts", artifacts).returncode == 0
     interrupted = _cli(sqlite_url, "run", cut, "--artifacts", artifacts)

@@ -24,8 +24,7 @@ def ledger(sqlite_url: str) -> Iterator[Ledger]:
 
 def _run(ledger: Ledger, tmp_path: Path, **plan: Any) -> tuple[Outcome, RunRecord]:
     run_id = plan_loop(ledger, **plan)[0]
-    outcome = execute(ledger, run_id, artifacts=tmp_path / "artifacts",
-                      replay_in_subprocess=False)  # fmt: skip
+    outcome = execute(ledger, run_id, artifacts=tmp_path / "artifacts", replay_in_subprocess=False)
     return outcome, ledger.run(run_id)
 
 
@@ -41,8 +40,13 @@ def test_budget_reached(ledger: Ledger, tmp_path: Path) -> None:
     assert list(ledger.metrics("loop", keys=["val/accuracy"])["step"]) == [4, 8, 12]
     kinds = set(ledger.artifacts("loop")["kind"])
     assert {"checkpoint", "predictions", "final"} <= kinds
-    assert set(ledger.phases("loop")["phase"]) >= {"data", "backward", "update_first",
-                                                   "validation", "export"}  # fmt: skip
+    assert set(ledger.phases("loop")["phase"]) >= {
+        "data",
+        "backward",
+        "update_first",
+        "validation",
+        "export",
+    }
 
 
 def test_non_finite_loss_keeps_the_curve(ledger: Ledger, tmp_path: Path) -> None:
@@ -65,14 +69,25 @@ def test_loss_explosion_from_a_huge_learning_rate(ledger: Ledger, tmp_path: Path
 
 
 def test_early_stop_by_patience(ledger: Ledger, tmp_path: Path) -> None:
-    _, run = _run(ledger, tmp_path, config={"optimizer.lr": 1e-9}, stop={"patience": 2},
-                  validation={"every": 1})  # fmt: skip
+    _, run = _run(
+        ledger,
+        tmp_path,
+        config={"optimizer.lr": 1e-9},
+        stop={"patience": 2},
+        validation={"every": 1},
+    )
     assert _stop(run) == ("stopped", "early_stop", 3, "validation")
 
 
 def test_wall_time(ledger: Ledger, tmp_path: Path) -> None:
-    _, run = _run(ledger, tmp_path, task=FAULTY, config={"task.sleep": 0.1},
-                  stop={"wall_time": "1s"}, hold={"budget.updates": 1000})  # fmt: skip
+    _, run = _run(
+        ledger,
+        tmp_path,
+        task=FAULTY,
+        config={"task.sleep": 0.1},
+        stop={"wall_time": "1s"},
+        hold={"budget.updates": 1000},
+    )
     assert run.status == "stopped" and run.stop_cause == "wall_time"
     assert 2 <= run.stop_step < 1000
 
@@ -92,8 +107,9 @@ def test_out_of_memory_records_phase_and_inputs(ledger: Ledger, tmp_path: Path) 
     assert '"microbatch":4' in run.stop_detail and "shapes" in run.stop_detail
 
 
-def test_a_task_that_breaks_the_contract_fails_the_run_cleanly(ledger: Ledger,
-                                                               tmp_path: Path) -> None:  # fmt: skip
+def test_a_task_that_breaks_the_contract_fails_the_run_cleanly(
+    ledger: Ledger, tmp_path: Path
+) -> None:
     run_id = plan_loop(ledger, task="tests.tasks.tiny:build")[0]  # has only splits()
     with pytest.raises(Exception, match="missing model, collate, loss"):
         execute(ledger, run_id, artifacts=tmp_path, replay_in_subprocess=False)
