@@ -126,4 +126,7 @@ def test_resume_after_sigterm_is_exact(sqlite_url: str, tmp_path: Path) -> None:
     assert (a.sort_index() == b.sort_index()).all(), (a - b).abs().max()
     assert list(segments["ordinal"]) == [1, 2] and list(segments["start_step"]) == [0, k]
     assert kinds[:4] == ["planned", "running", "interrupted", "resumed"]
-    assert kinds[-1] == "completed"
+    assert kinds[-2:] == ["replay", "completed"]  # the final artifact, replayed in a new process
+    with Ledger.open(sqlite_url) as ledger:
+        replay = ledger.events("cut", run_id=cut)
+    assert "outputs identical" in replay[replay["kind"] == "replay"]["detail"].iloc[0]

@@ -98,6 +98,15 @@ def accumulate(
     the parameters are those of (total loss sum / total units): exactly one
     big batch's, whatever the split into microbatches.
     """
+    if len(batches) == 1 and scaler is None:
+        # One microbatch: its units are known before the backward, so the loss
+        # can be normalised first and the extra pass over the gradients saved.
+        with autocast if autocast is not None else contextlib.nullcontext():
+            loss_sum, count = task.loss(model, batches[0])
+        if int(count) == 0:
+            raise LoopError("an effective batch with no loss units (every target masked out)")
+        (loss_sum / count).backward()
+        return float(loss_sum.detach()), int(count)
     total = torch.zeros((), dtype=torch.float64)
     units = 0
     for batch in batches:
@@ -330,8 +339,12 @@ class RunLoop:
         self.model = self.task.model().to(self.device)
         if self.config["loop"]["activation_checkpointing"]:
             checkpoint_blocks(self.model)
+        self.trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = build_optimizer(self.model, self.config)
         self.scheduler = build_scheduler(self.optimizer, self.config)
+        scheduler = self.config["scheduler"]
+        # A constant rate without warmup never changes: skip the per-update step.
+        self.schedule = scheduler["name"] != "constant" or scheduler["warmup"] > 0
         precision = self.config["loop"]["precision"]
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=precision == "fp16")
         self.autocast_dtype = PRECISION_DTYPES.get(precision)
@@ -419,12 +432,17 @@ class RunLoop:
             self.phase_inputs = _describe_inputs(batches, loop["microbatch"])
             if record is not None:
                 record.inputs = self.phase_inputs
-        self.model.train()
+        if not self.model.training:  # train() walks every module: only when needed
+            self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         self.phase = "forward"
         with self.probe.phase("backward", self.phase_inputs, measure=measure):
             loss_sum, units = accumulate(
-                self.task, self.model, batches, scaler=self.scaler, autocast=self._autocast()
+                self.task,
+                self.model,
+                batches,
+                scaler=self.scaler if self.scaler.is_enabled() else None,
+                autocast=self._autocast(),
             )
         loss = loss_sum / units
         stop = self.rules.after_loss(loss)
@@ -435,16 +453,19 @@ class RunLoop:
         name = "update" if self.step > 0 else "update_first"
         with self.probe.phase(name, self.phase_inputs, measure=measure):
             self.scaler.unscale_(self.optimizer)
-            clip = loop["clip_grad_norm"] or float("inf")
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
+            grad_norm = self._gradient_norm(loop["clip_grad_norm"])
             if not self.scaler.is_enabled():
                 stop = self.rules.after_gradients(grad_norm)
                 if stop is not None:
                     self.metrics.log("train/loss", self.step + 1, loss, self.examples_seen)
                     return replace(stop, phase="backward", step=self.step + 1)
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-            self.scheduler.step()
+            if self.scaler.is_enabled():
+                self.scaler.step(self.optimizer)
+                self.scaler.update()  # once per effective batch, after its optimizer step
+            else:
+                self.optimizer.step()
+            if self.schedule:
+                self.scheduler.step()
         self.step += 1
         self.examples_seen += len(indices)
         self.metrics.log_dict(
@@ -459,6 +480,13 @@ class RunLoop:
         )
         self._write_phases()
         return None
+
+    def _gradient_norm(self, clip: float | None) -> float:
+        """The total gradient norm (clipping to ``clip`` when set); one fused pass."""
+        if clip is not None:
+            return float(torch.nn.utils.clip_grad_norm_(self.trainable, clip))
+        grads = [p.grad for p in self.trainable if p.grad is not None]
+        return float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
 
     # -- validation ------------------------------------------------------------------
 
@@ -486,6 +514,7 @@ class RunLoop:
         scores = {f"val/{k}": float(v) for k, v in self.task.score(records).items()}
         scores["val/loss"] = total / max(1, units)
         self.metrics.log_dict(self.step, scores, self.examples_seen)
+        self.metrics.flush()  # a validation point is a natural sync point: bound what a crash loses
         self._save_predictions(records)
         self._write_phases()
         stop = self.rules.after_validation(scores.get(self.config["validation"]["metric"]))

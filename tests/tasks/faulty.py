@@ -1,4 +1,4 @@
-"""The digits task with a fault injected on the N-th call of ``loss`` (for the stop-cause tests)."""
+"""The digits task with a fault injected at the N-th training microbatch (stop-cause tests)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ class FaultyDigits(DigitsTask):
         self.calls = 0
 
     def loss(self, model: torch.nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, int]:
-        self.calls += 1
+        self.calls += model.training  # training calls only: "at" counts microbatches
         if self.sleep:
             time.sleep(self.sleep)
         total, units = super().loss(model, batch)
@@ -37,6 +37,9 @@ class FaultyDigits(DigitsTask):
             elif self.fault == "sigterm" and self.marker and not os.path.exists(self.marker):
                 open(self.marker, "w").close()  # once: the resumed process runs on
                 os.kill(os.getpid(), signal.SIGTERM)
+            elif self.fault == "sigkill" and self.marker and not os.path.exists(self.marker):
+                open(self.marker, "w").close()  # dies without a word, like a lost machine
+                os.kill(os.getpid(), signal.SIGKILL)
             elif self.fault == "oom":
                 raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return total, units

@@ -1,0 +1,115 @@
+"""Loop options on real runs: schedules, bf16, activation checkpointing, a lost run's replay."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from campaign.ledger import Ledger, StopInfo
+from campaign.loop.train import LoopError, accumulate, build_scheduler, checkpoint_blocks, execute
+from campaign.tasks.arithmetic import ArithmeticTask
+from tests.loop_helpers import plan_loop
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _config(name: str, warmup: int) -> dict:
+    return {"scheduler": {"name": name, "warmup": warmup}, "budget": {"updates": 10}}
+
+
+def test_learning_rate_schedules() -> None:
+    def rates(name: str, warmup: int) -> list[float]:
+        optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+        scheduler = build_scheduler(optimizer, _config(name, warmup))
+        seen = []
+        for _ in range(10):
+            seen.append(optimizer.param_groups[0]["lr"])
+            optimizer.step()
+            scheduler.step()
+        return seen
+
+    assert rates("constant", 0) == [1.0] * 10
+    assert rates("linear_warmup", 4)[:5] == [0.25, 0.5, 0.75, 1.0, 1.0]
+    cosine = rates("cosine", 2)
+    assert cosine[:2] == [0.5, 1.0] and cosine[2] == 1.0
+    assert all(a >= b for a, b in zip(cosine[2:], cosine[3:], strict=False)) and cosine[-1] < 0.1
+
+
+def test_activation_checkpointing_gives_the_same_gradients() -> None:
+    task = ArithmeticTask({"task": {"train_size": 32, "val_size": 4}, "loop": {}})
+    batch = [task.collate(task.splits()["train"][:8])]
+    torch.manual_seed(0)
+    plain = task.model().double()
+    torch.manual_seed(0)
+    checkpointed = task.model().double()
+    checkpoint_blocks(checkpointed)
+    accumulate(task, plain, batch)
+    accumulate(task, checkpointed, batch)
+    for (name, a), (_, b) in zip(
+        plain.named_parameters(), checkpointed.named_parameters(), strict=True
+    ):
+        assert torch.allclose(a.grad, b.grad, atol=1e-12), name
+
+
+def test_bf16_and_activation_checkpointing_run_end_to_end(sqlite_url: str, tmp_path: Path) -> None:
+    with Ledger.open(sqlite_url) as ledger:
+        run_id = plan_loop(
+            ledger,
+            task="campaign.tasks.arithmetic:build",
+            hold={"loop.precision": "bf16", "loop.activation_checkpointing": True},
+            config={"task.train_size": 64, "task.val_size": 8, "optimizer.lr": 3e-3},
+            stop={"loss_explosion": 100.0},
+        )[0]
+        outcome = execute(ledger, run_id, artifacts=tmp_path, replay_in_subprocess=False)
+        assert outcome.status == "completed", outcome
+        curve = ledger.metrics("loop", keys=["train/loss"])
+        assert len(curve) == 12 and curve["value"].notna().all()
+
+
+def test_fp16_on_cpu_is_refused_before_any_work(sqlite_url: str, tmp_path: Path) -> None:
+    with Ledger.open(sqlite_url) as ledger:
+        run_id = plan_loop(ledger, hold={"loop.precision": "fp16"})
+        with pytest.raises(LoopError, match="fp16 with a GradScaler needs a CUDA device"):
+            execute(ledger, run_id[0], artifacts=tmp_path)
+        assert ledger.run(run_id[0]).status == "planned"  # nothing started
+
+
+def test_a_lost_run_resumes_and_its_replayed_steps_are_compared(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    """Killed with SIGKILL in update 7 (checkpoint at 4, metrics flushed at 6); marked lost;
+    resumed: the updates it re-executes match the first values (a determinism check)."""
+    marker = tmp_path / "killed"
+    with Ledger.open(sqlite_url) as ledger:
+        run_id = plan_loop(
+            ledger,
+            task="tests.tasks.faulty:build",
+            hold={"loop.checkpoint_every": 4},
+            validation={"every": 2},
+            config={"task.fault": "sigkill", "task.at": 13, "task.marker": str(marker)},
+        )[0]
+    env = {**os.environ, "CAMPAIGN_LEDGER": sqlite_url}
+    died = subprocess.run(
+        [sys.executable, "-m", "campaign", "run", run_id, "--artifacts", str(tmp_path / "a")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+    )
+    assert died.returncode == -9 and marker.exists()
+    with Ledger.open(sqlite_url) as ledger:
+        assert ledger.run(run_id).status == "running"  # nobody said anything
+        ledger.finish(run_id, "lost", StopInfo("heartbeat_lost", None, None, "test: no heartbeat"))
+        outcome = execute(ledger, run_id, artifacts=tmp_path / "a", replay_in_subprocess=False)
+        assert outcome.status == "completed"
+        events = ledger.events("loop", run_id=run_id)
+        check = events[events["kind"] == "determinism_check"]["detail"].iloc[0]
+        assert check.startswith("2 replayed steps (5-6)") and "(identical)" in check
+        segments = ledger.segments("loop")
+        assert list(segments["start_step"]) == [0, 4]
+        both = ledger.metrics("loop", keys=["train/loss"], all_segments=True)
+        assert both["step"].duplicated().any()  # the replayed steps kept both values
