@@ -68,3 +68,15 @@ def ledger(ledger_url: str) -> Iterator[Ledger]:
     """A ledger created at head on each engine."""
     with Ledger.open(ledger_url) as opened:
         yield opened
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``gpu`` need a CUDA device: skipped by capability where there is none."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="capability: no CUDA device on this machine")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -1,0 +1,41 @@
+"""CUDA-only paths: memory counters per phase, fp16 with a GradScaler. Marked ``gpu``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from campaign.ledger import Ledger
+from campaign.loop.measure import Probe
+from campaign.loop.train import execute
+from tests.loop_helpers import plan_loop
+
+pytestmark = pytest.mark.gpu
+
+
+def test_cuda_phase_counters_are_separate_and_reset() -> None:
+    probe = Probe(torch.device("cuda"))
+    keep = torch.zeros(1 << 20, device="cuda")  # 4 MiB held across phases
+    with probe.phase("allocate"):
+        scratch = torch.ones(1 << 22, device="cuda")  # 16 MiB peak inside the phase
+        del scratch
+    with probe.phase("small"):
+        torch.ones(16, device="cuda")
+    big, small = probe.drain()
+    assert big.allocated_peak >= big.baseline_allocated + (1 << 24)
+    assert small.allocated_peak < big.allocated_peak  # the peak was reset between phases
+    assert big.reserved_peak >= big.allocated_peak  # reserved is its own counter
+    del keep
+
+
+def test_fp16_run_with_grad_scaler_on_cuda(sqlite_url: str, tmp_path: Path) -> None:
+    with Ledger.open(sqlite_url) as ledger:
+        run_id = plan_loop(ledger, hold={"loop.precision": "fp16"})[0]
+        outcome = execute(
+            ledger, run_id, artifacts=tmp_path, device="cuda", replay_in_subprocess=False
+        )
+        assert outcome.status == "completed", outcome
+        phases = ledger.phases("loop")
+        assert phases["allocated_peak"].notna().any()
