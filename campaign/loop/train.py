@@ -296,7 +296,7 @@ class RunLoop:
         self._signal: int | None = None
         self._stop_heartbeat = threading.Event()
         self.phase = "setup"
-        self.phase_inputs: dict[str, Any] = {}
+        self._batches: list[Batch] = []
 
     # -- setup ---------------------------------------------------------------------
 
@@ -340,6 +340,7 @@ class RunLoop:
         if self.config["loop"]["activation_checkpointing"]:
             checkpoint_blocks(self.model)
         self.trainable = [p for p in self.model.parameters() if p.requires_grad]
+        self.single_group = len({(p.device, p.dtype) for p in self.trainable}) == 1
         self.optimizer = build_optimizer(self.model, self.config)
         self.scheduler = build_scheduler(self.optimizer, self.config)
         scheduler = self.config["scheduler"]
@@ -418,7 +419,7 @@ class RunLoop:
     def _update(self) -> Stop | None:
         measure = self._measured()
         loop = self.config["loop"]
-        self.phase, self.phase_inputs = "data", {}
+        self.phase, self._batches = "data", []
         with self.probe.phase("data", measure=measure) as record:
             indices = self.order.next_update()
             chunks = [
@@ -429,14 +430,14 @@ class RunLoop:
                 to_device(self.task.collate([self.train_set[i] for i in c]), self.device)
                 for c in chunks
             ]
-            self.phase_inputs = _describe_inputs(batches, loop["microbatch"])
+            self._batches = batches
             if record is not None:
                 record.inputs = self.phase_inputs
         if not self.model.training:  # train() walks every module: only when needed
             self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         self.phase = "forward"
-        with self.probe.phase("backward", self.phase_inputs, measure=measure):
+        with self.probe.phase("backward", self.phase_inputs if measure else None, measure=measure):
             loss_sum, units = accumulate(
                 self.task,
                 self.model,
@@ -451,7 +452,7 @@ class RunLoop:
             return replace(stop, phase="forward", step=self.step + 1)
         self.phase = "update"
         name = "update" if self.step > 0 else "update_first"
-        with self.probe.phase(name, self.phase_inputs, measure=measure):
+        with self.probe.phase(name, self.phase_inputs if measure else None, measure=measure):
             self.scaler.unscale_(self.optimizer)
             grad_norm = self._gradient_norm(loop["clip_grad_norm"])
             if not self.scaler.is_enabled():
@@ -481,12 +482,29 @@ class RunLoop:
         self._write_phases()
         return None
 
+    @property
+    def phase_inputs(self) -> dict[str, Any]:
+        """What the current update works on (shapes, longest length, microbatch); computed
+        only when a measurement or an out-of-memory report needs it."""
+        if not self._batches:
+            return {}
+        return _describe_inputs(self._batches, self.config["loop"]["microbatch"])
+
     def _gradient_norm(self, clip: float | None) -> float:
-        """The total gradient norm (clipping to ``clip`` when set); one fused pass."""
+        """The total gradient norm (clipping to ``clip`` when set); one fused pass.
+
+        Without clipping, the fused per-tensor norms are combined directly:
+        ``get_total_norm`` first regroups tensors by device and dtype in Python,
+        which costs more than the norms on a small model.
+        """
         if clip is not None:
             return float(torch.nn.utils.clip_grad_norm_(self.trainable, clip))
         grads = [p.grad for p in self.trainable if p.grad is not None]
-        return float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
+        if not grads:
+            return 0.0
+        if self.single_group:
+            return float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))))
+        return float(torch.nn.utils.get_total_norm(grads))
 
     # -- validation ------------------------------------------------------------------
 
