@@ -187,3 +187,9 @@ def test_plan_through_the_installed_console_script(tmp_path: Path) -> None:
 def test_load_spec_error_type() -> None:
     with pytest.raises(SpecError, match="no such spec file"):
         load_spec("/nonexistent/spec.toml")
+
+
+def test_the_example_spec_plans_on_the_built_in_task() -> None:
+    plan = make_plan(load_spec(ROOT / "examples" / "digits-lr.toml"))
+    assert len(plan.runs) == 9 and plan.spec.task == "campaign.tasks.digits:build"
+    assert plan.accounting["lr-1e-4"].epochs == 3200 / 1437  # 1,437 training digits
