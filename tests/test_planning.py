@@ -192,4 +192,8 @@ def test_load_spec_error_type() -> None:
 def test_the_example_spec_plans_on_the_built_in_task() -> None:
     plan = make_plan(load_spec(ROOT / "examples" / "digits-lr.toml"))
     assert len(plan.runs) == 9 and plan.spec.task == "campaign.tasks.digits:build"
-    assert plan.accounting["lr-1e-4"].epochs == 3200 / 1437  # 1,437 training digits
+    accounting = plan.accounting["lr-1e-4"]
+    # 1,437 training digits: 89 full updates of 16 and a partial one of 13 per epoch, so
+    # 200 updates are two epochs (2,874 examples) and 20 updates more (320): 3,194.
+    assert (accounting.updates_per_epoch, accounting.examples_seen) == (90, 3194)
+    assert accounting.epochs == 3194 / 1437
