@@ -32,6 +32,8 @@ class LoopConfig(_Strict):
     activation_checkpointing: bool = False
     clip_grad_norm: float | None = Field(None, gt=0)
     last_batch: Literal["partial", "drop"] = "partial"
+    # The pilot's data gate fails when max_length cuts targets, unless allowed here.
+    allow_target_truncation: bool = False
     checkpoint_every: int | None = Field(None, ge=1)
 
 

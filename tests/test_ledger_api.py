@@ -274,3 +274,13 @@ def test_large_batches_repeated_after_an_ambiguous_commit(ledger: Ledger) -> Non
                 writer.log("train/loss", step, 1.0 / (step + 1))
     frame = ledger.metrics("digits-lr", all_segments=True)
     assert len(frame) == 1000 and frame["step"].is_unique
+
+
+def test_runs_frame_with_some_documents_missing(ledger: Ledger) -> None:
+    """One run has an environment, the others none: decoded dicts and None, never NaN."""
+    plan_campaign(ledger, seeds=2, variants={"only": 1e-4})
+    claim = ledger.claim_next("digits-lr", "w")
+    ledger.set_environment(claim.run_id, {"torch": "2.13.0"})
+    runs = ledger.runs("digits-lr").set_index("run_id")
+    assert runs.loc[claim.run_id, "environment"] == {"torch": "2.13.0"}
+    assert runs["environment"].map(lambda v: v is None or isinstance(v, dict)).all()

@@ -52,7 +52,8 @@ def _normalise(frame: pd.DataFrame) -> pd.DataFrame:
         if column in TIME_COLUMNS:
             frame[column] = pd.to_datetime(frame[column], utc=True, format="ISO8601")
         elif column in JSON_COLUMNS:
-            frame[column] = [None if v is None else json.loads(v) for v in frame[column]]
+            # pandas may hold a missing document as None or NaN: only text is JSON
+            frame[column] = [json.loads(v) if isinstance(v, str) else None for v in frame[column]]
         elif column in NULLABLE_INT_COLUMNS and frame[column].dtype == object:
             frame[column] = frame[column].astype("Int64")
         elif column == "is_control":

@@ -87,6 +87,8 @@ class ArithmeticTask:
             "tokens": tokens,
             "targets": targets,
             "lengths": torch.tensor([len(i) for i, _, _ in encoded]),
+            # tokens of BOS + prompt: targets before position prompt_length - 1 are prompt
+            "prompt_lengths": torch.tensor([1 + len(e["prompt"]) for e in examples]),
             "target_cut": torch.tensor([cut for _, _, cut in encoded]),
             "ids": [e["id"] for e in examples],
         }

@@ -49,6 +49,8 @@ class DigitsTask:
                     "group": f"digits-{i}",
                     "pixels": images[i],
                     "label": int(data.target[i]),
+                    # the dataset's own name for the class, to check CLASSES against
+                    "class_name": str(data.target_names[data.target[i]]),
                 }
                 for i in order
             ]

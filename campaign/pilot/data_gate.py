@@ -1,0 +1,212 @@
+"""The data gate: what must hold of the examples before any training step means anything.
+
+Each check returns a :class:`Finding` that names what was wrong, with the
+examples, ids or groups at fault, and what to do about it. The checks use
+only the task contract and the conventions of its batches (``targets`` with
+-100 for "not in the loss", ``lengths``, ``prompt_lengths``, ``target_cut``)
+and examples (``id``, ``group``, ``label``, ``class_name``), so a user's task
+gets them by following the same conventions.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from campaign.loop.task import Task
+
+IGNORE = -100
+CHUNK = 64
+
+
+@dataclass(frozen=True)
+class Finding:
+    check: str
+    ok: bool
+    detail: str
+    advice: str = ""
+
+
+def check_data(task: Task, config: Mapping[str, Any]) -> list[Finding]:
+    """Run every data check; the gate passes when every finding is ok."""
+    splits = {name: list(examples) for name, examples in task.splits().items()}
+    batches = {name: _collated(task, examples) for name, examples in splits.items()}
+    allow_cut = bool(config.get("loop", {}).get("allow_target_truncation", False))
+    return [
+        _ids_unique(splits),
+        _groups_disjoint(splits),
+        *_labels(task, splits),
+        _masks_match_lengths(batches),
+        _prompt_out_of_loss(batches),
+        _truncation(batches, allow_cut),
+    ]
+
+
+def passed(findings: Sequence[Finding]) -> bool:
+    return all(f.ok for f in findings)
+
+
+def _collated(task: Task, examples: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [task.collate(examples[i : i + CHUNK]) for i in range(0, len(examples), CHUNK)]
+
+
+def _ids_unique(splits: Mapping[str, list[dict[str, Any]]]) -> Finding:
+    where: dict[Any, list[str]] = defaultdict(list)
+    for name, examples in splits.items():
+        for example in examples:
+            where[example["id"]].append(name)
+    repeated = {i: s for i, s in where.items() if len(s) > 1}
+    if not repeated:
+        total = sum(len(e) for e in splits.values())
+        return Finding("ids_unique", True, f"{total} examples, every id unique")
+    shown = ", ".join(f"{i!r} ({'/'.join(s)})" for i, s in list(repeated.items())[:5])
+    return Finding(
+        "ids_unique",
+        False,
+        f"{len(repeated)} ids appear more than once: {shown}",
+        "give every example a stable, unique id (deduplicate the data)",
+    )
+
+
+def _groups_disjoint(splits: Mapping[str, list[dict[str, Any]]]) -> Finding:
+    seen: dict[Any, set[str]] = defaultdict(set)
+    for name, examples in splits.items():
+        for example in examples:
+            if "group" in example:
+                seen[example["group"]].add(name)
+    if not seen:
+        return Finding("groups_disjoint", True, "examples carry no group: nothing to check")
+    leaking = {g: sorted(s) for g, s in seen.items() if len(s) > 1}
+    if not leaking:
+        return Finding("groups_disjoint", True, f"{len(seen)} groups, each in one split")
+    shown = ", ".join(f"{g!r} ({'+'.join(s)})" for g, s in list(leaking.items())[:5])
+    return Finding(
+        "groups_disjoint",
+        False,
+        f"{len(leaking)} groups are in more than one split: {shown}",
+        "split by group (conversation, patient, document, period), not by example",
+    )
+
+
+def _labels(task: Task, splits: Mapping[str, list[dict[str, Any]]]) -> list[Finding]:
+    classes = getattr(task, "classes", None)
+    examples = [e for split in splits.values() for e in split if "label" in e]
+    if classes is None or not examples:
+        return [Finding("labels", True, "no labelled classes: nothing to check")]
+    out_of_range = [e["id"] for e in examples if not 0 <= int(e["label"]) < len(classes)]
+    findings = [
+        Finding(
+            "labels_in_range",
+            not out_of_range,
+            f"{len(out_of_range)} labels outside 0..{len(classes) - 1}: "
+            f"{', '.join(map(repr, out_of_range[:5]))}"
+            if out_of_range
+            else f"every label in 0..{len(classes) - 1}",
+            "fix the label encoding or the number of classes" if out_of_range else "",
+        )
+    ]
+    named = [e for e in examples if "class_name" in e and 0 <= int(e["label"]) < len(classes)]
+    if named:
+        wrong = Counter(
+            (int(e["label"]), e["class_name"])
+            for e in named
+            if str(classes[int(e["label"])]) != str(e["class_name"])
+        )
+        if wrong:
+            shown = ", ".join(
+                f"label {label} -> class {classes[label]!r} but the data says "
+                f"{name!r} ({count} examples)"
+                for (label, name), count in wrong.most_common(4)
+            )
+            findings.append(
+                Finding(
+                    "class_mapping",
+                    False,
+                    shown,
+                    "the label id <-> class name table is wrong: fix it",
+                )
+            )
+        else:
+            findings.append(
+                Finding(
+                    "class_mapping", True, f"label ids match class names for {len(named)} examples"
+                )
+            )
+    return findings
+
+
+def _masks_match_lengths(batches: Mapping[str, list[dict[str, Any]]]) -> Finding:
+    bad, rows = [], 0
+    for batch in (b for split in batches.values() for b in split):
+        if "targets" not in batch or "lengths" not in batch:
+            continue
+        targets, lengths = batch["targets"], batch["lengths"]
+        positions = torch.arange(targets.shape[1]).unsqueeze(0)
+        beyond = (positions >= lengths.unsqueeze(1)) & (targets != IGNORE)
+        empty = ((targets != IGNORE) & (positions < lengths.unsqueeze(1))).sum(dim=1) == 0
+        for row in torch.nonzero(beyond.any(dim=1) | empty).flatten().tolist():
+            bad.append(batch["ids"][row])
+        rows += len(lengths)
+    if rows == 0:
+        return Finding("masks_match_lengths", True, "batches carry no lengths: nothing to check")
+    if bad:
+        return Finding(
+            "masks_match_lengths",
+            False,
+            f"{len(bad)} examples with loss targets in the padding or none at all: "
+            f"{', '.join(map(repr, bad[:5]))}",
+            "mask padding with -100 and keep at least one target per example",
+        )
+    return Finding("masks_match_lengths", True, f"{rows} examples: targets only within lengths")
+
+
+def _prompt_out_of_loss(batches: Mapping[str, list[dict[str, Any]]]) -> Finding:
+    leaking, rows = [], 0
+    for batch in (b for split in batches.values() for b in split):
+        if "targets" not in batch or "prompt_lengths" not in batch:
+            continue
+        targets = batch["targets"]
+        positions = torch.arange(targets.shape[1]).unsqueeze(0)
+        # the target at position p is token p + 1: prompt tokens are targets at
+        # positions before prompt_length - 1
+        in_prompt = positions < (batch["prompt_lengths"].unsqueeze(1) - 1)
+        hit = (in_prompt & (targets != IGNORE)).any(dim=1)
+        leaking += [batch["ids"][r] for r in torch.nonzero(hit).flatten().tolist()]
+        rows += len(targets)
+    if rows == 0:
+        return Finding("prompt_out_of_loss", True, "no prompts: nothing to check")
+    if leaking:
+        return Finding(
+            "prompt_out_of_loss",
+            False,
+            f"{len(leaking)} examples put prompt tokens into the loss: "
+            f"{', '.join(map(repr, leaking[:5]))}",
+            "set the prompt's targets to -100: only the answer is learned",
+        )
+    return Finding("prompt_out_of_loss", True, f"{rows} examples: prompt tokens masked out")
+
+
+def _truncation(batches: Mapping[str, list[dict[str, Any]]], allowed: bool) -> Finding:
+    cut = [
+        batch["ids"][r]
+        for split in batches.values()
+        for batch in split
+        if "target_cut" in batch
+        for r in torch.nonzero(batch["target_cut"]).flatten().tolist()
+    ]
+    if not cut:
+        return Finding("truncation", True, "max_length cuts no target")
+    detail = f"max_length cuts the target of {len(cut)} examples: {', '.join(map(repr, cut[:5]))}"
+    if allowed:
+        return Finding("truncation", True, detail + " (allowed by loop.allow_target_truncation)")
+    return Finding(
+        "truncation",
+        False,
+        detail,
+        "raise loop.max_length, drop those examples, or set "
+        "loop.allow_target_truncation = true in [hold]",
+    )
