@@ -1,0 +1,52 @@
+"""Built-in tasks with one data fault each (``task.fault``), for the data-gate tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from campaign.tasks.arithmetic import IGNORE, ArithmeticTask
+from campaign.tasks.digits import CLASSES, DigitsTask
+
+
+class BrokenDigits(DigitsTask):
+    def __init__(self, config: dict[str, Any]) -> None:
+        super().__init__(config)
+        self.fault = config["task"].get("fault")
+        if self.fault == "swapped_classes":  # two class ids swapped in the mapping table
+            self.classes = ("1", "0", *CLASSES[2:])
+
+    def splits(self) -> dict[str, Any]:
+        data = super().splits()
+        train, val = [dict(e) for e in data["train"]], [dict(e) for e in data["val"]]
+        if self.fault == "duplicate_ids":
+            train[5]["id"] = train[4]["id"]
+        elif self.fault == "label_out_of_range":
+            train[7]["label"] = 10
+        elif self.fault == "group_leak":
+            val[0]["group"] = train[0]["group"]
+            val[1]["group"] = train[1]["group"]
+        return {"train": train, "val": val}
+
+
+class BrokenArithmetic(ArithmeticTask):
+    def __init__(self, config: dict[str, Any]) -> None:
+        super().__init__(config)
+        self.fault = config["task"].get("fault")
+
+    def encode(self, example: dict[str, Any]) -> tuple[list[int], list[int], bool]:
+        inputs, targets, cut = super().encode(example)
+        if self.fault == "prompt_in_loss":  # forgets to mask the prompt
+            targets = [t if t != IGNORE else 0 for t in targets]
+            targets = [
+                inputs[i + 1] if i + 1 < len(inputs) and t == 0 else t
+                for i, t in enumerate(targets)
+            ]
+        return inputs, targets, cut
+
+
+def digits(config: dict[str, Any]) -> BrokenDigits:
+    return BrokenDigits(config)
+
+
+def arithmetic(config: dict[str, Any]) -> BrokenArithmetic:
+    return BrokenArithmetic(config)

@@ -1,0 +1,93 @@
+"""The data gate and `campaign inspect`: each fault in a real task is caught and named."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from campaign.cli import main
+from campaign.ledger import Ledger
+from campaign.loop.task import build_task
+from campaign.pilot.data_gate import check_data, passed
+from tests.loop_helpers import plan_loop
+
+DIGITS = {"task": {"limit": 400}}
+ARITHMETIC = {"task": {"train_size": 200, "val_size": 40}, "loop": {}}
+
+
+def _failures(reference: str, config: dict) -> dict[str, str]:
+    findings = check_data(build_task(reference, config), config)
+    return {f.check: f"{f.detail} | {f.advice}" for f in findings if not f.ok}
+
+
+@pytest.mark.parametrize(
+    "reference", ["campaign.tasks.digits:build", "campaign.tasks.arithmetic:build"]
+)
+def test_built_in_tasks_pass(reference: str) -> None:
+    config = DIGITS if "digits" in reference else ARITHMETIC
+    task = build_task(reference, config)
+    assert passed(check_data(task, config))
+
+
+@pytest.mark.parametrize(
+    ("fault", "check", "named"),
+    [
+        ("duplicate_ids", "ids_unique", "appear more than once"),
+        ("label_out_of_range", "labels_in_range", "labels outside 0..9"),
+        ("swapped_classes", "class_mapping", "label 0 -> class '1' but the data says '0'"),
+        ("group_leak", "groups_disjoint", "2 groups are in more than one split"),
+    ],
+)
+def test_digits_faults(fault: str, check: str, named: str) -> None:
+    failures = _failures("tests.tasks.broken:digits", {"task": {"limit": 400, "fault": fault}})
+    assert list(failures) == [check], failures
+    assert named in failures[check]
+
+
+def test_prompt_tokens_in_the_loss_are_caught() -> None:
+    config = {"task": {**ARITHMETIC["task"], "fault": "prompt_in_loss"}, "loop": {}}
+    failures = _failures("tests.tasks.broken:arithmetic", config)
+    assert list(failures) == ["prompt_out_of_loss"]
+    assert "put prompt tokens into the loss" in failures["prompt_out_of_loss"]
+
+
+def test_max_length_that_cuts_targets_fails_unless_allowed() -> None:
+    config = {"task": ARITHMETIC["task"], "loop": {"max_length": 7}}
+    failures = _failures("campaign.tasks.arithmetic:build", config)
+    assert list(failures) == ["truncation"]
+    assert "max_length cuts the target of" in failures["truncation"]
+    assert "allow_target_truncation" in failures["truncation"]
+    allowed = {**config, "loop": {"max_length": 7, "allow_target_truncation": True}}
+    assert _failures("campaign.tasks.arithmetic:build", allowed) == {}
+
+
+def test_inspect_command(sqlite_url: str) -> None:
+    with Ledger.open(sqlite_url) as ledger:
+        plan_loop(
+            ledger,
+            task="campaign.tasks.arithmetic:build",
+            config={"task.train_size": 100, "task.val_size": 20},
+        )
+    result = CliRunner().invoke(
+        main, ["--ledger", sqlite_url, "inspect", "loop", "--n", "2", "--format", "json"]
+    )
+    assert result.exit_code == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert len(document["examples"]) == 2 and document["passed"]
+    first = document["examples"][0]
+    assert set(first) >= {"id", "input", "target", "mask", "length", "truncated"}
+    summary = document["summary"]
+    assert summary["examples"] == 100 and summary["length_min"] <= summary["length_max"]
+    assert 0 <= summary["padding_fraction"] < 1
+
+
+def test_inspect_exits_1_when_the_gate_fails(sqlite_url: str) -> None:
+    with Ledger.open(sqlite_url) as ledger:
+        plan_loop(ledger, task="tests.tasks.broken:digits", config={"task.fault": "group_leak"})
+    result = CliRunner().invoke(main, ["--ledger", sqlite_url, "inspect", "loop"])
+    assert result.exit_code == 1
+    assert "groups_disjoint" in result.stdout and "FAIL" in result.stdout
+    assert "data gate failed (groups_disjoint)" in result.stderr
+    assert "target: label " in result.stdout  # the examples are shown as the loss sees them
