@@ -223,6 +223,73 @@ def _git_revision(task_reference: str) -> str | None:
         return None
 
 
+@torch.no_grad()
+def evaluate(
+    task: Task,
+    model: torch.nn.Module,
+    examples: Sequence[dict[str, Any]],
+    batch_size: int,
+    device: torch.device,
+    autocast: Any = contextlib.nullcontext,
+) -> tuple[float, int, list[dict[str, Any]]]:
+    """Validation: eval mode, no gradients, loss over all units and every prediction.
+
+    The model is back in train mode afterwards, whatever happens inside.
+    """
+    model.eval()
+    total, units, records = 0.0, 0, []
+    try:
+        for start in range(0, len(examples), batch_size):
+            batch = to_device(task.collate(examples[start : start + batch_size]), device)
+            with autocast():
+                loss_sum, count = task.loss(model, batch)
+            total += float(loss_sum)
+            units += int(count)
+            records.extend(task.predict(model, batch))
+    finally:
+        model.train()
+    return total, units, records
+
+
+def capture_state(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    scaler: torch.amp.GradScaler,
+    order: DataOrder,
+    **extra: Any,
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Everything a resume needs, as (tensors, JSON document) for a checkpoint file."""
+    tensors: dict[str, torch.Tensor] = {}
+    state = {
+        "model": ckpt.split_state("model", model.state_dict(), tensors),
+        "optimizer": ckpt.split_state("optimizer", optimizer.state_dict(), tensors),
+        "scheduler": ckpt.split_state("scheduler", scheduler.state_dict(), tensors),
+        "scaler": scaler.state_dict(),
+        "rng": ckpt.rng_state(tensors),
+        "data": order.state(),
+        **extra,
+    }
+    return tensors, state
+
+
+def restore_state(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    scaler: torch.amp.GradScaler,
+    order: DataOrder,
+    tensors: Mapping[str, torch.Tensor],
+    state: Mapping[str, Any],
+) -> None:
+    model.load_state_dict(ckpt.join_state(state["model"], tensors))
+    optimizer.load_state_dict(ckpt.join_state(state["optimizer"], tensors))
+    scheduler.load_state_dict(ckpt.join_state(state["scheduler"], tensors))
+    scaler.load_state_dict(state["scaler"])
+    ckpt.restore_rng(state["rng"], tensors)
+    order.restore(state["data"])
+
+
 # -- data order -----------------------------------------------------------------------
 
 
@@ -513,21 +580,12 @@ class RunLoop:
         self.phase = "validation"
         measure = self._measured() or not getattr(self, "_validated", False)
         size = self.config["loop"]["microbatch"] * self.config["loop"]["accumulation"]
-        self.model.eval()
-        total, units, records = 0.0, 0, []
         with self.probe.phase(
             "validation", {"examples": len(self.val_set), "batch": size}, measure=measure
         ):
-            for start in range(0, len(self.val_set), size):
-                batch = to_device(
-                    self.task.collate(self.val_set[start : start + size]), self.device
-                )
-                with self._autocast():
-                    loss_sum, count = self.task.loss(self.model, batch)
-                total += float(loss_sum)
-                units += int(count)
-                records.extend(self.task.predict(self.model, batch))
-        self.model.train()
+            total, units, records = evaluate(
+                self.task, self.model, self.val_set, size, self.device, self._autocast
+            )
         self._validated = True
         scores = {f"val/{k}": float(v) for k, v in self.task.score(records).items()}
         scores["val/loss"] = total / max(1, units)
@@ -565,21 +623,19 @@ class RunLoop:
         self.phase = "checkpoint"
         self.metrics.flush()
         with self.probe.phase("checkpoint", {"step": self.step}, measure=self._measured()):
-            tensors: dict[str, torch.Tensor] = {}
-            state = {
-                "run_id": self.run_id,
-                "step": self.step,
-                "examples_seen": self.examples_seen,
-                "model": ckpt.split_state("model", self.model.state_dict(), tensors),
-                "optimizer": ckpt.split_state("optimizer", self.optimizer.state_dict(), tensors),
-                "scheduler": ckpt.split_state("scheduler", self.scheduler.state_dict(), tensors),
-                "scaler": self.scaler.state_dict(),
-                "rng": ckpt.rng_state(tensors),
-                "data": self.order.state(),
-                "stop_rules": self.rules.state(),
-                "metric_buffer": self.metrics.pending_rows(),
-                "config_sha256": self.record.config_sha256,
-            }
+            tensors, state = capture_state(
+                self.model,
+                self.optimizer,
+                self.scheduler,
+                self.scaler,
+                self.order,
+                run_id=self.run_id,
+                step=self.step,
+                examples_seen=self.examples_seen,
+                stop_rules=self.rules.state(),
+                metric_buffer=self.metrics.pending_rows(),
+                config_sha256=self.record.config_sha256,
+            )
             saved = ckpt.save(
                 self.folder / "checkpoints" / f"step-{self.step:08d}.safetensors", tensors, state
             )
@@ -607,12 +663,9 @@ class RunLoop:
         tensors, state = ckpt.load(Path(source["path"]), source["sha256"])
         if state.get("config_sha256") != self.record.config_sha256:
             raise ckpt.CheckpointError(f"checkpoint {source['path']} belongs to another config")
-        self.model.load_state_dict(ckpt.join_state(state["model"], tensors))
-        self.optimizer.load_state_dict(ckpt.join_state(state["optimizer"], tensors))
-        self.scheduler.load_state_dict(ckpt.join_state(state["scheduler"], tensors))
-        self.scaler.load_state_dict(state["scaler"])
-        ckpt.restore_rng(state["rng"], tensors)
-        self.order.restore(state["data"])
+        restore_state(
+            self.model, self.optimizer, self.scheduler, self.scaler, self.order, tensors, state
+        )
         self.rules.restore(state["stop_rules"])
         self.step, self.examples_seen = int(state["step"]), int(state["examples_seen"])
         self.replayed_from = self.step
