@@ -35,18 +35,7 @@ def replay(ledger: Ledger, run_id: str) -> dict[str, Any]:
     path = Path(row["path"])
     if file_sha256(path) != row["sha256"]:
         raise CheckpointError(f"final artifact {path} does not match the ledger: refused")
-    with safe_open(str(path), framework="pt") as handle:
-        metadata = handle.metadata()
-    config = json.loads(metadata["config"])
-    expected = json.loads(metadata["control_outputs"])
-    task = build_task(ledger.campaign(record.campaign).task, config)
-    model = task.model()
-    model.load_state_dict(load_file(str(path)), strict=True)
-    model.eval()
-    with torch.no_grad():
-        outputs = task.predict(model, task.collate(list(task.control_inputs())))
-    outputs = json.loads(json.dumps(outputs, default=str))
-    identical = outputs == expected
+    identical, outputs, expected = replay_artifact(path, ledger.campaign(record.campaign).task)
     ledger.add_event(
         record.campaign,
         "replay",
@@ -55,6 +44,70 @@ def replay(ledger: Ledger, run_id: str) -> dict[str, Any]:
         run_id=run_id,
     )
     return {"run_id": run_id, "identical": identical, "outputs": outputs, "expected": expected}
+
+
+def replay_artifact(path: Path, task_reference: str) -> tuple[bool, list[Any], list[Any]]:
+    """Load weights and recorded control outputs from ``path``; replay; compare."""
+    with safe_open(str(path), framework="pt") as handle:
+        metadata = handle.metadata()
+    config = json.loads(metadata["config"])
+    expected = json.loads(metadata["control_outputs"])
+    task = build_task(task_reference, config)
+    model = task.model()
+    model.load_state_dict(load_file(str(path)), strict=True)
+    model.eval()
+    with torch.no_grad():
+        outputs = task.predict(model, task.collate(list(task.control_inputs())))
+    outputs = json.loads(json.dumps(outputs, default=str))
+    return outputs == expected, outputs, expected
+
+
+def write_final(
+    path: Path,
+    model: torch.nn.Module,
+    task: Any,
+    config_text: str,
+    environment_text: str,
+    device: torch.device,
+) -> list[Any]:
+    """Write weights + config + environment + control outputs atomically; return the outputs."""
+    from safetensors.torch import save_file
+
+    from campaign.loop.train import to_device
+
+    model.eval()
+    try:
+        with torch.no_grad():
+            controls = list(task.control_inputs())
+            outputs = task.predict(model, to_device(task.collate(controls), device))
+    finally:
+        model.train()
+    outputs = json.loads(json.dumps(outputs, default=str))
+    metadata = {
+        "config": config_text,
+        "environment": environment_text,
+        "control_outputs": json.dumps(outputs),
+    }
+    tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(".partial")
+    save_file(tensors, str(temporary), metadata=metadata)
+    os.replace(temporary, path)
+    return outputs
+
+
+def replay_file_in_subprocess(path: Path, task_reference: str) -> dict[str, Any]:
+    """``python -m campaign.loop.replay PATH TASK``: a fresh interpreter's verdict."""
+    done = subprocess.run(
+        [sys.executable, "-m", "campaign.loop.replay", str(path), task_reference],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=os.getcwd(),
+    )
+    if done.returncode != 0:
+        return {"identical": False, "error": done.stderr.strip().splitlines()[-1:]}
+    return json.loads(done.stdout)
 
 
 def replay_in_subprocess(ledger: Ledger, run_id: str, artifact_id: int) -> bool:
@@ -71,3 +124,17 @@ def replay_in_subprocess(ledger: Ledger, run_id: str, artifact_id: int) -> bool:
         timeout=600,
     )
     return done.returncode == 0
+
+
+if __name__ == "__main__":
+    identical_, outputs_, expected_ = replay_artifact(Path(sys.argv[1]), sys.argv[2])
+    print(
+        json.dumps(
+            {
+                "identical": identical_,
+                "outputs": outputs_,
+                "expected": expected_,
+                "pid": os.getpid(),
+            }
+        )
+    )

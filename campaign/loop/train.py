@@ -699,26 +699,18 @@ class RunLoop:
 
     def _export(self) -> None:
         self.phase = "export"
+        path = self.folder / "final.safetensors"
         with self.probe.phase("export", {"step": self.step}):
-            self.model.eval()
-            controls = list(self.task.control_inputs())
-            with torch.no_grad():
-                outputs = self.task.predict(
-                    self.model, to_device(self.task.collate(controls), self.device)
-                )
-            path = self.folder / "final.safetensors"
-            metadata = {
-                "config": self.record.config,
-                "run_id": self.run_id,
-                "environment": canonical_json(environment(self._task_reference())),
-                "control_outputs": json.dumps(outputs, default=str),
-            }
-            tensors = {k: v.detach().contiguous().cpu() for k, v in self.model.state_dict().items()}
-            temporary = path.with_suffix(".partial")
-            from safetensors.torch import save_file
+            from campaign.loop.replay import write_final
 
-            save_file(tensors, str(temporary), metadata=metadata)
-            os.replace(temporary, path)
+            write_final(
+                path,
+                self.model,
+                self.task,
+                self.record.config,
+                canonical_json(environment(self._task_reference())),
+                self.device,
+            )
         artifact = self.ledger.add_artifact(
             self.run_id, "final", str(path), ckpt.file_sha256(path), path.stat().st_size, self.step
         )
