@@ -1,20 +1,28 @@
-"""Pilot commands (thin): inspect."""
+"""Pilot commands (thin): inspect, pilot, size, doctor."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import click
+import pandas as pd
 
+from campaign.cli_run import _artifacts_option, _device_option
+from campaign.ledger import LedgerInputError, migrate
 from campaign.loop.task import build_task
+from campaign.loop.train import environment
 from campaign.output import output_options, render
 from campaign.pilot import inspect as inspection
+from campaign.pilot import sizing
 from campaign.pilot.data_gate import check_data, passed
+from campaign.pilot.gates import run_pilot
 
 
 def register(main: click.Group) -> None:
-    main.add_command(inspect)
+    for command in (inspect, pilot, size, doctor):
+        main.add_command(command)
 
 
 @click.command()
@@ -38,12 +46,29 @@ def inspect(source: Any, campaign: str, count: int, split: str, output_format: s
     shown = inspection.examples(task, split, count)
     summary = inspection.summary(task, split, config)
     findings = check_data(task, config)
-    gate = [{"check": f.check, "verdict": "pass" if f.ok else "FAIL", "detail": f.detail,
-             "advice": f.advice} for f in findings]  # fmt: skip
+    gate = [
+        {
+            "check": f.check,
+            "verdict": "pass" if f.ok else "FAIL",
+            "detail": f.detail,
+            "advice": f.advice,
+        }
+        for f in findings
+    ]
     if output_format == "json":
-        click.echo(json.dumps({"campaign": campaign, "examples": shown, "summary": summary,
-                               "data_gate": gate, "passed": passed(findings)}, indent=2,
-                              default=str))  # fmt: skip
+        click.echo(
+            json.dumps(
+                {
+                    "campaign": campaign,
+                    "examples": shown,
+                    "summary": summary,
+                    "data_gate": gate,
+                    "passed": passed(findings),
+                },
+                indent=2,
+                default=str,
+            )
+        )
     else:
         for example in shown:
             click.echo(f"--- {example['id']}")
@@ -52,11 +77,197 @@ def inspect(source: Any, campaign: str, count: int, split: str, output_format: s
                     text = str(value)
                     click.echo(f"{key}:" + (f"\n{text}" if "\n" in text else f" {text}"))
         click.echo("")
-        click.echo(render([{"summary": k, "value": v} for k, v in summary.items()],
-                          output_format))  # fmt: skip
+        click.echo(render([{"summary": k, "value": v} for k, v in summary.items()], output_format))
         click.echo("")
         click.echo(render(gate, output_format))
     if not passed(findings):
         failed = ", ".join(f.check for f in findings if not f.ok)
         click.echo(f"campaign: data gate failed ({failed})", err=True)
         raise click.exceptions.Exit(1)
+
+
+@click.command()
+@click.argument("campaign")
+@_artifacts_option
+@_device_option
+@output_options
+@click.pass_obj
+def pilot(source: Any, campaign: str, artifacts: Path, device: str, output_format: str) -> None:
+    """One recorded pass through every phase on the campaign's worst case; exit 1 on a failure.
+
+    Example: campaign pilot digits-lr --device cpu
+    """
+    with source.open() as ledger:
+        report = run_pilot(ledger, campaign, artifacts=artifacts, device=device)
+    rows = [
+        {
+            "phase": r.phase,
+            "verdict": r.verdict,
+            "duration_s": None if r.duration_s is None else round(r.duration_s, 4),
+            "allocated_peak": r.allocated_peak,
+            "reserved_peak": r.reserved_peak,
+            "rss_peak": r.rss_peak,
+            "detail": r.detail,
+        }
+        for r in report.records
+    ]
+    document = {
+        "campaign": campaign,
+        "pilot_id": report.pilot_id,
+        "variant": report.variant,
+        "passed": report.passed,
+        "phases": rows,
+    }
+    click.echo(render(rows, output_format, document=document))
+    verdict = "passed" if report.passed else "FAILED"
+    click.echo(
+        f"campaign: pilot {report.pilot_id} of {campaign!r} (variant {report.variant}) {verdict}",
+        err=True,
+    )
+    if not report.passed:
+        raise click.exceptions.Exit(1)
+
+
+@click.command()
+@click.argument("campaign")
+@click.option(
+    "--device",
+    "target",
+    default=None,
+    help="The device type being sized for (default: the pilot's).",
+)
+@click.option(
+    "--reserve",
+    default=0.2,
+    show_default=True,
+    type=click.FloatRange(0, 10),
+    help="Evaluation/export reserve, as a fraction of the compute time.",
+)
+@output_options
+@click.pass_obj
+def size(
+    source: Any, campaign: str, target: str | None, reserve: float, output_format: str
+) -> None:
+    """The sizing sheet from the latest pilot: memory per phase, time, and the rental that fits.
+
+    Example: campaign size digits-lr --reserve 0.25
+    """
+    with source.open() as ledger:
+        phases = ledger.phases(campaign)
+        runs = ledger.runs(campaign)
+        pilot_environment = _latest_pilot_environment(ledger, campaign)
+    phases = phases[phases["pilot_id"].notna()]
+    if phases.empty:
+        raise LedgerInputError(f"campaign {campaign!r} has no pilot yet: run `campaign pilot`")
+    latest = phases[phases["pilot_id"] == phases["pilot_id"].max()]
+    duration = dict(zip(latest["phase"], latest["duration_s"], strict=False))
+    config = runs.iloc[0]["config"]
+    count = sizing.counts(config)
+    projection = sizing.project(
+        update_s=float(duration["update"]),
+        validation_s=float(duration["validation"]),
+        checkpoint_s=float(duration["checkpoint"]),
+        runs=len(runs),
+        reserve=reserve,
+        **count,
+    )
+    loop = config["loop"]
+    pilot_device = str(latest["device"].iloc[0])
+    header = {
+        "campaign": campaign,
+        "runs": len(runs),
+        **count,
+        "precision": loop["precision"],
+        "microbatch": loop["microbatch"],
+        "accumulation": loop["accumulation"],
+        "strategy": f"data replicas x{loop['replicas']}",
+        "pilot_device": pilot_device,
+        "devices": ", ".join((pilot_environment or {}).get("devices", [])),
+        "torch": (pilot_environment or {}).get("torch"),
+        **projection.as_dict(),
+    }
+    warning = None
+    if target is not None and target.split(":")[0] != pilot_device.split(":")[0]:
+        warning = (
+            f"the pilot ran on {pilot_device}, this sheet is for {target}: its times and "
+            "memory are not measurements of that device"
+        )
+        header["warning"] = warning
+    table = sizing.phase_table(latest)
+    if output_format == "json":
+        click.echo(json.dumps({**header, "phases": table}, indent=2, default=str))
+    else:
+        click.echo(render([{"item": k, "value": v} for k, v in header.items()], output_format))
+        click.echo("")
+        click.echo(render(table, output_format))
+    if warning:
+        click.echo(f"campaign: warning: {warning}", err=True)
+
+
+def _latest_pilot_environment(ledger: Any, campaign: str) -> dict[str, Any] | None:
+    events = ledger.events(campaign)
+    del events
+    from campaign.ledger.frames import query_frame
+
+    frame = query_frame(
+        ledger.engine,
+        "SELECT p.environment FROM pilots p JOIN campaigns c "
+        "ON c.id = p.campaign_id WHERE c.name = ? ORDER BY p.id DESC",
+        [campaign],
+    )
+    return None if frame.empty else frame["environment"].iloc[0]
+
+
+@click.command()
+@click.option(
+    "--stale-after",
+    default=600,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Seconds without a heartbeat after which a running run looks lost.",
+)
+@output_options
+@click.pass_obj
+def doctor(source: Any, stale_after: int, output_format: str) -> None:
+    """The software stack, the ledger's revision, and running runs whose heartbeat stopped.
+
+    Example: campaign doctor --format json
+    """
+    from campaign.ledger.engine import parse_url
+
+    state = migrate.describe(parse_url(source.url))
+    stale: list[dict[str, Any]] = []
+    if state["revision"] == state["head"]:
+        with source.open() as ledger:
+            now = pd.Timestamp.now(tz="UTC")
+            for name in ledger.campaigns()["name"]:
+                running = ledger.runs(name, status="running")
+                for run in running.itertuples():
+                    age = (
+                        (now - run.heartbeat_at).total_seconds()
+                        if pd.notna(run.heartbeat_at)
+                        else None
+                    )
+                    if age is None or age > stale_after:
+                        stale.append(
+                            {
+                                "campaign": name,
+                                "run_id": run.run_id,
+                                "worker": run.worker,
+                                "heartbeat_age_s": None if age is None else round(age),
+                            }
+                        )
+    stack = environment("campaign.tasks.digits:build")
+    stack.pop("task", None)
+    stack.pop("git_revision", None)
+    document = {"stack": stack, "ledger": state, "stale_running_runs": stale}
+    if output_format == "json":
+        click.echo(json.dumps(document, indent=2, default=str))
+        return
+    rows = [
+        {"item": k, "value": v}
+        for k, v in {**stack, **{f"ledger {k}": v for k, v in state.items()}}.items()
+    ]
+    click.echo(render(rows, output_format))
+    click.echo("")
+    click.echo(render(stale, output_format) if stale else "no running run without a heartbeat")

@@ -594,6 +594,22 @@ class Ledger(Closing):
             "artifacts",
         )
 
+    def pilots(self, campaign: str) -> pd.DataFrame:
+        """The campaign's pilots, newest last: verdict, frozen hash, software stack."""
+        return self._campaign_frame(
+            campaign,
+            "SELECT id AS pilot_id, config_sha256, verdict, environment, created_at FROM pilots "
+            "WHERE campaign_id = ? ORDER BY id",
+            "pilots",
+        )
+
+    def pilot_passed(self, campaign: str) -> bool:
+        """True when the latest pilot for the campaign's frozen spec passed (the launch gate)."""
+        pilots = self.pilots(campaign)
+        spec_hash = self.campaign(campaign).spec_sha256
+        mine = pilots[pilots["config_sha256"] == spec_hash]
+        return bool(len(mine)) and mine["verdict"].iloc[-1] == "pass"
+
     def phases(self, campaign: str) -> pd.DataFrame:
         """Phase measurements of the campaign's runs and pilots (one row per phase and device)."""
         return self._campaign_frame(

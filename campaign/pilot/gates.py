@@ -1,0 +1,429 @@
+"""The pilot: one recorded pass through every phase of the loop before the campaign runs.
+
+It runs on the campaign's worst case (the variant with the largest
+memory-relevant settings, the longest training sequences) and stores one
+``phase_measurements`` row per phase: inputs, duration, memory, a verdict
+and, on failure, what was wrong and what to do. The verdict is kept against
+the campaign's frozen spec hash; a launch without a passing pilot is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from campaign.ledger import Ledger
+from campaign.ledger.canonical import canonical_json
+from campaign.loop import checkpoint as ckpt
+from campaign.loop.measure import PhaseRecord, Probe
+from campaign.loop.replay import replay_file_in_subprocess, write_final
+from campaign.loop.task import Task, build_task
+from campaign.loop.train import environment, evaluate
+from campaign.pilot.data_gate import check_data
+from campaign.pilot.session import PilotSession
+
+# What to do when a phase fails (DESIGN.md §5).
+ADVICE = {
+    "data": "fix the data or the task's collate (see the failed checks)",
+    "forward": "check the model's output shapes and the loss; a non-finite loss at step 0 "
+    "means broken inputs or initialisation",
+    "backward": "a parameter without gradient is detached, unused or frozen by mistake; "
+    "non-finite gradients need a smaller learning rate, clipping or fp32",
+    "update_first": "the optimizer must change the parameters: check the learning rate, "
+    "the parameter groups and requires_grad",
+    "update": "later updates must keep changing the parameters with finite values",
+    "validation": "validation must run in eval mode under torch.no_grad() and cover every "
+    "validation example; do not switch modes inside predict()",
+    "checkpoint": "the checkpoint must hold model, optimizer, scheduler, scaler and RNG state",
+    "resume": "a fresh process must restore step, LR, RNG and data position and compute the "
+    "same next loss: save every piece of state the update depends on",
+    "export": "the final artifact must reproduce the control outputs: keep all model state in "
+    "parameters or registered buffers, and make predict() deterministic",
+    "overfit": "a handful of examples must be learnable: check labels, loss and masks "
+    "(inspect), and the learning rate",
+}
+PRECISION_RANK = {"fp32": 2, "bf16": 1, "fp16": 1}
+
+
+class PhaseFailure(Exception):
+    """A gate's verdict: the phase ran, and what it checked does not hold."""
+
+
+@dataclass(frozen=True)
+class PilotOptions:
+    overfit_examples: int = 8
+    overfit_steps: int = 60
+    overfit_factor: float = 5.0
+    overfit_lr: float = 1e-2
+
+
+@dataclass(frozen=True)
+class PilotReport:
+    pilot_id: int | None
+    passed: bool
+    records: list[PhaseRecord]
+    config: dict[str, Any]
+    variant: str
+
+
+def worst_case(runs: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
+    """The run whose settings need the most memory: microbatch, max length, precision,
+    activation checkpointing off."""
+
+    def weight(run: Mapping[str, Any]) -> tuple[Any, ...]:
+        loop = run["config"]["loop"]
+        length = loop["max_length"] if loop["max_length"] is not None else math.inf
+        return (
+            loop["microbatch"],
+            length,
+            PRECISION_RANK[loop["precision"]],
+            not loop["activation_checkpointing"],
+        )
+
+    return max(runs, key=weight)
+
+
+class Pilot:
+    """Runs the gates for one config; ``run_pilot`` records them for a campaign."""
+
+    def __init__(
+        self,
+        task_reference: str,
+        config: Mapping[str, Any],
+        folder: Path,
+        *,
+        device: str = "cpu",
+        options: PilotOptions = PilotOptions(),
+        session_factory: Callable[
+            [Task, Mapping[str, Any], torch.device], PilotSession
+        ] = PilotSession,
+    ) -> None:
+        self.reference = task_reference
+        self.config = json.loads(json.dumps(dict(config)))
+        self.folder = folder
+        self.device = torch.device(device)
+        self.options = options
+        self.session_factory = session_factory
+        self.probe = Probe(self.device)
+        self.failed: str | None = None
+        self.task: Task | None = None
+
+    def run(self) -> list[PhaseRecord]:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._phase("data", self._data)
+        self._phase("forward", self._forward)
+        self._phase("backward", self._backward)
+        self._phase("update_first", self._first_update)
+        self._phase("update", self._later_update)
+        self._phase("validation", self._validation)
+        self._phase("checkpoint", self._checkpoint)
+        self._phase("resume", self._resume)
+        self._phase("export", self._export)
+        self._phase("overfit", self._overfit, independent=True)
+        return self.probe.drain()
+
+    # -- running a phase ------------------------------------------------------------
+
+    def _phase(
+        self, name: str, gate: Callable[[PhaseRecord], str], independent: bool = False
+    ) -> None:
+        if self.failed is not None and not independent:
+            record = PhaseRecord(
+                name,
+                str(self.device),
+                verdict="skipped",
+                detail=f"not run: the {self.failed} phase failed",
+            )
+            self.probe.records.append(record)
+            return
+        with self.probe.phase(name) as record:
+            assert record is not None
+            try:
+                record.detail = gate(record)
+                record.verdict = "pass"
+            except PhaseFailure as failure:
+                record.verdict, record.detail = "fail", f"{failure} -> {ADVICE[name]}"
+            except Exception as error:  # the task's own code failed inside this phase
+                record.verdict = "fail"
+                record.detail = f"{type(error).__name__}: {error} -> {ADVICE[name]}"
+        if record.verdict == "fail" and not independent and self.failed is None:
+            self.failed = name
+
+    # -- the gates --------------------------------------------------------------------
+
+    def _data(self, record: PhaseRecord) -> str:
+        self.task = build_task(self.reference, self.config)
+        findings = check_data(self.task, self.config)
+        record.inputs = {"splits": {k: len(v) for k, v in self.task.splits().items()}}
+        failed = [f for f in findings if not f.ok]
+        if failed:
+            raise PhaseFailure("; ".join(f"{f.check}: {f.detail} ({f.advice})" for f in failed))
+        self.session = self.session_factory(self.task, self.config, self.device)
+        self.worst = self._longest_examples()
+        return f"{len(findings)} checks passed"
+
+    def _longest_examples(self) -> list[dict[str, Any]]:
+        """The training examples with the longest encoded length, one effective batch."""
+        train = self.session.train_set
+        lengths: list[int] = []
+        for start in range(0, len(train), 256):
+            batch = self.session.task.collate(train[start : start + 256])
+            if "lengths" not in batch:
+                return train[: self.session.per_update]
+            lengths += [int(v) for v in batch["lengths"]]
+        order = sorted(range(len(train)), key=lambda i: -lengths[i])
+        return [train[i] for i in order[: self.session.per_update]]
+
+    def _forward(self, record: PhaseRecord) -> str:
+        session = self.session
+        batch = session.batches(self.worst)[0]
+        record.inputs = describe(batch, session.microbatch)
+        session.model.train()
+        with session.autocast():
+            loss_sum, units = session.task.loss(session.model, batch)
+        if int(units) <= 0:
+            raise PhaseFailure("the loss counts no units (every target masked)")
+        if not torch.isfinite(loss_sum.detach()).all():
+            raise PhaseFailure(f"non-finite loss {float(loss_sum)} on the longest microbatch")
+        if loss_sum.dim() != 0:
+            raise PhaseFailure(f"loss must be a scalar sum, got shape {list(loss_sum.shape)}")
+        return f"loss sum {float(loss_sum.detach()):.4g} over {int(units)} units"
+
+    def _backward(self, record: PhaseRecord) -> str:
+        session = self.session
+        record.inputs = describe(session.batches(self.worst)[0], session.microbatch)
+        session.backward(self.worst)
+        names = dict(session.model.named_parameters())
+        missing = [n for n, p in names.items() if p.requires_grad and p.grad is None]
+        broken = [
+            n for n, p in names.items() if p.grad is not None and not torch.isfinite(p.grad).all()
+        ]
+        frozen = [n for n, p in names.items() if not p.requires_grad]
+        if missing:
+            raise PhaseFailure(
+                f"{len(missing)} trainable parameters got no gradient: {', '.join(missing[:6])}"
+            )
+        if broken:
+            raise PhaseFailure(f"non-finite gradients in {', '.join(broken[:6])}")
+        note = f"; frozen (requires_grad=False): {', '.join(frozen[:6])}" if frozen else ""
+        return f"{len(names) - len(frozen)} parameters got finite gradients{note}"
+
+    def _first_update(self, record: PhaseRecord) -> str:
+        session = self.session
+        before = {n: p.detach().clone() for n, p in session.model.named_parameters()}
+        loss, examples = session.update()
+        record.inputs = {"examples": examples, "planned_examples_per_update": session.per_update}
+        unchanged = [
+            n
+            for n, p in session.model.named_parameters()
+            if p.requires_grad
+            and p.grad is not None
+            and bool(p.grad.abs().sum() > 0)
+            and torch.equal(p.detach(), before[n])
+        ]
+        if unchanged:
+            raise PhaseFailure(
+                f"the optimizer step changed nothing in {len(unchanged)} "
+                f"parameters with gradients: {', '.join(unchanged[:6])}"
+            )
+        expected = min(session.per_update, len(session.train_set))
+        if examples != expected:
+            raise PhaseFailure(f"{examples} examples in the update, planned {expected}")
+        state = session.optimizer.state_dict()["state"]
+        if not state:
+            raise PhaseFailure("the optimizer kept no state after its first step")
+        return f"loss {loss:.4g}; {examples} examples per update as planned; step counted"
+
+    def _later_update(self, record: PhaseRecord) -> str:
+        loss, examples = self.session.update()
+        record.inputs = {"examples": examples}
+        if not math.isfinite(loss):
+            raise PhaseFailure(f"non-finite loss {loss} in the second update")
+        return f"loss {loss:.4g}"
+
+    def _validation(self, record: PhaseRecord) -> str:
+        session = self.session
+        seen: list[tuple[bool, bool]] = []
+        hook = session.model.register_forward_pre_hook(
+            lambda module, _inputs: seen.append((module.training, torch.is_grad_enabled()))
+        )
+        size = session.per_update
+        record.inputs = {"examples": len(session.val_set), "batch": size}
+        try:
+            total, units, records = evaluate(
+                session.task, session.model, session.val_set, size, session.device, session.autocast
+            )
+        finally:
+            hook.remove()
+        if any(training for training, _ in seen):
+            raise PhaseFailure("the model ran in train mode during validation")
+        if any(grad for _, grad in seen):
+            raise PhaseFailure("gradients were enabled during validation")
+        if not session.model.training:
+            raise PhaseFailure("the model stayed in eval mode after validation")
+        ids = [r["id"] for r in records]
+        expected = [e["id"] for e in session.val_set]
+        if sorted(map(str, ids)) != sorted(map(str, expected)):
+            raise PhaseFailure(f"{len(ids)} predictions for {len(expected)} validation examples")
+        scores = session.task.score(records)
+        return f"val/loss {total / max(1, units):.4g}; " + ", ".join(
+            f"val/{k} {v:.4g}" for k, v in scores.items()
+        )
+
+    def _checkpoint(self, record: PhaseRecord) -> str:
+        session = self.session
+        tensors, state = session.capture()
+        saved = ckpt.save(self.folder / "pilot-checkpoint.safetensors", tensors, state)
+        record.inputs = {"bytes": saved.size, "step": saved.step}
+        loaded, loaded_state = ckpt.load(saved.path, saved.sha256)
+        if not loaded_state.get("optimizer") or not ckpt.join_state(
+            loaded_state["optimizer"], loaded
+        ).get("state"):
+            raise PhaseFailure("the checkpoint holds no optimizer state")
+        self.saved = saved
+        # What the process that saved it does next, for the fresh process to match.
+        self.expected = session.fingerprint()
+        self.expected["next_loss"] = session.update()[0]
+        return f"{saved.size:,} bytes, hash verified on reload"
+
+    def _resume(self, record: PhaseRecord) -> str:
+        report = run_module("campaign.pilot.resume_check", str(self.saved.path), self.reference)
+        record.inputs = {"checkpoint": str(self.saved.path)}
+        different = [
+            k
+            for k in ("step", "lr", "data", "rng_draw", "next_loss")
+            if report.get(k) != self.expected.get(k)
+        ]
+        if different:
+            shown = ", ".join(
+                f"{k}: {report.get(k)!r} != {self.expected.get(k)!r}" for k in different
+            )
+            raise PhaseFailure(f"the fresh process restored a different state: {shown}")
+        return (
+            f"fresh process restored step {report['step']}, LR, RNG, data position "
+            f"{report['data']}; next loss identical ({report['next_loss']:.6g})"
+        )
+
+    def _export(self, record: PhaseRecord) -> str:
+        path = self.folder / "pilot-final.safetensors"
+        outputs = write_final(
+            path,
+            self.session.model,
+            self.session.task,
+            canonical_json(self.config),
+            canonical_json(environment(self.reference)),
+            self.device,
+        )
+        record.inputs = {"control_inputs": len(outputs)}
+        result = replay_file_in_subprocess(path, self.reference)
+        if not result.get("identical"):
+            detail = result.get("error") or (
+                f"outputs {result.get('outputs')} != {result.get('expected')}"
+            )
+            raise PhaseFailure(
+                f"the reloaded artifact does not reproduce the control outputs: {detail}"
+            )
+        return f"{len(outputs)} control outputs reproduced in a fresh process"
+
+    def _overfit(self, record: PhaseRecord) -> str:
+        options = self.options
+        if self.task is None:
+            raise PhaseFailure("the task could not be built")
+        config = json.loads(json.dumps(self.config))
+        config["optimizer"]["lr"] = options.overfit_lr
+        config["scheduler"] = {"name": "constant", "warmup": 0}
+        session = self.session_factory(self.task, config, self.device)
+        examples = session.train_set[: options.overfit_examples]
+        record.inputs = {
+            "examples": len(examples),
+            "steps": options.overfit_steps,
+            "lr": options.overfit_lr,
+        }
+        losses = []
+        for _ in range(options.overfit_steps):
+            loss_sum, units = session.backward(examples)
+            losses.append(loss_sum / units)
+            if not math.isfinite(losses[-1]):
+                raise PhaseFailure(f"non-finite loss at overfit step {len(losses)}")
+            session.step_optimizer()
+        _, _, records = evaluate(
+            session.task, session.model, examples, len(examples), session.device, session.autocast
+        )
+        wrong = [r["id"] for r in records if str(r["prediction"]) != str(r["target"])]
+        ratio = losses[0] / max(losses[-1], 1e-12)
+        if ratio < options.overfit_factor:
+            raise PhaseFailure(
+                f"loss fell only {ratio:.2f}x ({losses[0]:.4g} -> "
+                f"{losses[-1]:.4g}), needed {options.overfit_factor:g}x"
+            )
+        if wrong:
+            raise PhaseFailure(
+                f"{len(wrong)} of {len(records)} examples not recovered after "
+                f"overfitting: {', '.join(map(str, wrong[:5]))}"
+            )
+        return (
+            f"loss {losses[0]:.4g} -> {losses[-1]:.4g} ({ratio:.0f}x) in "
+            f"{options.overfit_steps} steps; all {len(records)} predictions right"
+        )
+
+
+def describe(batch: Mapping[str, Any], microbatch: int) -> dict[str, Any]:
+    shapes = {k: list(v.shape) for k, v in batch.items() if isinstance(v, torch.Tensor)}
+    longest = int(batch["lengths"].max()) if "lengths" in batch else None
+    return {"microbatch": microbatch, "shapes": shapes, "longest": longest}
+
+
+def run_module(module: str, *args: str) -> dict[str, Any]:
+    """``python -m module args`` in a fresh interpreter; its JSON answer (or the error)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", module, *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=os.getcwd(),
+    )
+    if done.returncode != 0:
+        lines = done.stderr.strip().splitlines()
+        raise PhaseFailure(f"the fresh process failed: {lines[-1] if lines else done.returncode}")
+    return json.loads(done.stdout)
+
+
+def run_pilot(
+    ledger: Ledger,
+    campaign: str,
+    *,
+    artifacts: Path,
+    device: str = "cpu",
+    options: PilotOptions = PilotOptions(),
+) -> PilotReport:
+    """Pilot the campaign's worst case and record every phase and the verdict."""
+    record = ledger.campaign(campaign)
+    runs = ledger.runs(campaign)
+    originals = runs[runs["relaunch_of"].isna()].to_dict("records")
+    chosen = worst_case(originals)
+    stack = environment(record.task)
+    pilot_id = ledger.create_pilot(campaign, record.spec_sha256, stack)
+    folder = Path(artifacts) / "pilots" / f"{campaign}-{pilot_id}"
+    records = Pilot(record.task, chosen["config"], folder, device=device, options=options).run()
+    passed = all(r.verdict == "pass" for r in records)
+    ledger.add_phase_measurements(
+        [{**r.row(pilot_id=pilot_id), "inputs": r.inputs} for r in records]
+    )
+    ledger.set_pilot_verdict(pilot_id, "pass" if passed else "fail")
+    ledger.add_event(
+        campaign,
+        "pilot",
+        f"pilot {pilot_id} on variant {chosen['variant']} ({device}): "
+        f"{'pass' if passed else 'fail'}",
+    )
+    return PilotReport(pilot_id, passed, records, chosen["config"], chosen["variant"])
