@@ -205,17 +205,8 @@ def size(
 
 
 def _latest_pilot_environment(ledger: Any, campaign: str) -> dict[str, Any] | None:
-    events = ledger.events(campaign)
-    del events
-    from campaign.ledger.frames import query_frame
-
-    frame = query_frame(
-        ledger.engine,
-        "SELECT p.environment FROM pilots p JOIN campaigns c "
-        "ON c.id = p.campaign_id WHERE c.name = ? ORDER BY p.id DESC",
-        [campaign],
-    )
-    return None if frame.empty else frame["environment"].iloc[0]
+    pilots = ledger.pilots(campaign)
+    return None if pilots.empty else pilots["environment"].iloc[-1]
 
 
 @click.command()
