@@ -1,0 +1,258 @@
+"""The pilot: every gate fails for a real fault, the digits pilot passes, the sheet adds up."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from campaign.cli import main
+from campaign.ledger import Ledger
+from campaign.loop.task import Task
+from campaign.pilot import sizing
+from campaign.pilot.gates import Pilot, PilotSession
+from tests.loop_helpers import plan_loop
+
+PHASES = [
+    "data",
+    "forward",
+    "backward",
+    "update_first",
+    "update",
+    "validation",
+    "checkpoint",
+    "resume",
+    "export",
+    "overfit",
+]
+FAULTY = "tests.tasks.pilot_faults:build"
+
+
+def _config(ledger: Ledger, **plan: Any) -> dict[str, Any]:
+    plan_loop(ledger, **plan)
+    return ledger.runs("loop").iloc[0]["config"]
+
+
+def _verdicts(records: list) -> dict[str, tuple[str, str]]:
+    return {r.phase: (r.verdict, r.detail or "") for r in records}
+
+
+@pytest.fixture
+def ledger(sqlite_url: str):
+    with Ledger.open(sqlite_url) as opened:
+        yield opened
+
+
+def _pilot(reference: str, config: dict, tmp_path: Path, **options: Any) -> dict:
+    return _verdicts(Pilot(reference, config, tmp_path / "pilot", **options).run())
+
+
+def _assert_fails(result: dict, phase: str, cause: str) -> None:
+    verdict, detail = result[phase]
+    assert verdict == "fail", result
+    assert cause in detail, detail
+    first = PHASES.index(phase)
+    assert all(result[p][0] == "pass" for p in PHASES[:first])
+    assert all(result[p][0] == "skipped" for p in PHASES[first + 1 : -1])  # overfit runs anyway
+
+
+def test_data_fault_fails_the_data_phase(ledger: Ledger, tmp_path: Path) -> None:
+    config = _config(ledger, task="tests.tasks.broken:digits", config={"task.fault": "group_leak"})
+    result = _pilot("tests.tasks.broken:digits", config, tmp_path)
+    _assert_fails(result, "data", "groups_disjoint: 2 groups are in more than one split")
+
+
+def test_a_parameter_without_gradient(ledger: Ledger, tmp_path: Path) -> None:
+    config = _config(ledger, task=FAULTY, config={"task.fault": "frozen"})
+    result = _pilot(FAULTY, config, tmp_path)
+    _assert_fails(result, "backward", "trainable parameters got no gradient: blocks.0.0.weight")
+
+
+def test_an_optimizer_that_updates_nothing(ledger: Ledger, tmp_path: Path) -> None:
+    config = _config(ledger)
+    config["optimizer"]["lr"] = 0.0  # the spec refuses lr 0: injected past it
+    result = _pilot("campaign.tasks.digits:build", config, tmp_path)
+    _assert_fails(result, "update_first", "the optimizer step changed nothing")
+
+
+@pytest.mark.parametrize(
+    ("fault", "cause"),
+    [
+        ("predict_in_train_mode", "the model ran in train mode during validation"),
+        ("predict_with_grad", "gradients were enabled during validation"),
+    ],
+)
+def test_validation_mode_faults(ledger: Ledger, tmp_path: Path, fault: str, cause: str) -> None:
+    config = _config(ledger, task=FAULTY, config={"task.fault": fault})
+    _assert_fails(_pilot(FAULTY, config, tmp_path), "validation", cause)
+
+
+class ForgetfulSession(PilotSession):
+    """A checkpoint writer that forgets the optimizer state."""
+
+    def capture(self) -> tuple[dict, dict]:
+        tensors, state = super().capture()
+        state["optimizer"] = {
+            "__keys__": [
+                ["state", {"__keys__": []}],
+                ["param_groups", state["optimizer"]["__keys__"][1][1]],
+            ]
+        }
+        return {k: v for k, v in tensors.items() if not k.startswith("optimizer.")}, state
+
+
+def test_a_checkpoint_that_forgets_the_optimizer_state(ledger: Ledger, tmp_path: Path) -> None:
+    config = _config(ledger)
+    result = _pilot(
+        "campaign.tasks.digits:build", config, tmp_path, session_factory=ForgetfulSession
+    )
+    _assert_fails(result, "checkpoint", "the checkpoint holds no optimizer state")
+
+
+def test_state_outside_the_state_dict_fails_the_resume(ledger: Ledger, tmp_path: Path) -> None:
+    config = _config(ledger, task=FAULTY, config={"task.fault": "unsaved_state"})
+    result = _pilot(FAULTY, config, tmp_path)
+    _assert_fails(result, "resume", "the fresh process restored a different state: next_loss")
+
+
+def test_an_export_that_does_not_reproduce(ledger: Ledger, tmp_path: Path) -> None:
+    config = _config(ledger, task=FAULTY, config={"task.fault": "sampled_predictions"})
+    result = _pilot(FAULTY, config, tmp_path)
+    _assert_fails(result, "export", "does not reproduce the control outputs")
+
+
+def test_overfit_gate_fails_when_nothing_can_be_learned(ledger: Ledger, tmp_path: Path) -> None:
+    config = _config(ledger)
+    from campaign.pilot.gates import PilotOptions
+
+    result = _pilot(
+        "campaign.tasks.digits:build",
+        config,
+        tmp_path,
+        options=PilotOptions(overfit_steps=2, overfit_factor=1000.0),
+    )
+    assert result["overfit"][0] == "fail" and "loss fell only" in result["overfit"][1]
+
+
+def test_digits_pilot_passes_and_is_recorded(
+    ledger: Ledger, sqlite_url: str, tmp_path: Path
+) -> None:
+    plan_loop(ledger, seeds=[0, 1], hold={"loop.microbatch": 4})
+    result = CliRunner().invoke(
+        main,
+        ["--ledger", sqlite_url, "pilot", "loop", "--artifacts", str(tmp_path), "--format", "json"],
+    )
+    assert result.exit_code == 0, (result.stdout, result.stderr)
+    document = json.loads(result.stdout)
+    assert document["passed"] and [p["phase"] for p in document["phases"]] == PHASES
+    phases = ledger.phases("loop")
+    assert list(phases["phase"]) == PHASES and set(phases["verdict"]) == {"pass"}
+    assert (phases["rss_peak"] > 10 << 20).all() and phases["allocated_peak"].isna().all()
+    assert phases["pilot_id"].notna().all() and phases["duration_s"].gt(0).all()
+    assert ledger.pilot_passed("loop")
+    pilots = ledger.pilots("loop")
+    assert pilots["config_sha256"].iloc[0] == ledger.campaign("loop").spec_sha256
+    assert pilots["environment"].iloc[0]["torch"]
+
+    sheet = json.loads(
+        CliRunner()
+        .invoke(main, ["--ledger", sqlite_url, "size", "loop", "--format", "json"])
+        .stdout
+    )
+    duration = dict(zip(phases["phase"], phases["duration_s"], strict=True))
+    per_run = 12 * duration["update"] + 3 * duration["validation"] + 4 * duration["checkpoint"]
+    assert (sheet["updates"], sheet["validations"], sheet["checkpoints"]) == (12, 3, 4)
+    assert sheet["seconds_per_run"] == round(per_run, 3)
+    assert sheet["total_hours"] == round(2 * per_run * 1.2 / 3600, 3)
+    assert sheet["fits_rental_days"] == 3 and "warning" not in sheet
+
+
+def test_sizing_arithmetic_by_hand() -> None:
+    projection = sizing.project(
+        update_s=0.5,
+        validation_s=30.0,
+        checkpoint_s=4.0,
+        runs=9,
+        updates=10_000,
+        validations=40,
+        checkpoints=41,
+        reserve=0.25,
+    )
+    per_run = 10_000 * 0.5 + 40 * 30.0 + 41 * 4.0  # 5,000 + 1,200 + 164 = 6,364 s
+    assert projection.seconds_per_run == per_run == 6364.0
+    assert projection.compute_seconds == 9 * 6364.0 == 57_276.0
+    assert projection.total_seconds == 57_276.0 * 1.25 == 71_595.0  # 19.9 h
+    assert projection.fits == 3
+    big = sizing.project(
+        update_s=0.5,
+        validation_s=30.0,
+        checkpoint_s=4.0,
+        runs=90,
+        updates=10_000,
+        validations=40,
+        checkpoints=41,
+        reserve=0.25,
+    )
+    assert big.total_seconds == 715_950.0 and big.fits == 30  # 8.3 days: not 7, but 30
+    huge = sizing.project(
+        update_s=5.0,
+        validation_s=0,
+        checkpoint_s=0,
+        runs=100,
+        updates=10_000,
+        validations=0,
+        checkpoints=0,
+        reserve=0.0,
+    )
+    assert huge.fits is None  # 57.9 days: no rental period holds it
+    assert sizing.counts(
+        {
+            "budget": {"updates": 200},
+            "validation": {"every": 25},
+            "loop": {"checkpoint_every": None},
+        }
+    ) == {"updates": 200, "validations": 8, "checkpoints": 9}
+    assert (
+        sizing.counts(
+            {
+                "budget": {"updates": 210},
+                "validation": {"every": 25},
+                "loop": {"checkpoint_every": 100},
+            }
+        )["validations"]
+        == 9
+    )
+
+
+def test_size_names_a_different_device(ledger: Ledger, sqlite_url: str, tmp_path: Path) -> None:
+    plan_loop(ledger)
+    runner = CliRunner()
+    assert runner.invoke(main, ["--ledger", sqlite_url, "size", "loop"]).exit_code == 2
+    runner.invoke(main, ["--ledger", sqlite_url, "pilot", "loop", "--artifacts", str(tmp_path)])
+    result = runner.invoke(main, ["--ledger", sqlite_url, "size", "loop", "--device", "cuda:0"])
+    assert result.exit_code == 0
+    assert "the pilot ran on cpu, this sheet is for cuda:0" in result.stderr
+
+
+def test_doctor_lists_runs_without_heartbeat(ledger: Ledger, sqlite_url: str) -> None:
+    import time
+
+    plan_loop(ledger)
+    claim = ledger.claim_next("loop", "gone-worker")
+    time.sleep(1.2)
+    result = CliRunner().invoke(
+        main, ["--ledger", sqlite_url, "doctor", "--stale-after", "1", "--format", "json"]
+    )
+    document = json.loads(result.stdout)
+    assert document["ledger"]["state"] == "up to date" and document["stack"]["torch"]
+    assert [r["run_id"] for r in document["stale_running_runs"]] == [claim.run_id]
+
+
+def test_task_protocol_is_satisfied_by_built_in_tasks() -> None:
+    from campaign.tasks import arithmetic, digits
+
+    assert isinstance(digits.build({"task": {}}), Task)
+    assert isinstance(arithmetic.build({"task": {}, "loop": {}}), Task)
