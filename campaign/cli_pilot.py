@@ -17,7 +17,7 @@ from campaign.output import output_options, render
 from campaign.pilot import inspect as inspection
 from campaign.pilot import sizing
 from campaign.pilot.data_gate import check_data, passed
-from campaign.pilot.gates import run_pilot
+from campaign.pilot.gates import PilotOptions, run_pilot
 
 
 def register(main: click.Group) -> None:
@@ -90,15 +90,46 @@ def inspect(source: Any, campaign: str, count: int, split: str, output_format: s
 @click.argument("campaign")
 @_artifacts_option
 @_device_option
+@click.option(
+    "--overfit-examples",
+    default=8,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Training examples the overfit gate must learn.",
+)
+@click.option(
+    "--overfit-steps",
+    default=60,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Updates the overfit gate may take.",
+)
+@click.option(
+    "--overfit-factor",
+    default=5.0,
+    show_default=True,
+    type=click.FloatRange(1),
+    help="By how much the overfit loss must fall.",
+)
 @output_options
 @click.pass_obj
-def pilot(source: Any, campaign: str, artifacts: Path, device: str, output_format: str) -> None:
+def pilot(
+    source: Any,
+    campaign: str,
+    artifacts: Path,
+    device: str,
+    overfit_examples: int,
+    overfit_steps: int,
+    overfit_factor: float,
+    output_format: str,
+) -> None:
     """One recorded pass through every phase on the campaign's worst case; exit 1 on a failure.
 
     Example: campaign pilot digits-lr --device cpu
     """
+    options = PilotOptions(overfit_examples, overfit_steps, overfit_factor)
     with source.open() as ledger:
-        report = run_pilot(ledger, campaign, artifacts=artifacts, device=device)
+        report = run_pilot(ledger, campaign, artifacts=artifacts, device=device, options=options)
     rows = [
         {
             "phase": r.phase,

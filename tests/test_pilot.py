@@ -256,3 +256,17 @@ def test_task_protocol_is_satisfied_by_built_in_tasks() -> None:
 
     assert isinstance(digits.build({"task": {}}), Task)
     assert isinstance(arithmetic.build({"task": {}, "loop": {}}), Task)
+
+
+def test_stack_differences_name_what_changed() -> None:
+    from campaign.pilot.gates import stack_differences
+
+    pilot = {"torch": "2.13.0", "cuda": None, "devices": ["cpu"], "python": "3.11.7"}
+    same = dict(pilot)
+    assert stack_differences(pilot, same) == []
+    moved = {**pilot, "torch": "2.14.1", "devices": ["NVIDIA H200"]}
+    assert stack_differences(pilot, moved) == [
+        "torch: pilot '2.13.0', now '2.14.1'",
+        "devices: pilot ['cpu'], now ['NVIDIA H200']",
+    ]
+    assert stack_differences(None, moved) == ["no stack recorded with the pilot"]

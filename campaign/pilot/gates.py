@@ -374,6 +374,20 @@ class Pilot:
         )
 
 
+STACK_KEYS = ("torch", "cuda", "cudnn", "devices", "python")
+
+
+def stack_differences(pilot: Mapping[str, Any] | None, current: Mapping[str, Any]) -> list[str]:
+    """What differs between the pilot's software stack and this one (for a launch to warn)."""
+    if not pilot:
+        return ["no stack recorded with the pilot"]
+    return [
+        f"{key}: pilot {pilot.get(key)!r}, now {current.get(key)!r}"
+        for key in STACK_KEYS
+        if pilot.get(key) != current.get(key)
+    ]
+
+
 def describe(batch: Mapping[str, Any], microbatch: int) -> dict[str, Any]:
     shapes = {k: list(v.shape) for k, v in batch.items() if isinstance(v, torch.Tensor)}
     longest = int(batch["lengths"].max()) if "lengths" in batch else None
