@@ -39,3 +39,16 @@ def test_fp16_run_with_grad_scaler_on_cuda(sqlite_url: str, tmp_path: Path) -> N
         assert outcome.status == "completed", outcome
         phases = ledger.phases("loop")
         assert phases["allocated_peak"].notna().any()
+
+
+def test_pilot_on_cuda_stores_allocated_and_reserved_apart(sqlite_url: str, tmp_path: Path) -> None:
+    from campaign.pilot.gates import run_pilot
+
+    with Ledger.open(sqlite_url) as ledger:
+        plan_loop(ledger)
+        report = run_pilot(ledger, "loop", artifacts=tmp_path, device="cuda")
+        assert report.passed, [(r.phase, r.detail) for r in report.records]
+        phases = ledger.phases("loop")
+        trained = phases[phases["phase"].isin(["forward", "backward", "update_first"])]
+        assert trained["allocated_peak"].notna().all() and trained["reserved_peak"].notna().all()
+        assert (trained["reserved_peak"] >= trained["allocated_peak"]).all()
