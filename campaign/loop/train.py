@@ -290,6 +290,48 @@ def restore_state(
     order.restore(state["data"])
 
 
+@dataclass
+class TrainingParts:
+    """What one configuration trains with; built the same way for runs and the pilot."""
+
+    train_set: list[dict[str, Any]]
+    val_set: list[dict[str, Any]]
+    model: torch.nn.Module
+    trainable: list[torch.nn.Parameter]
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    scaler: torch.amp.GradScaler
+    dtype: torch.dtype | None
+    per_update: int
+    order: DataOrder
+
+
+def build_parts(task: Task, config: Mapping[str, Any], device: torch.device) -> TrainingParts:
+    """Seed, then data, model (with activation checkpointing), optimizer, scheduler, scaler."""
+    seed = int(config.get("seed", 0))
+    seed_everything(seed)
+    data = task.splits()
+    train_set, val_set = list(data["train"]), list(data["val"])
+    model = task.model().to(device)
+    loop = config["loop"]
+    if loop["activation_checkpointing"]:
+        checkpoint_blocks(model)
+    optimizer = build_optimizer(model, config)
+    per_update = loop["microbatch"] * loop["accumulation"] * loop["replicas"]
+    return TrainingParts(
+        train_set=train_set,
+        val_set=val_set,
+        model=model,
+        trainable=[p for p in model.parameters() if p.requires_grad],
+        optimizer=optimizer,
+        scheduler=build_scheduler(optimizer, config),
+        scaler=torch.amp.GradScaler(device.type, enabled=loop["precision"] == "fp16"),
+        dtype=PRECISION_DTYPES.get(loop["precision"]),
+        per_update=per_update,
+        order=DataOrder(len(train_set), seed, per_update, loop["last_batch"]),
+    )
+
+
 # -- data order -----------------------------------------------------------------------
 
 
@@ -401,24 +443,19 @@ class RunLoop:
         self.seed = int(self.config["seed"])
         seed_everything(self.seed)
         self.task = build_task(self._task_reference(), json.loads(json.dumps(self.config)))
-        data = self.task.splits()
-        self.train_set, self.val_set = list(data["train"]), list(data["val"])
-        self.model = self.task.model().to(self.device)
-        if self.config["loop"]["activation_checkpointing"]:
-            checkpoint_blocks(self.model)
-        self.trainable = [p for p in self.model.parameters() if p.requires_grad]
+        parts = build_parts(self.task, self.config, self.device)
+        self.train_set, self.val_set, self.model = parts.train_set, parts.val_set, parts.model
+        self.trainable = parts.trainable
         self.single_group = len({(p.device, p.dtype) for p in self.trainable}) == 1
-        self.optimizer = build_optimizer(self.model, self.config)
-        self.scheduler = build_scheduler(self.optimizer, self.config)
+        self.optimizer, self.scheduler, self.scaler = parts.optimizer, parts.scheduler, parts.scaler
         scheduler = self.config["scheduler"]
         # A constant rate without warmup never changes: skip the per-update step.
         self.schedule = scheduler["name"] != "constant" or scheduler["warmup"] > 0
-        precision = self.config["loop"]["precision"]
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=precision == "fp16")
-        self.autocast_dtype = PRECISION_DTYPES.get(precision)
-        loop = self.config["loop"]
-        self.per_update = loop["microbatch"] * loop["accumulation"] * loop["replicas"]
-        self.order = DataOrder(len(self.train_set), self.seed, self.per_update, loop["last_batch"])
+        self.autocast_dtype, self.per_update, self.order = (
+            parts.dtype,
+            parts.per_update,
+            parts.order,
+        )
         self.rules = StopRules(self.config)
         self.step, self.examples_seen = 0, 0
         self.replayed_from: int | None = None

@@ -16,15 +16,10 @@ import torch
 
 from campaign.loop.task import Task
 from campaign.loop.train import (
-    PRECISION_DTYPES,
-    DataOrder,
     accumulate,
-    build_optimizer,
-    build_scheduler,
+    build_parts,
     capture_state,
-    checkpoint_blocks,
     restore_state,
-    seed_everything,
     to_device,
 )
 
@@ -32,24 +27,12 @@ from campaign.loop.train import (
 class PilotSession:
     def __init__(self, task: Task, config: Mapping[str, Any], device: torch.device) -> None:
         self.task, self.config, self.device = task, dict(config), device
-        seed_everything(int(config.get("seed", 0)))
-        data = task.splits()
-        self.train_set, self.val_set = list(data["train"]), list(data["val"])
-        self.model = task.model().to(device)
-        if config["loop"]["activation_checkpointing"]:
-            checkpoint_blocks(self.model)
-        self.trainable = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = build_optimizer(self.model, config)
-        self.scheduler = build_scheduler(self.optimizer, config)
-        precision = config["loop"]["precision"]
-        self.scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
-        self.dtype = PRECISION_DTYPES.get(precision)
-        loop = config["loop"]
-        self.microbatch = loop["microbatch"]
-        self.per_update = loop["microbatch"] * loop["accumulation"] * loop["replicas"]
-        self.order = DataOrder(
-            len(self.train_set), int(config.get("seed", 0)), self.per_update, loop["last_batch"]
-        )
+        parts = build_parts(task, config, device)
+        self.train_set, self.val_set, self.model = parts.train_set, parts.val_set, parts.model
+        self.trainable, self.optimizer = parts.trainable, parts.optimizer
+        self.scheduler, self.scaler, self.dtype = parts.scheduler, parts.scaler, parts.dtype
+        self.per_update, self.order = parts.per_update, parts.order
+        self.microbatch = config["loop"]["microbatch"]
         self.step = 0
         self.last_indices: list[int] = []
 
