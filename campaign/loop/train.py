@@ -28,7 +28,6 @@
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import math
 import os
@@ -38,7 +37,7 @@ import signal
 import socket
 import threading
 import traceback
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -51,7 +50,7 @@ from torch.utils.checkpoint import checkpoint as activation_checkpoint
 from campaign.ledger import Ledger, StopInfo
 from campaign.ledger.canonical import canonical_json
 from campaign.loop import checkpoint as ckpt
-from campaign.loop.measure import PhaseRecord, Probe
+from campaign.loop.measure import Probe
 from campaign.loop.stop import Stop, StopRules
 from campaign.loop.task import Batch, Task, build_task
 
@@ -860,10 +859,4 @@ def execute(ledger: Ledger, run_id: str, *, artifacts: Path, **options: Any) -> 
         loop.cleanup()
 
 
-@contextlib.contextmanager
-def quiet() -> Iterator[None]:
-    with contextlib.redirect_stdout(io.StringIO()):
-        yield
-
-
-__all__ = ["LoopError", "Outcome", "PhaseRecord", "RunLoop", "accumulate", "execute"]
+__all__ = ["LoopError", "Outcome", "RunLoop", "accumulate", "build_parts", "evaluate", "execute"]
