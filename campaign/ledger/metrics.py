@@ -122,21 +122,20 @@ class MetricWriter(Closing):
             try:
                 self._write(rows)
                 break
-            except exc.DBAPIError as error:
+            except Exception as error:
                 self._drop_connection()
-                if attempt < MAX_ATTEMPTS and is_retryable(error):
-                    time.sleep(random.uniform(0.01, 0.05) * attempt)
-                    continue
-                raise translate_error(error, self._engine.url, "writing metrics") from error
-            except Exception as error:  # a driver error not yet wrapped by SQLAlchemy
-                self._drop_connection()
-                wrapped = exc.DBAPIError(self._sql, None, error)
+                # Connecting goes through SQLAlchemy (wrapped errors); the batch itself goes
+                # through the driver (raw sqlite3/psycopg errors): one path for both.
+                if isinstance(error, exc.DBAPIError):
+                    wrapped = error
+                elif _is_driver_error(error):
+                    wrapped = exc.DBAPIError(self._sql, None, error)
+                else:
+                    raise
                 if attempt < MAX_ATTEMPTS and is_retryable(wrapped):
                     time.sleep(random.uniform(0.01, 0.05) * attempt)
                     continue
-                if _is_driver_error(error):
-                    raise translate_error(wrapped, self._engine.url, "writing metrics") from error
-                raise
+                raise translate_error(wrapped, self._engine.url, "writing metrics") from error
         self._buffer = []
         self.points_written += len(rows)
         return len(rows)

@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 
 STATE_KEY = "campaign_checkpoint"
 FORMAT_VERSION = 1
@@ -81,11 +81,9 @@ def load(path: Path, expected_sha256: str | None) -> tuple[dict[str, torch.Tenso
             f"recorded {expected_sha256[:12]}): refused"
         )
     try:
-        tensors = load_file(str(path))
-        with open(path, "rb") as handle:
-            header_size = int.from_bytes(handle.read(8), "little")
-            header = json.loads(handle.read(header_size))
-        state = json.loads(header["__metadata__"][STATE_KEY])
+        with safe_open(str(path), framework="pt") as handle:
+            state = json.loads((handle.metadata() or {})[STATE_KEY])
+            tensors = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118
     except (SafetensorError, ValueError, KeyError, OSError) as error:
         raise CheckpointError(
             f"checkpoint {path} is not a readable campaign checkpoint ({error}): refused"

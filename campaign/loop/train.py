@@ -122,6 +122,15 @@ def accumulate(
     return float(total), units
 
 
+def optimizer_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler) -> None:
+    """Step the optimizer; with fp16 through the scaler, updated once per effective batch."""
+    if scaler.is_enabled():
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
+
+
 def build_optimizer(model: torch.nn.Module, config: Mapping[str, Any]) -> torch.optim.Optimizer:
     options = config["optimizer"]
     parameters = [p for p in model.parameters() if p.requires_grad]
@@ -405,6 +414,9 @@ class RunLoop:
         self._stop_heartbeat = threading.Event()
         self.phase = "setup"
         self._batches: list[Batch] = []
+        self.step, self.examples_seen = 0, 0
+        self._pending: list[list[Any]] = []  # unflushed metric points of a resumed checkpoint
+        self._validated = False
 
     # -- setup ---------------------------------------------------------------------
 
@@ -430,12 +442,9 @@ class RunLoop:
             self.ledger.finish(
                 self.run_id,
                 "failed",
-                StopInfo("exception", self.step_or_zero(), self.phase, detail),
+                StopInfo("exception", self.step, self.phase, detail),
             )
             raise LoopError(f"run {self.run_id} failed in {self.phase}: {detail}") from error
-
-    def step_or_zero(self) -> int:
-        return getattr(self, "step", 0)
 
     def _prepare(self, resume_from: Mapping[str, Any] | None) -> None:
         self.ledger.set_environment(self.run_id, environment(self._task_reference()))
@@ -461,7 +470,7 @@ class RunLoop:
         if resume_from:
             self._restore(resume_from)
         self.metrics = self.ledger.metric_writer(self.run_id, self.segment_id)
-        for key, step, value, seen, wall in getattr(self, "_pending", []):
+        for key, step, value, seen, wall in self._pending:
             self.metrics.log(key, step, float("nan") if value is None else value, seen, wall)
         self.probe = Probe(self.device)
         self._install_signal_handlers()
@@ -563,11 +572,7 @@ class RunLoop:
                 if stop is not None:
                     self.metrics.log("train/loss", self.step + 1, loss, self.examples_seen)
                     return replace(stop, phase="backward", step=self.step + 1)
-            if self.scaler.is_enabled():
-                self.scaler.step(self.optimizer)
-                self.scaler.update()  # once per effective batch, after its optimizer step
-            else:
-                self.optimizer.step()
+            optimizer_step(self.optimizer, self.scaler)
             if self.schedule:
                 self.scheduler.step()
         self.step += 1
@@ -591,7 +596,7 @@ class RunLoop:
         only when a measurement or an out-of-memory report needs it."""
         if not self._batches:
             return {}
-        return _describe_inputs(self._batches, self.config["loop"]["microbatch"])
+        return describe_inputs(self._batches, self.config["loop"]["microbatch"])
 
     def _gradient_norm(self, clip: float | None) -> float:
         """The total gradient norm (clipping to ``clip`` when set); one fused pass.
@@ -614,7 +619,7 @@ class RunLoop:
     @torch.no_grad()
     def _validate(self) -> Stop | None:
         self.phase = "validation"
-        measure = self._measured() or not getattr(self, "_validated", False)
+        measure = self._measured() or not self._validated
         size = self.config["loop"]["microbatch"] * self.config["loop"]["accumulation"]
         with self.probe.phase(
             "validation", {"examples": len(self.val_set), "batch": size}, measure=measure
@@ -833,7 +838,8 @@ class RunLoop:
                 signal.signal(signum, signal.SIG_DFL)
 
 
-def _describe_inputs(batches: Sequence[Batch], microbatch: int) -> dict[str, Any]:
+def describe_inputs(batches: Sequence[Batch], microbatch: int) -> dict[str, Any]:
+    """Shapes, longest length and microbatch of what an update works on (for measurements)."""
     shapes = {k: list(v.shape) for k, v in batches[0].items() if isinstance(v, torch.Tensor)}
     longest = max((int(b["lengths"].max()) for b in batches if "lengths" in b), default=None)
     return {

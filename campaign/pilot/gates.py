@@ -25,7 +25,7 @@ from campaign.loop import checkpoint as ckpt
 from campaign.loop.measure import PhaseRecord, Probe
 from campaign.loop.replay import replay_file_in_subprocess, write_final
 from campaign.loop.task import Task, build_task
-from campaign.loop.train import environment, evaluate
+from campaign.loop.train import describe_inputs, environment, evaluate
 from campaign.pilot.data_gate import check_data
 from campaign.pilot.session import PilotSession
 
@@ -184,7 +184,7 @@ class Pilot:
     def _forward(self, record: PhaseRecord) -> str:
         session = self.session
         batch = session.batches(self.worst)[0]
-        record.inputs = describe(batch, session.microbatch)
+        record.inputs = describe_inputs([batch], session.microbatch)
         session.model.train()
         with session.autocast():
             loss_sum, units = session.task.loss(session.model, batch)
@@ -198,7 +198,7 @@ class Pilot:
 
     def _backward(self, record: PhaseRecord) -> str:
         session = self.session
-        record.inputs = describe(session.batches(self.worst)[0], session.microbatch)
+        record.inputs = describe_inputs(session.batches(self.worst), session.microbatch)
         session.backward(self.worst)
         names = dict(session.model.named_parameters())
         missing = [n for n, p in names.items() if p.requires_grad and p.grad is None]
@@ -386,12 +386,6 @@ def stack_differences(pilot: Mapping[str, Any] | None, current: Mapping[str, Any
         for key in STACK_KEYS
         if pilot.get(key) != current.get(key)
     ]
-
-
-def describe(batch: Mapping[str, Any], microbatch: int) -> dict[str, Any]:
-    shapes = {k: list(v.shape) for k, v in batch.items() if isinstance(v, torch.Tensor)}
-    longest = int(batch["lengths"].max()) if "lengths" in batch else None
-    return {"microbatch": microbatch, "shapes": shapes, "longest": longest}
 
 
 def run_module(module: str, *args: str) -> dict[str, Any]:

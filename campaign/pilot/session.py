@@ -19,6 +19,7 @@ from campaign.loop.train import (
     accumulate,
     build_parts,
     capture_state,
+    optimizer_step,
     restore_state,
     to_device,
 )
@@ -61,11 +62,7 @@ class PilotSession:
         clip = self.config["loop"]["clip_grad_norm"]
         if clip is not None:
             torch.nn.utils.clip_grad_norm_(self.trainable, clip)
-        if self.scaler.is_enabled():
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            self.optimizer.step()
+        optimizer_step(self.optimizer, self.scaler)
         self.scheduler.step()
         self.step += 1
 
