@@ -15,18 +15,19 @@ import sys
 from pathlib import Path
 
 import campaign
+from campaign.ledger.migrate import head_revision
 
 NEXT_REVISION = '''"""Notes get an optional author (a test revision: the next release).
 
 Revision ID: 9001
-Revises: 0001
+Revises: {head}
 """
 
 import sqlalchemy as sa
 from alembic import op
 
 revision = "9001"
-down_revision = "0001"
+down_revision = "{head}"
 branch_labels = None
 depends_on = None
 
@@ -51,7 +52,8 @@ def build(root: Path) -> Path:
     if not migrations.exists():  # editable install: migrations live at the top level
         shutil.copytree(source.parent / "migrations", migrations,
                         ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
-    (migrations / "versions" / "9001_notes_author.py").write_text(NEXT_REVISION)
+    revision = NEXT_REVISION.replace("{head}", head_revision())
+    (migrations / "versions" / "9001_notes_author.py").write_text(revision)
     return root
 
 

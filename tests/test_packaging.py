@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from campaign.ledger.migrate import head_revision
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -46,5 +48,5 @@ def test_wheel_ships_migrations_and_upgrades_from_elsewhere(tmp_path: Path) -> N
         capture_output=True, text=True, env=env, cwd=elsewhere,
     )  # fmt: skip
     assert upgrade.returncode == 0, upgrade.stderr
-    assert "upgraded from empty to 0001" in upgrade.stderr
+    assert f"upgraded from empty to {head_revision()}" in upgrade.stderr
     assert (elsewhere / "lab.db").exists()

@@ -4,8 +4,9 @@ PostgreSQL: ``SELECT ... FOR UPDATE SKIP LOCKED`` lets many workers pick
 different planned runs without waiting on each other. SQLite: the claiming
 transaction begins IMMEDIATE, so it already holds the only write lock;
 SQLAlchemy renders no ``FOR UPDATE`` there. The same statement serves both.
-Claiming writes the worker identity, the first heartbeat, a new segment and
-the ``running`` event in one transaction.
+Claiming writes the worker identity, a fresh lease token (see
+:mod:`.leases`), the first heartbeat, a new segment and the ``running`` event
+in one transaction.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 from sqlalchemy import Connection
 
 from campaign.ledger import statements as sql
+from campaign.ledger.leases import new_lease_token
 from campaign.ledger.records import Claim
 from campaign.ledger.vocabulary import PLANNED
 
@@ -30,8 +32,10 @@ def start_without_commit(
     start_step: int = 0, resumed_from: int | None = None,
 ) -> Claim:  # fmt: skip
     """Move ``run_id`` from ``status`` to running and open its next segment."""
+    lease = new_lease_token()
     changed = conn.execute(
-        sql.START_RUN, {"p_run_id": run_id, "p_old_status": status, "p_worker": worker}
+        sql.START_RUN,
+        {"p_run_id": run_id, "p_old_status": status, "p_worker": worker, "p_lease": lease},
     ).rowcount
     if changed != 1:
         raise LookupError(f"run {run_id} is no longer {status}")
@@ -41,7 +45,7 @@ def start_without_commit(
     segment_id = conn.execute(
         sql.INSERT_SEGMENT,
         {"run_id": run_id, "ordinal": ordinal, "start_step": start_step, "worker": worker,
-         "resumed_from": resumed_from},
+         "resumed_from": resumed_from, "lease_token": lease},
     ).scalar_one()  # fmt: skip
     kind = "running" if status == PLANNED else "resumed"
     conn.execute(
@@ -49,4 +53,4 @@ def start_without_commit(
         {"campaign_id": campaign_id, "run_id": run_id, "kind": kind,
          "detail": f"{status} -> running, segment {ordinal}, worker {worker}"},
     )  # fmt: skip
-    return Claim(run_id, segment_id, ordinal, config, worker)
+    return Claim(run_id, segment_id, ordinal, config, worker, lease)

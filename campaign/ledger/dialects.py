@@ -39,6 +39,12 @@ def _utcnow_default(element: utcnow, compiler: Any, **kw: Any) -> str:
     return "CURRENT_TIMESTAMP"
 
 
+def share_lock(dialect_name: str, table_alias: str) -> str:
+    """The suffix that share-locks the checked row: PostgreSQL ``FOR SHARE OF``; SQLite's
+    writing transaction already holds the database's only write lock."""
+    return f" FOR SHARE OF {table_alias}" if dialect_name == "postgresql" else ""
+
+
 def metric_insert_sql(dialect_name: str) -> str:
     """The driver-level statement for one metric row, idempotent on its key.
 

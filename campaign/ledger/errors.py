@@ -41,3 +41,10 @@ class LedgerInputError(ValueError):
 
 class NotFound(LedgerInputError):
     """A campaign, run or segment that the ledger does not hold."""
+
+
+class LeaseLost(RefusedWrite):
+    """A worker wrote under a lease it no longer holds: its run was declared lost or reclaimed.
+
+    The worker must stop at once: another worker may be executing the run.
+    """

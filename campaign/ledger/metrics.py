@@ -10,7 +10,9 @@ under half of the driver's speed (benchmarks/ingest.py).
 Flushes happen when the buffer reaches ``batch_size`` points, when a ``log``
 call finds the last flush older than ``interval_s``, on ``flush()`` and on
 ``close()``. Writes are idempotent on (segment, key, step): a flush retried
-after a lost connection cannot duplicate a point.
+after a lost connection cannot duplicate a point. A writer opened with a
+lease (see :mod:`.leases`) checks it in every flush's transaction: once the
+run was declared lost or reclaimed, the flush raises :class:`LeaseLost`.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from campaign.ledger.dialects import (
     metric_insert_sql,
     metric_transaction_prelude,
     placeholder,
+    share_lock,
 )
 from campaign.ledger.engine import (
     MAX_ATTEMPTS,
@@ -36,7 +39,7 @@ from campaign.ledger.engine import (
     is_retryable,
     translate_error,
 )
-from campaign.ledger.errors import RefusedWrite
+from campaign.ledger.errors import LeaseLost, RefusedWrite
 
 MetricRow = tuple[str, int, str, int, float | None, int | None, float]
 
@@ -52,6 +55,7 @@ class MetricWriter(Closing):
         *,
         batch_size: int = 1000,
         interval_s: float = 5.0,
+        lease: str | None = None,
     ) -> None:
         if batch_size < 1 or interval_s <= 0:
             raise ValueError("batch_size must be >= 1 and interval_s > 0")
@@ -61,6 +65,12 @@ class MetricWriter(Closing):
         self._prelude = metric_transaction_prelude(engine.dialect.name)
         mark = placeholder(engine.dialect.name)
         self._segment_check = f"SELECT 1 FROM segments WHERE id = {mark} AND run_id = {mark}"
+        self._lease_check = (
+            f"SELECT 1 FROM segments s JOIN runs r ON r.id = s.run_id WHERE s.id = {mark} "
+            f"AND r.id = {mark} AND r.status = 'running' AND r.lease_token = {mark}"
+            + share_lock(engine.dialect.name, "r")
+        )
+        self.lease = lease
         self.run_id = run_id
         self.segment_id = segment_id
         self.batch_size = batch_size
@@ -146,6 +156,14 @@ class MetricWriter(Closing):
         try:
             for statement in self._prelude:
                 cursor.execute(statement)
+            if self.lease is not None:
+                cursor.execute(self._lease_check, (self.segment_id, self.run_id, self.lease))
+                if cursor.fetchone() is None:
+                    raise LeaseLost(
+                        f"writing metrics: run {self.run_id}: this worker's lease is gone "
+                        "(the run was declared lost or taken by another worker); "
+                        "its writes are refused"
+                    )
             cursor.execute(self._segment_check, (self.segment_id, self.run_id))
             if cursor.fetchone() is None:
                 raise RefusedWrite(

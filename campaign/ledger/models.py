@@ -127,6 +127,8 @@ class Run(Base):
     ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     worker: Mapped[str | None] = mapped_column(String(200))
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # The current owner's lease (revision 0002): writes of a segment carry it.
+    lease_token: Mapped[str | None] = mapped_column(String(64))
 
 
 class Segment(Base):
@@ -147,6 +149,7 @@ class Segment(Base):
     started_at: Mapped[datetime] = _now()
     ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     resumed_from: Mapped[int | None] = mapped_column(ForeignKey("artifacts.id"))
+    lease_token: Mapped[str | None] = mapped_column(String(64))
 
 
 class Metric(Base):

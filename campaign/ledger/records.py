@@ -87,6 +87,7 @@ class Claim:
     ordinal: int
     config: str
     worker: str
+    lease: str = ""
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,7 @@ START_RUN = (
     .values(
         status=RUNNING,
         worker=bindparam("p_worker"),
+        lease_token=bindparam("p_lease"),
         heartbeat_at=utcnow(),
         started_at=func.coalesce(runs.c.started_at, utcnow()),
         ended_at=None,
@@ -75,8 +76,12 @@ END_OPEN_SEGMENTS = (
     .where(segments.c.run_id == bindparam("p_run_id"), segments.c.ended_at.is_(None))
     .values(ended_at=utcnow(), end_step=bindparam("p_end_step"))
 )
+# A leased end or heartbeat also checks the token: a worker whose run was
+# declared lost or reclaimed changes nothing.
+END_LEASED_RUN = END_RUN.where(runs.c.lease_token == bindparam("p_lease"))
 HEARTBEAT = (
     update(runs)
     .where(runs.c.id == bindparam("p_run_id"), runs.c.status == RUNNING)
     .values(heartbeat_at=utcnow())
 )
+LEASED_HEARTBEAT = HEARTBEAT.where(runs.c.lease_token == bindparam("p_lease"))

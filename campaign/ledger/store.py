@@ -31,6 +31,7 @@ from campaign.ledger.engine import (
 )
 from campaign.ledger.errors import IllegalTransition, LedgerInputError, NotFound
 from campaign.ledger.ids import new_run_id
+from campaign.ledger.leases import LostRun, hold_lease, mark_stale_lost_without_commit
 from campaign.ledger.metrics import MetricWriter
 from campaign.ledger.models import (
     Artifact,
@@ -309,23 +310,26 @@ class Ledger(Closing):
 
         return self._write(work, f"starting run {run_id}")
 
-    def finish(self, run_id: str, status: str, stop: StopInfo) -> None:
+    def finish(self, run_id: str, status: str, stop: StopInfo, *, lease: str | None = None) -> None:
         """End a running run: status, stop cause/step/phase/detail and event, one transaction.
 
         ``status`` must be an end status whose causes include ``stop.cause``
         (e.g. ``diverged`` with ``loss_explosion``); open segments are closed.
+        With ``lease``, the end is refused (:class:`LeaseLost`) unless the run
+        is still running under that lease.
         """
         _check_end(run_id, status, stop)
 
         def work(conn: Connection) -> None:
             row = _run_row(conn, run_id, self.url)
+            hold_lease(conn, run_id, lease)
             if not can_transition(row.status, status):
                 raise IllegalTransition(_transition_refusal(run_id, row.status, status))
             changed = conn.execute(
-                sql.END_RUN,
+                sql.END_RUN if lease is None else sql.END_LEASED_RUN,
                 {"p_run_id": run_id, "p_old_status": row.status, "p_status": status,
                  "p_stop_cause": stop.cause, "p_stop_step": stop.step,
-                 "p_stop_phase": stop.phase, "p_stop_detail": stop.detail},
+                 "p_stop_phase": stop.phase, "p_stop_detail": stop.detail, "p_lease": lease},
             ).rowcount  # fmt: skip
             if changed != 1:
                 raise IllegalTransition(f"run {run_id} changed status while it was being ended")
@@ -339,20 +343,40 @@ class Ledger(Closing):
 
         self._write(work, f"ending run {run_id}")
 
-    def heartbeat(self, run_id: str) -> bool:
-        """Stamp the run's heartbeat with the database's clock; False if it is not running."""
+    def heartbeat(self, run_id: str, *, lease: str | None = None) -> bool:
+        """Stamp the run's heartbeat with the database's clock.
+
+        False when the run is not running (or, with ``lease``, no longer
+        running under that lease): the caller has lost the run.
+        """
+        statement = sql.HEARTBEAT if lease is None else sql.LEASED_HEARTBEAT
 
         def work(conn: Connection) -> bool:
-            return conn.execute(sql.HEARTBEAT, {"p_run_id": run_id}).rowcount == 1
+            return conn.execute(statement, {"p_run_id": run_id, "p_lease": lease}).rowcount == 1
 
         return self._write(work, f"heartbeat of run {run_id}")
 
-    def set_environment(self, run_id: str, environment: Mapping[str, Any]) -> None:
+    def mark_lost(self, stale_after_s: float, campaign: str | None = None) -> list[LostRun]:
+        """Declare ``lost`` (stop cause ``heartbeat_lost``, with event) every running run whose
+        heartbeat is older than ``stale_after_s`` on the database's clock; returns them."""
+        if stale_after_s <= 0:
+            raise LedgerInputError("the heartbeat limit must be a positive number of seconds")
+
+        def work(conn: Connection) -> list[LostRun]:
+            campaign_id = None if campaign is None else self._campaign_id(conn, campaign)
+            return mark_stale_lost_without_commit(conn, stale_after_s, campaign_id)
+
+        return self._write(work, "marking runs without a heartbeat as lost")
+
+    def set_environment(
+        self, run_id: str, environment: Mapping[str, Any], *, lease: str | None = None
+    ) -> None:
         """Record the software stack a run executes on (torch, CUDA, devices, host...)."""
         text = canonical_json(dict(environment))
 
         def work(conn: Connection) -> None:
             _run_row(conn, run_id, self.url)
+            hold_lease(conn, run_id, lease)
             conn.execute(update(runs_t).where(runs_t.c.id == run_id).values(environment=text))
 
         self._write(work, f"recording the environment of run {run_id}")
@@ -368,23 +392,35 @@ class Ledger(Closing):
         self._write(work, f"ending segment {segment_id}")
 
     def metric_writer(
-        self, run_id: str, segment_id: int, *, batch_size: int = 1000, interval_s: float = 5.0
+        self,
+        run_id: str,
+        segment_id: int,
+        *,
+        batch_size: int = 1000,
+        interval_s: float = 5.0,
+        lease: str | None = None,
     ) -> MetricWriter:
         """A buffered writer for one segment's metric points (see :mod:`.metrics`)."""
         return MetricWriter(
-            self.engine, run_id, segment_id, batch_size=batch_size, interval_s=interval_s
+            self.engine,
+            run_id,
+            segment_id,
+            batch_size=batch_size,
+            interval_s=interval_s,
+            lease=lease,
         )
 
     # -- events, notes, artifacts, measurements -------------------------------------
 
     def add_event(self, campaign: str, kind: str, detail: str | None = None,
-                  run_id: str | None = None) -> None:  # fmt: skip
+                  run_id: str | None = None, *, lease: str | None = None) -> None:  # fmt: skip
         """Append a lifecycle event (campaign-level when ``run_id`` is None)."""
 
         def work(conn: Connection) -> None:
             campaign_id = self._campaign_id(conn, campaign)
             if run_id is not None:
                 _run_campaign(conn, run_id, campaign_id)
+                hold_lease(conn, run_id, lease)
             _event(conn, campaign_id, run_id, kind, detail)
 
         self._write(work, f"recording event {kind!r}")
@@ -400,12 +436,21 @@ class Ledger(Closing):
         self._write(work, f"adding a note to {campaign!r}")
 
     def add_artifact(
-        self, run_id: str, kind: str, path: str, sha256: str, size: int, step: int | None = None
+        self,
+        run_id: str,
+        kind: str,
+        path: str,
+        sha256: str,
+        size: int,
+        step: int | None = None,
+        *,
+        lease: str | None = None,
     ) -> int:
         """Record a file a run produced with its SHA-256 and size; returns its id."""
 
         def work(conn: Connection) -> int:
             _run_row(conn, run_id, self.url)
+            hold_lease(conn, run_id, lease)
             return conn.execute(
                 insert(artifacts_t)
                 .values(run_id=run_id, kind=kind, path=path, sha256=sha256, bytes=size, step=step)
@@ -435,17 +480,26 @@ class Ledger(Closing):
 
         self._write(work, f"recording the verdict of pilot {pilot_id}")
 
-    def add_phase_measurements(self, rows: Iterable[Mapping[str, Any]]) -> None:
-        """Insert phase measurement rows (each with ``run_id`` or ``pilot_id``)."""
+    def add_phase_measurements(
+        self, rows: Iterable[Mapping[str, Any]], *, lease: str | None = None
+    ) -> None:
+        """Insert phase measurement rows (each with ``run_id`` or ``pilot_id``); with ``lease``
+        every run named must still be running under it."""
         prepared = []
         for row in rows:
             item = dict(row)
             if isinstance(item.get("inputs"), Mapping):
                 item["inputs"] = canonical_json(dict(item["inputs"]))
             prepared.append(item)
-        if prepared:
-            self._write(lambda conn: conn.execute(insert(phases_t), prepared),
-                        "recording phase measurements")  # fmt: skip
+        if not prepared:
+            return
+
+        def work(conn: Connection) -> None:
+            for run_id in sorted({r["run_id"] for r in prepared if r.get("run_id")}):
+                hold_lease(conn, run_id, lease)
+            conn.execute(insert(phases_t), prepared)
+
+        self._write(work, "recording phase measurements")
 
     # -- reads (DataFrames) -----------------------------------------------------------
 

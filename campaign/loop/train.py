@@ -23,6 +23,12 @@
   stop, written atomically; a resume continues the same run id in a new
   segment and compares the steps it replays with the values first logged.
 - SIGTERM/SIGINT: finish the current update, checkpoint, end ``interrupted``.
+- Leases: every write carries the lease of the claim that started this
+  segment. A heartbeat thread stamps the run; when a heartbeat finds the
+  lease gone (the run was declared lost and perhaps reclaimed), the loop
+  stops after the current update and writes nothing more (:class:`LeaseLost`
+  propagates to whoever placed the run). Checkpoint and prediction files are
+  named by segment, so a stale worker cannot overwrite its successor's files.
 """
 
 from __future__ import annotations
@@ -47,8 +53,9 @@ import pandas as pd
 import torch
 from torch.utils.checkpoint import checkpoint as activation_checkpoint
 
-from campaign.ledger import Ledger, StopInfo
+from campaign.ledger import Claim, Ledger, StopInfo
 from campaign.ledger.canonical import canonical_json
+from campaign.ledger.errors import LeaseLost
 from campaign.loop import checkpoint as ckpt
 from campaign.loop.measure import Probe
 from campaign.loop.stop import Stop, StopRules
@@ -389,6 +396,7 @@ class RunLoop:
         heartbeat_s: float = 30.0,
         measure_every: int = 100,
         replay_in_subprocess: bool = True,
+        claim: Claim | None = None,
     ) -> None:
         self.ledger = ledger
         self.record = ledger.run(run_id)
@@ -410,7 +418,13 @@ class RunLoop:
             raise LoopError(f"run {run_id}: fp16 with a GradScaler needs a CUDA device")
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise LoopError(f"run {run_id}: device {device} requested, but CUDA is unavailable")
+        if claim is not None and (claim.run_id != run_id or self.record.status != "running"):
+            raise LoopError(f"run {run_id}: the claim given does not hold this run")
+        self._claim = claim
+        self.lease: str | None = claim.lease if claim is not None else None
+        self._lease_lost = threading.Event()
         self._signal: int | None = None
+        self._previous_handlers: dict[int, Any] = {}
         self._stop_heartbeat = threading.Event()
         self.phase = "setup"
         self._batches: list[Batch] = []
@@ -421,17 +435,23 @@ class RunLoop:
     # -- setup ---------------------------------------------------------------------
 
     def setup(self) -> None:
+        """Take the run (unless a worker's claim already did), then build everything."""
         resume_from = (
             self._latest_checkpoint() if self.record.status in ("interrupted", "lost") else None
         )
-        start_step = resume_from["step"] if resume_from else 0
-        claim = self.ledger.start(
-            self.run_id,
-            self.worker,
-            start_step=start_step,
-            resumed_from=resume_from["id"] if resume_from else None,
+        claim = self._claim
+        if claim is None:
+            claim = self.ledger.start(
+                self.run_id,
+                self.worker,
+                start_step=resume_from["step"] if resume_from else 0,
+                resumed_from=resume_from["id"] if resume_from else None,
+            )
+        self.segment_id, self.segment_ordinal, self.lease = (
+            claim.segment_id,
+            claim.ordinal,
+            claim.lease or None,
         )
-        self.segment_id = claim.segment_id
         try:
             self._prepare(resume_from)
         except Exception as error:  # the run left `planned`: it must end with a stop cause
@@ -443,11 +463,14 @@ class RunLoop:
                 self.run_id,
                 "failed",
                 StopInfo("exception", self.step, self.phase, detail),
+                lease=self.lease,
             )
             raise LoopError(f"run {self.run_id} failed in {self.phase}: {detail}") from error
 
     def _prepare(self, resume_from: Mapping[str, Any] | None) -> None:
-        self.ledger.set_environment(self.run_id, environment(self._task_reference()))
+        self.ledger.set_environment(
+            self.run_id, environment(self._task_reference()), lease=self.lease
+        )
         self.seed = int(self.config["seed"])
         seed_everything(self.seed)
         self.task = build_task(self._task_reference(), json.loads(json.dumps(self.config)))
@@ -469,7 +492,7 @@ class RunLoop:
         self.replayed_from: int | None = None
         if resume_from:
             self._restore(resume_from)
-        self.metrics = self.ledger.metric_writer(self.run_id, self.segment_id)
+        self.metrics = self.ledger.metric_writer(self.run_id, self.segment_id, lease=self.lease)
         for key, step, value, seen, wall in self._pending:
             self.metrics.log(key, step, float("nan") if value is None else value, seen, wall)
         self.probe = Probe(self.device)
@@ -486,6 +509,8 @@ class RunLoop:
         detail_artifact = None
         try:
             stop = self._loop()
+        except LeaseLost:
+            raise  # another worker may own the run now: write nothing more
         except torch.cuda.OutOfMemoryError as error:
             stop = Stop(
                 "oom",
@@ -511,6 +536,11 @@ class RunLoop:
                     return stop
             if self.step % checkpoint_every == 0:
                 self.save_checkpoint()
+            if self._lease_lost.is_set():
+                raise LeaseLost(
+                    f"run {self.run_id}: heartbeat refused, the lease is gone (declared lost or "
+                    "taken by another worker); this worker stops without writing"
+                )
             if self._signal is not None:
                 name = signal.Signals(self._signal).name
                 return Stop("interrupted", "interrupted", f"{name} received", "update")
@@ -638,7 +668,7 @@ class RunLoop:
         return replace(stop, phase="validation") if stop is not None else None
 
     def _save_predictions(self, records: list[dict[str, Any]]) -> None:
-        path = self.folder / "predictions" / f"step-{self.step:08d}.parquet"
+        path = self.folder / "predictions" / f"step-{self.step:08d}{self._segment_suffix}.parquet"
         path.parent.mkdir(parents=True, exist_ok=True)
         frame = pd.DataFrame.from_records(
             [
@@ -656,12 +686,21 @@ class RunLoop:
             ckpt.file_sha256(path),
             path.stat().st_size,
             self.step,
+            lease=self.lease,
         )
 
     # -- checkpoints --------------------------------------------------------------------
 
+    @property
+    def _segment_suffix(self) -> str:
+        """Files of later segments carry their ordinal: a resumed run never overwrites (and a
+        stale worker never clobbers) another segment's file."""
+        return "" if self.segment_ordinal == 1 else f"-segment-{self.segment_ordinal}"
+
     def save_checkpoint(self) -> int:
         self.phase = "checkpoint"
+        if self._lease_lost.is_set():
+            raise LeaseLost(f"run {self.run_id}: lease gone; no checkpoint written")
         self.metrics.flush()
         with self.probe.phase("checkpoint", {"step": self.step}, measure=self._measured()):
             tensors, state = capture_state(
@@ -677,11 +716,20 @@ class RunLoop:
                 metric_buffer=self.metrics.pending_rows(),
                 config_sha256=self.record.config_sha256,
             )
+            name = f"step-{self.step:08d}{self._segment_suffix}.safetensors"
             saved = ckpt.save(
-                self.folder / "checkpoints" / f"step-{self.step:08d}.safetensors", tensors, state
+                self.folder / "checkpoints" / name,
+                tensors,
+                state,
             )
         artifact = self.ledger.add_artifact(
-            self.run_id, "checkpoint", str(saved.path), saved.sha256, saved.size, saved.step
+            self.run_id,
+            "checkpoint",
+            str(saved.path),
+            saved.sha256,
+            saved.size,
+            saved.step,
+            lease=self.lease,
         )
         self._write_phases()
         return artifact
@@ -722,6 +770,8 @@ class RunLoop:
                 self.save_checkpoint()
             if stop.status in ("completed", "stopped"):
                 self._export()
+        except LeaseLost:
+            raise
         except Exception as error:  # a failure while ending still ends the run, as failed
             stop = Stop(
                 "failed",
@@ -735,7 +785,9 @@ class RunLoop:
             f" (traceback: artifact {traceback_artifact})" if traceback_artifact else ""
         )
         step = self.step if stop.step is None else stop.step
-        self.ledger.finish(self.run_id, stop.status, StopInfo(stop.cause, step, phase, detail))
+        self.ledger.finish(
+            self.run_id, stop.status, StopInfo(stop.cause, step, phase, detail), lease=self.lease
+        )
         return Outcome(self.run_id, stop.status, stop.cause, self.step, detail)
 
     def _export(self) -> None:
@@ -753,7 +805,13 @@ class RunLoop:
                 self.device,
             )
         artifact = self.ledger.add_artifact(
-            self.run_id, "final", str(path), ckpt.file_sha256(path), path.stat().st_size, self.step
+            self.run_id,
+            "final",
+            str(path),
+            ckpt.file_sha256(path),
+            path.stat().st_size,
+            self.step,
+            lease=self.lease,
         )
         self._write_phases()
         if self.replay_in_subprocess:
@@ -765,6 +823,7 @@ class RunLoop:
                     "replay",
                     "replay of the final artifact in a fresh process failed",
                     run_id=self.run_id,
+                    lease=self.lease,
                 )
 
     def _compare_replayed_steps(self) -> None:
@@ -786,6 +845,7 @@ class RunLoop:
             f"max |train/loss difference| = {difference:.3g}"
             + (" (identical)" if difference == 0 else ""),
             run_id=self.run_id,
+            lease=self.lease,
         )
 
     def _save_traceback(self) -> int | None:
@@ -800,6 +860,7 @@ class RunLoop:
                 ckpt.file_sha256(path),
                 path.stat().st_size,
                 self.step,
+                lease=self.lease,
             )
         except Exception:  # the traceback is a courtesy; the run still ends as failed
             return None
@@ -808,7 +869,8 @@ class RunLoop:
         records = self.probe.drain()
         if records:
             self.ledger.add_phase_measurements(
-                [{**r.row(run_id=self.run_id), "inputs": r.inputs} for r in records]
+                [{**r.row(run_id=self.run_id), "inputs": r.inputs} for r in records],
+                lease=self.lease,
             )
 
     # -- signals and heartbeat ----------------------------------------------------------
@@ -821,21 +883,34 @@ class RunLoop:
             self._signal = signum
 
         for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, handler)
+            self._previous_handlers[signum] = signal.signal(signum, handler)
 
     def _start_heartbeat(self) -> None:
+        """Stamp the run every ``heartbeat_s`` from a thread (a long update cannot starve it).
+
+        A refused heartbeat means the lease is gone: the loop is told to stop.
+        A database that cannot be reached is retried at the next beat; if it
+        stays away past the limit, the run is declared lost by others.
+        """
+
         def beat() -> None:
             while not self._stop_heartbeat.wait(self.heartbeat_s):
-                with contextlib.suppress(Exception):
-                    self.ledger.heartbeat(self.run_id)
+                try:
+                    held = self.ledger.heartbeat(self.run_id, lease=self.lease)
+                except Exception:
+                    continue
+                if not held:
+                    self._lease_lost.set()
+                    return
 
         threading.Thread(target=beat, name=f"heartbeat-{self.run_id}", daemon=True).start()
 
     def cleanup(self) -> None:
         self._stop_heartbeat.set()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            with contextlib.suppress(ValueError):
-                signal.signal(signum, signal.SIG_DFL)
+        for signum, previous in self._previous_handlers.items():
+            with contextlib.suppress(ValueError, TypeError):
+                signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+        self._previous_handlers.clear()
 
 
 def describe_inputs(batches: Sequence[Batch], microbatch: int) -> dict[str, Any]:
