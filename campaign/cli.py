@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from campaign import cli_pilot, cli_plan, cli_run
+from campaign import cli_launch, cli_pilot, cli_plan, cli_run
 from campaign.ledger import Ledger, LedgerError, LedgerInputError, migrate
 from campaign.ledger.engine import (
     DEFAULT_URL,
@@ -141,6 +141,7 @@ def db_upgrade(source: LedgerSource, revision: str) -> None:
 cli_plan.register(main)
 cli_run.register(main)
 cli_pilot.register(main)
+cli_launch.register(main)
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

@@ -16,10 +16,11 @@ machines are stamped by the database, and so is the cutoff.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import Connection, DateTime, bindparam, func, select, update
+from sqlalchemy import Connection, DateTime, bindparam, func, or_, select, update
 
 from campaign.ledger import statements as sql
 from campaign.ledger.dialects import utcnow
@@ -40,12 +41,13 @@ LEASE_HELD = (
     .with_for_update(read=True)
 )
 DATABASE_NOW = select(utcnow())
+_STALE = or_(
+    runs.c.heartbeat_at < bindparam("p_cutoff", type_=DateTime(timezone=True)),
+    runs.c.worker.in_(bindparam("p_dead", expanding=True)),
+)
 STALE_RUNNING = (
     select(runs.c.id, runs.c.campaign_id, runs.c.worker, runs.c.heartbeat_at)
-    .where(
-        runs.c.status == RUNNING,
-        runs.c.heartbeat_at < bindparam("p_cutoff", type_=DateTime(timezone=True)),
-    )
+    .where(runs.c.status == RUNNING, _STALE)
     .order_by(runs.c.id)
 )
 LAST_STEP = select(func.max(metrics.c.step)).where(
@@ -55,11 +57,7 @@ LAST_STEP = select(func.max(metrics.c.step)).where(
 # the sweep read it is left alone.
 MARK_LOST = (
     update(runs)
-    .where(
-        runs.c.id == bindparam("p_run_id"),
-        runs.c.status == RUNNING,
-        runs.c.heartbeat_at < bindparam("p_cutoff", type_=DateTime(timezone=True)),
-    )
+    .where(runs.c.id == bindparam("p_run_id"), runs.c.status == RUNNING, _STALE)
     .values(
         status="lost",
         stop_cause="heartbeat_lost",
@@ -98,16 +96,33 @@ def hold_lease(conn: Connection, run_id: str, lease: str | None) -> None:
         )
 
 
-def mark_stale_lost_without_commit(
-    conn: Connection, stale_after_s: float, campaign_id: int | None = None
-) -> list[LostRun]:
-    """Declare ``lost`` every running run whose heartbeat is older than ``stale_after_s``."""
+def any_stale(conn: Connection, stale_after_s: float, dead_workers: Sequence[str] = ()) -> bool:
+    """A read-only look first: sweeps run every few seconds and almost always find nothing,
+    so they should not take SQLite's write lock for it."""
+    cutoff = _cutoff(conn, stale_after_s)[1]
+    rows = conn.execute(STALE_RUNNING, {"p_cutoff": cutoff, "p_dead": list(dead_workers)})
+    return rows.first() is not None
+
+
+def _cutoff(conn: Connection, stale_after_s: float) -> tuple[datetime, datetime]:
     now = conn.execute(DATABASE_NOW).scalar_one()
     if isinstance(now, str):  # SQLite returns the text of strftime
         now = datetime.fromisoformat(now)
-    cutoff = now - timedelta(seconds=stale_after_s)
+    return now, now - timedelta(seconds=stale_after_s)
+
+
+def mark_stale_lost_without_commit(
+    conn: Connection,
+    stale_after_s: float,
+    campaign_id: int | None = None,
+    dead_workers: Sequence[str] = (),
+) -> list[LostRun]:
+    """Declare ``lost`` every running run whose heartbeat is older than ``stale_after_s``, or
+    whose worker is known to be dead (a launcher reaped its process on this host)."""
+    dead = list(dead_workers)
+    now, cutoff = _cutoff(conn, stale_after_s)
     lost: list[LostRun] = []
-    for row in conn.execute(STALE_RUNNING, {"p_cutoff": cutoff}).all():
+    for row in conn.execute(STALE_RUNNING, {"p_cutoff": cutoff, "p_dead": dead}).all():
         if campaign_id is not None and row.campaign_id != campaign_id:
             continue
         heartbeat = row.heartbeat_at
@@ -116,12 +131,14 @@ def mark_stale_lost_without_commit(
         silent = (_naive(now) - _naive(heartbeat)).total_seconds()
         last_step = conn.execute(LAST_STEP, {"p_run_id": row.id}).scalar()
         detail = (
-            f"no heartbeat for {silent:.0f} s (limit {stale_after_s:g} s) "
+            f"worker {row.worker} process ended without ending the run"
+            if row.worker in dead
+            else f"no heartbeat for {silent:.0f} s (limit {stale_after_s:g} s) "
             f"from worker {row.worker}"
         )
         changed = conn.execute(
             MARK_LOST,
-            {"p_run_id": row.id, "p_cutoff": cutoff, "p_stop_step": last_step,
+            {"p_run_id": row.id, "p_cutoff": cutoff, "p_dead": dead, "p_stop_step": last_step,
              "p_stop_detail": detail},
         ).rowcount  # fmt: skip
         if changed != 1:

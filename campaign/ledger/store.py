@@ -11,6 +11,7 @@ so that a mistake gets a precise message instead of a trigger's.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import pandas as pd
@@ -31,7 +32,12 @@ from campaign.ledger.engine import (
 )
 from campaign.ledger.errors import IllegalTransition, LedgerInputError, NotFound
 from campaign.ledger.ids import new_run_id
-from campaign.ledger.leases import LostRun, hold_lease, mark_stale_lost_without_commit
+from campaign.ledger.leases import (
+    LostRun,
+    any_stale,
+    hold_lease,
+    mark_stale_lost_without_commit,
+)
 from campaign.ledger.metrics import MetricWriter
 from campaign.ledger.models import (
     Artifact,
@@ -356,16 +362,21 @@ class Ledger(Closing):
 
         return self._write(work, f"heartbeat of run {run_id}")
 
-    def mark_lost(self, stale_after_s: float, campaign: str | None = None) -> list[LostRun]:
+    def mark_lost(
+        self, stale_after_s: float, campaign: str | None = None, dead_workers: Sequence[str] = ()
+    ) -> list[LostRun]:
         """Declare ``lost`` (stop cause ``heartbeat_lost``, with event) every running run whose
-        heartbeat is older than ``stale_after_s`` on the database's clock; returns them."""
+        heartbeat is older than ``stale_after_s`` on the database's clock, or whose worker is
+        in ``dead_workers`` (processes a launcher saw end); returns them."""
         if stale_after_s <= 0:
             raise LedgerInputError("the heartbeat limit must be a positive number of seconds")
 
         def work(conn: Connection) -> list[LostRun]:
             campaign_id = None if campaign is None else self._campaign_id(conn, campaign)
-            return mark_stale_lost_without_commit(conn, stale_after_s, campaign_id)
+            return mark_stale_lost_without_commit(conn, stale_after_s, campaign_id, dead_workers)
 
+        if not self._read(lambda c: any_stale(c, stale_after_s, dead_workers), "sweeping runs"):
+            return []
         return self._write(work, "marking runs without a heartbeat as lost")
 
     def set_environment(
@@ -616,6 +627,28 @@ class Ledger(Closing):
             "reading metric keys",
         )
         return frame["key"].tolist()
+
+    def latest_steps(self, run_ids: Sequence[str], key: str = "train/loss") -> dict[str, int]:
+        """The highest step logged under ``key`` for each run (one index seek per run)."""
+        if not run_ids:
+            return {}
+        frame = frames.query_frame(
+            self.engine,
+            "SELECT r.id AS run_id, (SELECT MAX(m.step) FROM metrics m WHERE m.run_id = r.id "
+            f"AND m.key = ?) AS step FROM runs r WHERE r.id IN {frames.in_list(run_ids)}",
+            [key, *run_ids],
+            "reading progress",
+        )
+        return {
+            str(row.run_id): int(row.step) for row in frame.itertuples() if pd.notna(row.step)
+        }
+
+    def database_now(self) -> datetime:
+        """The database's clock (UTC): the one that stamps heartbeats."""
+        now = self._read(lambda conn: conn.execute(select(utcnow())).scalar_one(), "reading time")
+        if isinstance(now, str):
+            now = datetime.fromisoformat(now)
+        return as_utc(now).astimezone(UTC)
 
     def events(self, campaign: str, run_id: str | None = None) -> pd.DataFrame:
         sql = "SELECT id, run_id, at, kind, detail FROM events WHERE campaign_id = ?"

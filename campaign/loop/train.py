@@ -452,6 +452,7 @@ class RunLoop:
             claim.ordinal,
             claim.lease or None,
         )
+        self._start_heartbeat()  # from the claim on: building the model may take a while
         try:
             self._prepare(resume_from)
         except Exception as error:  # the run left `planned`: it must end with a stop cause
@@ -497,7 +498,6 @@ class RunLoop:
             self.metrics.log(key, step, float("nan") if value is None else value, seen, wall)
         self.probe = Probe(self.device)
         self._install_signal_handlers()
-        self._start_heartbeat()
 
     def _task_reference(self) -> str:
         return self.ledger.campaign(self.record.campaign).task
@@ -763,7 +763,8 @@ class RunLoop:
     # -- ending ------------------------------------------------------------------------
 
     def _end(self, stop: Stop, traceback_artifact: int | None) -> Outcome:
-        self._stop_heartbeat.set()
+        """Checkpoint/export as the stop asks, then record the end. The heartbeat keeps going
+        until the end is recorded: exporting and the replay check may take a while."""
         phase = stop.phase or self.phase
         try:
             if stop.status in ("interrupted", "completed", "stopped"):
@@ -788,6 +789,7 @@ class RunLoop:
         self.ledger.finish(
             self.run_id, stop.status, StopInfo(stop.cause, step, phase, detail), lease=self.lease
         )
+        self._stop_heartbeat.set()
         return Outcome(self.run_id, stop.status, stop.cause, self.step, detail)
 
     def _export(self) -> None:
@@ -884,6 +886,10 @@ class RunLoop:
 
         for signum in (signal.SIGTERM, signal.SIGINT):
             self._previous_handlers[signum] = signal.signal(signum, handler)
+
+    def request_stop(self, signum: int) -> None:
+        """Stop after the current update as if ``signum`` had arrived (checkpoint, interrupted)."""
+        self._signal = signum
 
     def _start_heartbeat(self) -> None:
         """Stamp the run every ``heartbeat_s`` from a thread (a long update cannot starve it).

@@ -1,0 +1,58 @@
+"""The launch gate: no real money is spent before a pilot crossed every phase.
+
+A campaign may launch when its latest pilot for the frozen spec passed, or
+when someone recorded a decision to skip it (``--skip-pilot --reason``: a
+``pilot_skipped`` event, kept forever). Differences between the pilot's
+software stack and the launching machine's are warned about and recorded.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from campaign.ledger import Ledger
+from campaign.loop.train import environment
+from campaign.pilot.gates import stack_differences
+
+
+class GateClosed(Exception):
+    """The campaign has no passing pilot and nobody recorded a decision to skip it."""
+
+
+@dataclass(frozen=True)
+class GateDecision:
+    how: str  # "pilot passed" or "pilot skipped: <reason>"
+    stack_warnings: tuple[str, ...] = ()
+
+
+def open_gate(
+    ledger: Ledger, campaign: str, *, skip_reason: str | None = None, who: str = "launch"
+) -> GateDecision:
+    """Check (and record) whether ``campaign`` may launch; :class:`GateClosed` otherwise."""
+    record = ledger.campaign(campaign)
+    if skip_reason is not None:
+        if not skip_reason.strip():
+            raise GateClosed("--skip-pilot needs a --reason")
+        ledger.add_event(campaign, "pilot_skipped", f"{who}: {skip_reason.strip()}")
+        return GateDecision(f"pilot skipped: {skip_reason.strip()}")
+    if ledger.pilot_passed(campaign):
+        pilots = ledger.pilots(campaign)
+        mine = pilots[pilots["config_sha256"] == record.spec_sha256]
+        stored = mine["environment"].iloc[-1]
+        pilot_stack = json.loads(stored) if isinstance(stored, str) else stored
+        warnings = tuple(stack_differences(pilot_stack, environment(record.task)))
+        if warnings:
+            ledger.add_event(
+                campaign, "stack_difference", f"{who} on a stack unlike the pilot's: "
+                + "; ".join(warnings),
+            )  # fmt: skip
+        return GateDecision("pilot passed", warnings)
+    events = ledger.events(campaign)
+    skipped = events[events["kind"] == "pilot_skipped"]
+    if len(skipped):
+        return GateDecision(f"pilot skipped earlier: {skipped['detail'].iloc[-1]}")
+    raise GateClosed(
+        f"campaign {campaign!r} has no passing pilot for its frozen spec: run "
+        f"`campaign pilot {campaign}` first, or launch with --skip-pilot --reason TEXT"
+    )

@@ -1,0 +1,203 @@
+"""One worker: claim a run from the ledger, execute it, record it, repeat until none is left.
+
+Any number of workers on any number of machines may share one PostgreSQL
+ledger (claims are atomic, see :mod:`campaign.ledger.claims`). Before each
+claim a worker sweeps runs whose heartbeat is older than the lease limit and
+declares them ``lost``; with ``resume`` statuses it continues such runs from
+their last verified checkpoint before taking planned ones.
+
+SIGTERM/SIGINT: the running run checkpoints and ends ``interrupted`` (the
+loop's own handler), and the worker claims nothing more. A worker whose lease
+was taken away (it was paused or cut off past the limit) stops at once and
+exits with :class:`LeaseLost`: another worker owns its run now.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from campaign.ledger import Claim, IllegalTransition, Ledger, StopInfo
+from campaign.loop.train import LoopError, Outcome, RunLoop
+
+DEFAULT_HEARTBEAT_S = 30.0
+DEFAULT_LEASE_S = 120.0
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    """How a worker behaves; ``lease_s`` is the heartbeat age after which a run is lost."""
+
+    campaign: str
+    artifacts: Path
+    device: str = "cpu"
+    heartbeat_s: float = DEFAULT_HEARTBEAT_S
+    lease_s: float = DEFAULT_LEASE_S
+    resume: tuple[str, ...] = ()  # statuses to continue: "lost", "interrupted"
+    max_runs: int | None = None
+    threads: int | None = None
+    name: str | None = None
+    only_runs: tuple[str, ...] = ()  # restrict to these run ids (an engine's task)
+    replay_in_subprocess: bool = True
+
+    def __post_init__(self) -> None:
+        if self.heartbeat_s <= 0 or self.lease_s <= self.heartbeat_s:
+            raise ValueError(
+                f"the lease limit ({self.lease_s:g} s) must exceed the heartbeat interval "
+                f"({self.heartbeat_s:g} s)"
+            )
+
+
+@dataclass
+class WorkerReport:
+    """What one worker did: one outcome per run it executed."""
+
+    worker: str
+    outcomes: list[Outcome] = field(default_factory=list)
+    lost_marked: list[str] = field(default_factory=list)
+    stopped_by_signal: bool = False
+
+
+def worker_name(device: str, name: str | None = None) -> str:
+    """host:pid:device, the identity written with every claim and segment."""
+    return name or f"{socket.gethostname()}:{os.getpid()}:{device}"
+
+
+def run_worker(
+    ledger: Ledger,
+    options: WorkerOptions,
+    *,
+    on_outcome: Callable[[Outcome], None] | None = None,
+) -> WorkerReport:
+    """Claim and execute runs of ``options.campaign`` until none is left (or a signal)."""
+    if options.threads:
+        torch.set_num_threads(options.threads)
+    report = WorkerReport(worker_name(options.device, options.name))
+    with _stop_on_signals() as stopping:
+        while not stopping.is_set():
+            if options.max_runs is not None and len(report.outcomes) >= options.max_runs:
+                break
+            report.lost_marked += [
+                lost.run_id for lost in ledger.mark_lost(options.lease_s, options.campaign)
+            ]
+            taken = _next_run(ledger, options, report.worker)
+            if taken is None:
+                break
+            outcome = _execute(ledger, options, report.worker, *taken, stopping)
+            if outcome is None:  # another worker resumed it first
+                continue
+            report.outcomes.append(outcome)
+            if on_outcome is not None:
+                on_outcome(outcome)
+            if outcome.status == "interrupted":
+                stopping.set()
+        report.stopped_by_signal = stopping.is_set()
+    return report
+
+
+def _loop_options(options: WorkerOptions, worker: str) -> dict[str, Any]:
+    return {
+        "artifacts": options.artifacts,
+        "worker": worker,
+        "device": options.device,
+        "heartbeat_s": options.heartbeat_s,
+        "replay_in_subprocess": options.replay_in_subprocess,
+    }
+
+
+def _next_run(
+    ledger: Ledger, options: WorkerOptions, worker: str
+) -> tuple[str, Claim | None] | None:
+    """The next run this worker should execute (with its claim when it is already taken),
+    or None when none is left.
+
+    Resumable runs first (when asked), then the oldest planned run, claimed
+    atomically. A resumable run is taken by the loop's own compare-and-set
+    start, so two workers racing for it cannot both win.
+    """
+    if options.resume:
+        for run_id in _candidates(ledger, options, options.resume):
+            return run_id, None
+    if options.only_runs:
+        for run_id in _candidates(ledger, options, ("planned",)):
+            claim = _start_planned(ledger, run_id, worker)
+            if claim is not None:
+                return run_id, claim
+        return None
+    claim = ledger.claim_next(options.campaign, worker)
+    return None if claim is None else (claim.run_id, claim)
+
+
+def _candidates(ledger: Ledger, options: WorkerOptions, statuses: Sequence[str]) -> Iterator[str]:
+    runs = ledger.runs(options.campaign, status=list(statuses))
+    for run_id in runs["run_id"]:
+        if not options.only_runs or run_id in options.only_runs:
+            yield str(run_id)
+
+
+def _start_planned(ledger: Ledger, run_id: str, worker: str) -> Claim | None:
+    try:
+        return ledger.start(run_id, worker)
+    except IllegalTransition:
+        return None
+
+
+def _execute(
+    ledger: Ledger,
+    options: WorkerOptions,
+    worker: str,
+    run_id: str,
+    claim: Claim | None,
+    stopping: threading.Event,
+) -> Outcome | None:
+    """Execute one run; None when a resumable run was taken by another worker first."""
+    try:
+        loop = RunLoop(ledger, run_id, claim=claim, **_loop_options(options, worker))
+    except LoopError as error:  # refused before any work: a claimed run must still end
+        if claim is not None:
+            stop = StopInfo("exception", 0, "setup", str(error))
+            ledger.finish(run_id, "failed", stop, lease=claim.lease)
+            return Outcome(run_id, "failed", "exception", 0, str(error))
+        raise
+    try:
+        loop.setup()
+    except IllegalTransition:  # a resumable run another worker took between list and start
+        loop.cleanup()
+        return None
+    except LoopError as error:  # setup failed: the run is recorded as failed already
+        loop.cleanup()
+        return Outcome(loop.run_id, "failed", "exception", loop.step, str(error))
+    try:
+        if stopping.is_set():  # a signal arrived before the loop's own handler was installed
+            loop.request_stop(signal.SIGTERM)
+        return loop.train()
+    finally:
+        loop.cleanup()
+
+
+@contextlib.contextmanager
+def _stop_on_signals() -> Iterator[threading.Event]:
+    """Between runs, SIGTERM/SIGINT only stop further claims (the loop handles them in a run)."""
+    stopping = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield stopping
+        return
+
+    def handler(_signum: int, _frame: Any) -> None:
+        stopping.set()
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield stopping
+    finally:
+        for signum, old in previous.items():
+            signal.signal(signum, old)
