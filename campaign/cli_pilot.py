@@ -245,15 +245,20 @@ def _latest_pilot_environment(ledger: Any, campaign: str) -> dict[str, Any] | No
     "--stale-after",
     default=600,
     show_default=True,
-    type=click.IntRange(1),
-    help="Seconds without a heartbeat after which a running run looks lost.",
+    type=click.FloatRange(min=0.1),
+    help="Seconds without a heartbeat after which a running run is declared lost.",
 )
+@click.option("--dry-run", is_flag=True, help="List heartbeat-stale runs without marking them.")
 @output_options
 @click.pass_obj
-def doctor(source: Any, stale_after: int, output_format: str) -> None:
-    """The software stack, the ledger's revision, and running runs whose heartbeat stopped.
+def doctor(source: Any, stale_after: float, dry_run: bool, output_format: str) -> None:
+    """The software stack, the ledger's revision, and runs whose heartbeat stopped.
 
-    Example: campaign doctor --format json
+    Running runs whose heartbeat is older than --stale-after (on the database's clock)
+    are declared lost (stop cause heartbeat_lost, with an event); continue them with
+    `campaign resume RUN_ID` or `campaign launch CAMPAIGN --resume-lost`.
+
+    Example: campaign doctor --stale-after 120 --format json
     """
     from campaign.ledger.engine import parse_url
 
@@ -261,28 +266,33 @@ def doctor(source: Any, stale_after: int, output_format: str) -> None:
     stale: list[dict[str, Any]] = []
     if state["revision"] == state["head"]:
         with source.open() as ledger:
-            now = pd.Timestamp.now(tz="UTC")
-            for name in ledger.campaigns()["name"]:
-                running = ledger.runs(name, status="running")
-                for run in running.itertuples():
-                    age = (
-                        (now - run.heartbeat_at).total_seconds()
-                        if pd.notna(run.heartbeat_at)
-                        else None
-                    )
-                    if age is None or age > stale_after:
-                        stale.append(
-                            {
-                                "campaign": name,
-                                "run_id": run.run_id,
-                                "worker": run.worker,
-                                "heartbeat_age_s": None if age is None else round(age),
-                            }
-                        )
+            if dry_run:
+                now = pd.Timestamp(ledger.database_now())
+                for name in ledger.campaigns()["name"]:
+                    for run in ledger.runs(name, status="running").itertuples():
+                        age = (now - run.heartbeat_at).total_seconds()
+                        if pd.isna(run.heartbeat_at) or age > stale_after:
+                            stale.append({"campaign": name, "run_id": run.run_id,
+                                          "worker": run.worker, "silent_s": round(age, 1),
+                                          "action": "would be declared lost"})  # fmt: skip
+            else:
+                names = dict(ledger.campaigns()[["id", "name"]].itertuples(index=False))
+                stale = [
+                    {"campaign": names.get(lost.campaign_id), "run_id": lost.run_id,
+                     "worker": lost.worker, "silent_s": round(lost.silent_s, 1),
+                     "action": "declared lost"}
+                    for lost in ledger.mark_lost(stale_after)
+                ]  # fmt: skip
     stack = environment("campaign.tasks.digits:build")
     stack.pop("task", None)
     stack.pop("git_revision", None)
-    document = {"stack": stack, "ledger": state, "stale_running_runs": stale}
+    document = {"stack": stack, "ledger": state, "stale_runs": stale}
+    if stale and not dry_run:
+        click.echo(
+            f"campaign: {len(stale)} run(s) declared lost; continue them with "
+            "`campaign resume RUN_ID` or `campaign launch CAMPAIGN --resume-lost`",
+            err=True,
+        )
     if output_format == "json":
         click.echo(json.dumps(document, indent=2, default=str))
         return

@@ -47,3 +47,28 @@ def plan_loop(
             del spec["config"][key]
     record, _ = record_plan(ledger, make_plan(resolve_spec(spec, f"<{name}>")))
     return list(record.run_ids)
+
+
+def plan_quick(
+    ledger: Ledger,
+    name: str,
+    *,
+    runs: int,
+    updates: int = 4,
+    task: dict[str, Any] | None = None,
+    hold: dict[str, Any] | None = None,
+    validation_every: int | None = None,
+) -> list[str]:
+    """``runs`` runs (one variant, one seed each) of the quick task; returns the run ids."""
+    every = validation_every or updates
+    return plan_loop(
+        ledger,
+        name,
+        task="tests.tasks.quick:build",
+        hold={"loop.microbatch": 4, "loop.accumulation": 2, "budget.updates": updates,
+              **(hold or {})},
+        config={"optimizer.lr": 0.1, "optimizer.name": "sgd",
+                **{f"task.{k}": v for k, v in (task or {}).items()}},
+        validation={"every": every},
+        seeds=list(range(runs)),
+    )  # fmt: skip

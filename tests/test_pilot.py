@@ -237,18 +237,32 @@ def test_size_names_a_different_device(ledger: Ledger, sqlite_url: str, tmp_path
     assert "the pilot ran on cpu, this sheet is for cuda:0" in result.stderr
 
 
-def test_doctor_lists_runs_without_heartbeat(ledger: Ledger, sqlite_url: str) -> None:
+def test_doctor_declares_runs_without_heartbeat_lost(ledger: Ledger, sqlite_url: str) -> None:
     import time
 
-    plan_loop(ledger)
-    claim = ledger.claim_next("loop", "gone-worker")
+    plan_loop(ledger, seeds=[0, 1])
+    gone = ledger.claim_next("loop", "gone-worker")
+    alive = ledger.claim_next("loop", "alive-worker")
     time.sleep(1.2)
-    result = CliRunner().invoke(
-        main, ["--ledger", sqlite_url, "doctor", "--stale-after", "1", "--format", "json"]
-    )
+    assert ledger.heartbeat(alive.run_id, lease=alive.lease)
+    command = ["--ledger", sqlite_url, "doctor", "--stale-after", "1", "--format", "json"]
+    listed = CliRunner().invoke(main, [*command, "--dry-run"])
+    assert [r["run_id"] for r in json.loads(listed.stdout)["stale_runs"]] == [gone.run_id]
+    assert ledger.run(gone.run_id).status == "running"  # a dry run changes nothing
+
+    result = CliRunner().invoke(main, command)
     document = json.loads(result.stdout)
     assert document["ledger"]["state"] == "up to date" and document["stack"]["torch"]
-    assert [r["run_id"] for r in document["stale_running_runs"]] == [claim.run_id]
+    assert [r["run_id"] for r in document["stale_runs"]] == [gone.run_id]
+    assert "declared lost" in result.stderr
+    record = ledger.run(gone.run_id)
+    assert (record.status, record.stop_cause) == ("lost", "heartbeat_lost")
+    assert "gone-worker" in record.stop_detail
+    assert ledger.run(alive.run_id).status == "running"
+    events = ledger.events("loop", gone.run_id)
+    assert list(events["kind"]) == ["planned", "running", "lost"]
+    # The lost worker's lease is dead: whatever it still tries to write is refused.
+    assert ledger.heartbeat(gone.run_id, lease=gone.lease) is False
 
 
 def test_task_protocol_is_satisfied_by_built_in_tasks() -> None:

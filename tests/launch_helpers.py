@@ -1,0 +1,62 @@
+"""Start real `campaign` processes against a test ledger and wait on ledger conditions."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pandas as pd
+
+from campaign.ledger import Ledger
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cli(url: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", "campaign", "--ledger", url, *args]
+
+
+def start(url: str, *args: str, **kwargs: object) -> subprocess.Popen[str]:
+    """A `campaign` process in the repository root (so `tests.tasks...` imports)."""
+    return subprocess.Popen(
+        cli(url, *args), cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env={**os.environ, "OMP_NUM_THREADS": "1"}, **kwargs,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+def run(url: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        cli(url, *args), cwd=ROOT, text=True, capture_output=True, timeout=timeout,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, what: str, every: float = 0.1) -> float:
+    """Poll ``condition`` until true; returns the seconds it took; fails after ``timeout``."""
+    began = time.monotonic()
+    while not condition():
+        if time.monotonic() - began > timeout:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(every)
+    return time.monotonic() - began
+
+
+def last_step(ledger: Ledger, run_id: str) -> int:
+    return ledger.latest_steps([run_id]).get(run_id, 0)
+
+
+def losses(ledger: Ledger, run_id: str) -> pd.Series:
+    """The run's train/loss series as readers see it (latest segment per step)."""
+    frame = ledger.metrics(runs=[run_id], keys=["train/loss"])
+    return frame.set_index("step")["value"]
+
+
+def event_counts(ledger: Ledger, campaign: str) -> pd.DataFrame:
+    """Events per run and kind (rows: runs; columns: kinds)."""
+    events = ledger.events(campaign)
+    events = events[events["run_id"].notna()]
+    return events.groupby(["run_id", "kind"]).size().unstack(fill_value=0)

@@ -1,0 +1,94 @@
+"""The launcher: workers claiming runs from one ledger, exactly once, on both engines."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+
+from campaign.ledger import Ledger
+from tests.launch_helpers import event_counts, last_step, run, start, wait_for
+from tests.loop_helpers import plan_quick
+
+SKIP = ("--skip-pilot", "--reason", "launcher test")
+
+
+@pytest.mark.slow
+def test_workers_execute_every_run_exactly_once(
+    ledger: Ledger, ledger_url: str, tmp_path: Path
+) -> None:
+    """8 workers on PostgreSQL, 4 on SQLite, 100 planned runs: each runs once, none is left."""
+    workers = 8 if ledger.dialect == "postgresql" else 4
+    run_ids = plan_quick(ledger, "many", runs=100, updates=2)
+    done = run(
+        ledger_url, "launch", "many", "--workers", str(workers), "--artifacts",
+        str(tmp_path / "artifacts"), "--no-replay-check", *SKIP, timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "many: 100/100 done (completed 100)" in done.stderr
+
+    runs = ledger.runs("many")
+    assert sorted(runs["run_id"]) == sorted(run_ids)
+    assert set(runs["status"]) == {"completed"}
+    counts = event_counts(ledger, "many")
+    assert (counts["running"] == 1).all() and (counts["completed"] == 1).all()
+    assert "resumed" not in counts and "lost" not in counts
+    segments = ledger.segments("many")
+    assert len(segments) == 100 and set(segments["ordinal"]) == {1}
+    # Each run's segment was written by the worker that claimed it; work was shared out.
+    assert (segments.set_index("run_id")["worker"] == runs.set_index("run_id")["worker"]).all()
+    assert runs["worker"].nunique() > 1
+    assert ledger.events("many")["detail"].str.contains("pilot skipped|launcher test").any()
+    points = ledger.metrics("many", all_segments=True)
+    assert not points.duplicated(["segment_id", "key", "step"]).any()
+    assert len(points[points["key"] == "train/loss"]) == 200
+
+
+def test_launch_refuses_without_a_passing_pilot(ledger: Ledger, ledger_url: str) -> None:
+    plan_quick(ledger, "gated", runs=2)
+    refused = run(ledger_url, "launch", "gated")
+    assert refused.returncode == 1
+    assert "no passing pilot" in refused.stderr and "--skip-pilot --reason" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    no_reason = run(ledger_url, "launch", "gated", "--skip-pilot")
+    assert no_reason.returncode == 2 and "--reason" in no_reason.stderr
+    assert set(ledger.runs("gated")["status"]) == {"planned"}  # nothing started
+    assert "pilot_skipped" not in set(ledger.events("gated")["kind"])
+
+
+def test_sigterm_to_launch_interrupts_running_runs(
+    ledger: Ledger, ledger_url: str, tmp_path: Path
+) -> None:
+    """SIGTERM: running runs checkpoint and end interrupted, nothing is left running; a
+    second launch with --resume-interrupted finishes them from their checkpoints."""
+    plan_quick(ledger, "stop", runs=3, updates=60, task={"sleep_s": 0.02},
+               hold={"loop.checkpoint_every": 5})  # fmt: skip
+    artifacts = str(tmp_path / "artifacts")
+    launch = start(ledger_url, "launch", "stop", "--workers", "2", "--artifacts", artifacts,
+                   "--no-replay-check", *SKIP)  # fmt: skip
+
+    def two_running_past_a_checkpoint() -> bool:
+        running = ledger.runs("stop", status="running")["run_id"]
+        return len(running) == 2 and all(last_step(ledger, r) >= 6 for r in running)
+
+    wait_for(two_running_past_a_checkpoint, 120, "two runs past their first checkpoint")
+    launch.send_signal(signal.SIGTERM)
+    _, stderr = launch.communicate(timeout=120)
+    assert launch.returncode == 1, stderr
+    assert "--resume-interrupted" in stderr and "Traceback" not in stderr
+    runs = ledger.runs("stop")
+    assert "running" not in set(runs["status"])
+    interrupted = runs[runs["status"] == "interrupted"]
+    assert len(interrupted) == 2 and set(interrupted["stop_cause"]) == {"interrupted"}
+    assert interrupted["stop_detail"].str.contains("SIGTERM").all()
+
+    resumed = run(ledger_url, "launch", "stop", "--workers", "2", "--artifacts", artifacts,
+                  "--no-replay-check", "--resume-interrupted")  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    runs = ledger.runs("stop")
+    assert set(runs["status"]) == {"completed"}
+    segments = ledger.segments("stop")
+    again = segments[segments["ordinal"] == 2]
+    assert sorted(again["run_id"]) == sorted(interrupted["run_id"])
+    assert (again["start_step"] > 0).all()  # continued from a checkpoint, not from scratch
