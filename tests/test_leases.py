@@ -1,0 +1,114 @@
+"""Lost runs and stale workers: kill -9, heartbeat limits, resume, SIGSTOP/SIGCONT."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pandas as pd
+
+from campaign.ledger import Ledger
+from campaign.loop.train import execute
+from tests.launch_helpers import last_step, losses, run, start, wait_for
+from tests.loop_helpers import plan_quick
+
+LEASE = ("--heartbeat-s", "0.3", "--lease-s", "1.5")
+SKIP = ("--skip-pilot", "--reason", "lease test")
+SLOW = {"task": {"sleep_s": 0.02}, "hold": {"loop.checkpoint_every": 5}, "validation_every": 3}
+
+
+def _reference(ledger: Ledger, tmp_path: Path, updates: int) -> pd.Series:
+    """The same config run uninterrupted in this process."""
+    (run_id,) = plan_quick(ledger, "reference", runs=1, updates=updates, **SLOW)
+    execute(ledger, run_id, artifacts=tmp_path / "reference", replay_in_subprocess=False)
+    return losses(ledger, run_id)
+
+
+def _declared_lost(ledger: Ledger, run_id: str) -> bool:
+    ledger.mark_lost(1.5)
+    return ledger.run(run_id).status == "lost"
+
+
+def test_kill_9_mid_run_is_lost_then_resume_matches_an_uninterrupted_run(
+    ledger: Ledger, ledger_url: str, tmp_path: Path
+) -> None:
+    reference = _reference(ledger, tmp_path, updates=30)
+    (run_id,) = plan_quick(ledger, "crash", runs=1, updates=30, **SLOW)
+    artifacts = str(tmp_path / "artifacts")
+    worker = start(ledger_url, "worker", "crash", "--artifacts", artifacts, *LEASE, *SKIP,
+                   "--no-replay-check")  # fmt: skip
+    wait_for(lambda: last_step(ledger, run_id) >= 12, 120, "update 12 of the run")
+    worker.send_signal(signal.SIGKILL)
+    worker.wait(timeout=30)
+    first = ledger.metrics(runs=[run_id], keys=["train/loss"], all_segments=True)
+
+    took = wait_for(lambda: _declared_lost(ledger, run_id), 30, "the run to be declared lost")
+    assert took < 2 * 1.5  # within two heartbeat limits of the kill
+    record = ledger.run(run_id)
+    assert (record.status, record.stop_cause) == ("lost", "heartbeat_lost")
+
+    resumed = run(ledger_url, "resume", run_id, "--artifacts", artifacts)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert ledger.run(run_id).status == "completed"
+
+    # The final series equals the uninterrupted run's, bit for bit (float64 on CPU).
+    pd.testing.assert_series_equal(losses(ledger, run_id), reference, check_exact=True)
+    # The new segment started at the last checkpoint and replayed the steps after it; the
+    # replayed values are kept under the new segment and equal the originals.
+    segments = ledger.segments("crash").sort_values("ordinal")
+    assert list(segments["ordinal"]) == [1, 2]
+    old_id, new_id = segments["segment_id"]
+    restart = int(segments["start_step"].iloc[1])
+    assert restart > 0 and restart % 5 == 0
+    points = ledger.metrics(runs=[run_id], keys=["train/loss"], all_segments=True)
+    before = first[first["step"] > restart].set_index("step")["value"]
+    assert len(before) > 0  # the crash lost steps after the checkpoint: they were replayed
+    replayed = points[points["segment_id"] == new_id].set_index("step")["value"]
+    pd.testing.assert_series_equal(replayed.loc[before.index], before, check_exact=True)
+    assert (points[points["segment_id"] == old_id]["step"] <= int(first["step"].max())).all()
+    every = ledger.metrics(runs=[run_id], all_segments=True)
+    assert not every.duplicated(["segment_id", "key", "step"]).any()
+    events = ledger.events("crash", run_id)
+    assert list(events["kind"])[:4] == ["planned", "running", "lost", "resumed"]
+    check = events[events["kind"] == "determinism_check"]["detail"].iloc[0]
+    assert "(identical)" in check
+
+
+def test_stale_worker_woken_after_reclaim_writes_nothing_and_exits(
+    ledger: Ledger, ledger_url: str, tmp_path: Path
+) -> None:
+    (run_id,) = plan_quick(ledger, "stale", runs=1, updates=30, **SLOW)
+    artifacts = str(tmp_path / "artifacts")
+    sleeper = start(ledger_url, "worker", "stale", "--artifacts", artifacts, *LEASE, *SKIP,
+                    "--no-replay-check")  # fmt: skip
+    wait_for(lambda: last_step(ledger, run_id) >= 7, 120, "update 7 of the run")
+    sleeper.send_signal(signal.SIGSTOP)
+    try:
+        wait_for(lambda: _declared_lost(ledger, run_id), 30, "the run to be declared lost")
+        other = run(ledger_url, "worker", "stale", "--artifacts", artifacts, *LEASE,
+                    "--resume-lost", "--no-replay-check")  # fmt: skip
+        assert other.returncode == 0, other.stderr[-2000:]
+        assert ledger.run(run_id).status == "completed"
+        segments = ledger.segments("stale")
+        first_segment = int(segments[segments["ordinal"] == 1]["segment_id"].iloc[0])
+        points = ledger.metrics(runs=[run_id], all_segments=True)
+        written_before = int((points["segment_id"] == first_segment).sum())
+        artifacts_before = len(ledger.artifacts("stale"))
+        events_before = len(ledger.events("stale"))
+    finally:
+        sleeper.send_signal(signal.SIGCONT)
+    _, stderr = sleeper.communicate(timeout=120)
+
+    assert sleeper.returncode == 3, stderr
+    assert "lease" in stderr and "Traceback" not in stderr
+    # Its writes were refused: the ledger holds exactly one result for the run.
+    points = ledger.metrics(runs=[run_id], all_segments=True)
+    assert int((points["segment_id"] == first_segment).sum()) == written_before
+    assert len(ledger.artifacts("stale")) == artifacts_before
+    assert len(ledger.events("stale")) == events_before
+    events = ledger.events("stale", run_id)
+    assert list(events["kind"]).count("completed") == 1
+    record = ledger.run(run_id)
+    assert (record.status, record.stop_step) == ("completed", 30)
+    finals = ledger.artifacts("stale")
+    assert len(finals[finals["kind"] == "final"]) == 1
