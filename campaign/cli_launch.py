@@ -20,6 +20,7 @@ from campaign.launch.worker import (
     WorkerOptions,
     run_worker,
 )
+from campaign.ledger.locality import check_single_host
 from campaign.output import output_options, render
 
 EXECUTORS = ("local", "ray", "slurm")
@@ -122,8 +123,15 @@ def launch(source: Any, campaign: str, workers: int | None, devices: str, execut
     """
     with source.open() as ledger:
         ledger.campaign(campaign)
-        _gate(ledger, campaign, skip_pilot, reason, who=f"launch --executor {executor}")
         options = _options(campaign, artifacts, **kw)
+        if executor != "ray" or address is None:
+            check_single_host(ledger, options.lease_s)
+        elif ledger.dialect == "sqlite":
+            raise click.UsageError(
+                "--executor ray --address: workers on other hosts cannot share a SQLite ledger; "
+                "use a PostgreSQL ledger (--ledger postgresql://USER@HOST/DB)"
+            )
+        _gate(ledger, campaign, skip_pilot, reason, who=f"launch --executor {executor}")
         if executor == "local":
             try:
                 slots = plan_slots(devices, workers)
@@ -192,6 +200,7 @@ def worker(source: Any, campaign: str, skip_pilot: bool, reason: str | None, art
     options = _options(campaign, artifacts, **kw)
     with source.open() as ledger:
         ledger.campaign(campaign)
+        check_single_host(ledger, options.lease_s)
         if not launched or skip_pilot:
             _gate(ledger, campaign, skip_pilot, reason, who="worker")
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from campaign.ledger import Ledger
+from campaign.ledger.locality import filesystem_type
 from tests.launch_helpers import event_counts, last_step, run, start, wait_for
 from tests.loop_helpers import plan_quick
 
@@ -92,3 +93,29 @@ def test_sigterm_to_launch_interrupts_running_runs(
     again = segments[segments["ordinal"] == 2]
     assert sorted(again["run_id"]) == sorted(interrupted["run_id"])
     assert (again["start_step"] > 0).all()  # continued from a checkpoint, not from scratch
+
+
+def test_sqlite_ledger_refused_when_another_host_holds_a_live_run(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    with Ledger.open(sqlite_url) as ledger:
+        plan_quick(ledger, "shared", runs=2)
+        ledger.claim_next("shared", "other-host:4242:cuda:0")
+        before = len(ledger.events("shared"))
+    refused = run(sqlite_url, "worker", "shared", "--artifacts", str(tmp_path), *SKIP)
+    assert refused.returncode == 3
+    assert "other-host" in refused.stderr and "PostgreSQL" in refused.stderr
+    assert refused.stderr.count("\n") == 1 and "Traceback" not in refused.stderr
+    with Ledger.open(sqlite_url) as ledger:
+        assert len(ledger.events("shared")) == before  # nothing claimed, nothing recorded
+
+
+def test_filesystem_type_of_a_path_from_proc_mounts() -> None:
+    mounts = (
+        "/dev/sda1 / ext4 rw 0 0\n"
+        "server:/export /mnt/lab nfs4 rw,relatime 0 0\n"
+        "/dev/sdb1 /mnt/lab/local xfs rw 0 0\n"
+    )
+    assert filesystem_type(Path("/mnt/lab/ledger.db"), mounts) == "nfs4"
+    assert filesystem_type(Path("/mnt/lab/local/ledger.db"), mounts) == "xfs"
+    assert filesystem_type(Path("/mnt/laboratory/ledger.db"), mounts) == "ext4"
