@@ -143,13 +143,17 @@ def launch(source: Any, campaign: str, workers: int | None, devices: str, execut
             result = launcher.run(ledger)
             snapshot, interrupted = result.snapshot, result.interrupted
         elif executor == "ray":
-            from campaign.launch.ray_executor import RayOptions, launch_on_ray
+            from campaign.launch.ray_executor import RayLaunchError, RayOptions, launch_on_ray
 
             ray_options = RayOptions(
                 address=address, workers=workers, devices=devices, gpus_per_run=gpus_per_run,
                 schedule_timeout_s=schedule_timeout_s,
             )  # fmt: skip
-            snapshot = launch_on_ray(source.url, options, ray_options, ProgressDisplay())
+            try:
+                snapshot = launch_on_ray(source.url, options, ray_options, ProgressDisplay())
+            except RayLaunchError as error:
+                click.echo(f"campaign: {error}", err=True)
+                raise click.exceptions.Exit(2) from None
             interrupted = False
         else:
             from campaign.launch.slurm_executor import SlurmOptions, launch_on_slurm

@@ -19,14 +19,16 @@ import os
 import signal
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from campaign.ledger import Claim, IllegalTransition, Ledger, StopInfo
+from campaign.ledger.vocabulary import TERMINAL_STATUSES
 from campaign.loop.train import LoopError, Outcome, RunLoop
 
 DEFAULT_HEARTBEAT_S = 30.0
@@ -102,6 +104,38 @@ def run_worker(
                 stopping.set()
         report.stopped_by_signal = stopping.is_set()
     return report
+
+
+class RunHeldElsewhere(RuntimeError):
+    """The run stayed ``running`` under another live lease for longer than we may wait."""
+
+
+def run_one(ledger: Ledger, options: WorkerOptions, run_id: str) -> Outcome | None:
+    """Execute one named run to its end, for engines that place one task per run.
+
+    Engines run a task at least once: a retried task may find its run already
+    ended (returns None), or still ``running`` under the lease of an attempt
+    that died. Then it sweeps until the run's heartbeat is older than the
+    lease limit, the run is declared ``lost``, and it continues the run from
+    its last checkpoint in a new segment: never two executions at once.
+    """
+    deadline = time.monotonic() + 2 * options.lease_s + 10 * options.heartbeat_s
+    single = replace(options, only_runs=(run_id,), resume=("lost", "interrupted"), max_runs=1)
+    while True:
+        status = ledger.run(run_id).status
+        if status in TERMINAL_STATUSES:
+            return None
+        if status == "running":
+            if time.monotonic() > deadline:
+                raise RunHeldElsewhere(
+                    f"run {run_id} is still running under another worker's live lease"
+                )
+            ledger.mark_lost(options.lease_s, options.campaign)
+            time.sleep(min(options.heartbeat_s, 1.0))
+            continue
+        report = run_worker(ledger, single)
+        if report.outcomes:
+            return report.outcomes[0]
 
 
 def _loop_options(options: WorkerOptions, worker: str) -> dict[str, Any]:

@@ -1,0 +1,82 @@
+"""The Ray executor on a private local Ray instance with a PostgreSQL ledger."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from campaign.ledger import Ledger
+from tests.launch_helpers import event_counts, last_step, run, start, wait_for
+from tests.loop_helpers import plan_quick
+
+pytest.importorskip("ray", reason="capability: the ray extra is not installed")
+SKIP = ("--skip-pilot", "--reason", "ray test")
+
+
+@pytest.mark.slow
+def test_ray_runs_a_campaign_and_a_retried_task_never_runs_a_run_twice(
+    postgresql_url: str, tmp_path: Path
+) -> None:
+    with Ledger.open(postgresql_url) as ledger:
+        run_ids = plan_quick(ledger, "on-ray", runs=6, updates=40, task={"sleep_s": 0.02},
+                             hold={"loop.checkpoint_every": 5}, validation_every=3)  # fmt: skip
+        launch = start(
+            postgresql_url, "launch", "on-ray", "--executor", "ray", "--workers", "2",
+            "--artifacts", str(tmp_path / "artifacts"), "--heartbeat-s", "0.3",
+            "--lease-s", "1.5", "--no-replay-check", *SKIP,
+        )  # fmt: skip
+        victim: list[str] = []
+
+        def a_run_past_update_7() -> bool:
+            running = ledger.runs("on-ray", status="running")
+            for row in running.itertuples():
+                if last_step(ledger, row.run_id) >= 7:
+                    victim[:] = [row.run_id, row.worker]
+                    return True
+            return False
+
+        wait_for(a_run_past_update_7, 180, "a Ray task in the middle of its run")
+        run_id, worker = victim
+        os.kill(int(worker.split(":")[1]), signal.SIGKILL)  # the Ray worker process of the task
+        _, stderr = launch.communicate(timeout=300)
+        assert launch.returncode == 0, stderr[-3000:]
+
+        runs = ledger.runs("on-ray").set_index("run_id")
+        assert sorted(runs.index) == sorted(run_ids)
+        assert set(runs["status"]) == {"completed"}
+        counts = event_counts(ledger, "on-ray")
+        assert (counts["completed"] == 1).all() and (counts["running"] == 1).all()
+        # The killed task's retry found the dead lease, waited for the run to be declared
+        # lost, and continued it in a second segment: one execution at a time, one result.
+        assert counts.loc[run_id, "lost"] == 1 and counts.loc[run_id, "resumed"] == 1
+        others = counts.drop(index=run_id)
+        assert "resumed" not in others or (others["resumed"] == 0).all()
+        segments = ledger.segments("on-ray")
+        mine = segments[segments["run_id"] == run_id].sort_values("ordinal")
+        assert list(mine["ordinal"]) == [1, 2]
+        assert mine["ended_at"].iloc[0] <= mine["started_at"].iloc[1]  # never two at once
+        assert mine["worker"].iloc[0] != mine["worker"].iloc[1]
+        points = ledger.metrics("on-ray", all_segments=True)
+        assert not points.duplicated(["segment_id", "key", "step"]).any()
+
+
+def test_ray_gpu_request_on_a_cpu_only_cluster_fails_fast(
+    postgresql_url: str, tmp_path: Path
+) -> None:
+    with Ledger.open(postgresql_url) as ledger:
+        plan_quick(ledger, "no-gpu", runs=2)
+    began = time.monotonic()
+    refused = run(
+        postgresql_url, "launch", "no-gpu", "--executor", "ray", "--workers", "1",
+        "--gpus-per-run", "1", "--artifacts", str(tmp_path), *SKIP, timeout=180,
+    )  # fmt: skip
+    assert time.monotonic() - began < 120  # bounded: it does not wait for a GPU forever
+    assert refused.returncode == 2
+    assert "asks for 1 GPU(s) but the Ray cluster has 0" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    with Ledger.open(postgresql_url) as ledger:
+        assert set(ledger.runs("no-gpu")["status"]) == {"planned"}
