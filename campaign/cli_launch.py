@@ -100,6 +100,8 @@ def _gate(ledger: Any, campaign: str, skip_pilot: bool, reason: str | None, who:
 @click.option("--slurm-partition", default=None, help="slurm: partition to submit to.")
 @click.option("--slurm-time-min", type=click.IntRange(1), default=60, show_default=True,
               help="slurm: time limit of each job in minutes.")
+@click.option("--slurm-local", is_flag=True,
+              help="slurm: simulate the cluster with submitit's local executor on this machine.")
 @click.option("--max-requeues", type=click.IntRange(0), default=3, show_default=True,
               help="slurm: how often a preempted or timed-out run may be requeued.")
 @click.option("--grace-s", type=click.FloatRange(min=1), default=300, show_default=True,
@@ -110,8 +112,8 @@ def _gate(ledger: Any, campaign: str, skip_pilot: bool, reason: str | None, who:
 def launch(source: Any, campaign: str, workers: int | None, devices: str, executor: str,
            address: str | None, gpus_per_run: float | None, schedule_timeout_s: float,
            slurm_folder: Path | None, slurm_partition: str | None, slurm_time_min: int,
-           max_requeues: int, grace_s: float, skip_pilot: bool, reason: str | None,
-           artifacts: Path, output_format: str, **kw: Any) -> None:  # fmt: skip
+           slurm_local: bool, max_requeues: int, grace_s: float, skip_pilot: bool,
+           reason: str | None, artifacts: Path, output_format: str, **kw: Any) -> None:  # fmt: skip
     """Execute a campaign's planned runs on workers that claim them from the ledger.
 
     Refuses (exit 1) without a passing pilot for the frozen spec unless
@@ -156,14 +158,22 @@ def launch(source: Any, campaign: str, workers: int | None, devices: str, execut
                 raise click.exceptions.Exit(2) from None
             interrupted = False
         else:
-            from campaign.launch.slurm_executor import SlurmOptions, launch_on_slurm
+            from campaign.launch.slurm_executor import (
+                SlurmLaunchError,
+                SlurmOptions,
+                launch_on_slurm,
+            )
 
             slurm_options = SlurmOptions(
                 folder=slurm_folder or artifacts / "slurm", partition=slurm_partition,
                 time_min=slurm_time_min, max_requeues=max_requeues,
-                gpus_per_run=int(gpus_per_run or 0), local=False,
+                gpus_per_run=int(gpus_per_run or 0), parallel=workers, local=slurm_local,
             )  # fmt: skip
-            snapshot = launch_on_slurm(source.url, options, slurm_options, ProgressDisplay())
+            try:
+                snapshot = launch_on_slurm(source.url, options, slurm_options, ProgressDisplay())
+            except SlurmLaunchError as error:
+                click.echo(f"campaign: {error}", err=True)
+                raise click.exceptions.Exit(2) from None
             interrupted = False
     if output_format == "json":
         click.echo(json.dumps(snapshot.document(), indent=2))

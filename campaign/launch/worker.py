@@ -50,6 +50,9 @@ class WorkerOptions:
     name: str | None = None
     only_runs: tuple[str, ...] = ()  # restrict to these run ids (an engine's task)
     replay_in_subprocess: bool = True
+    # Signals by which a scheduler announces preemption or a time limit (SLURM: USR2):
+    # the run checkpoints and ends interrupted with stop cause ``preempted``.
+    preempt_signals: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.heartbeat_s <= 0 or self.lease_s <= self.heartbeat_s:
@@ -67,6 +70,7 @@ class WorkerReport:
     outcomes: list[Outcome] = field(default_factory=list)
     lost_marked: list[str] = field(default_factory=list)
     stopped_by_signal: bool = False
+    preempted: bool = False
 
 
 def worker_name(device: str, name: str | None = None) -> str:
@@ -84,7 +88,7 @@ def run_worker(
     if options.threads:
         torch.set_num_threads(options.threads)
     report = WorkerReport(worker_name(options.device, options.name))
-    with _stop_on_signals() as stopping:
+    with _stop_on_signals(options.preempt_signals) as stopping:
         while not stopping.is_set():
             if options.max_runs is not None and len(report.outcomes) >= options.max_runs:
                 break
@@ -102,6 +106,7 @@ def run_worker(
                 on_outcome(outcome)
             if outcome.status == "interrupted":
                 stopping.set()
+                report.preempted = outcome.cause == "preempted"
         report.stopped_by_signal = stopping.is_set()
     return report
 
@@ -145,6 +150,7 @@ def _loop_options(options: WorkerOptions, worker: str) -> dict[str, Any]:
         "device": options.device,
         "heartbeat_s": options.heartbeat_s,
         "replay_in_subprocess": options.replay_in_subprocess,
+        "preempt_signals": options.preempt_signals,
     }
 
 
@@ -191,7 +197,7 @@ def _execute(
     worker: str,
     run_id: str,
     claim: Claim | None,
-    stopping: threading.Event,
+    stopping: StopRequest,
 ) -> Outcome | None:
     """Execute one run; None when a resumable run was taken by another worker first."""
     try:
@@ -212,24 +218,31 @@ def _execute(
         return Outcome(loop.run_id, "failed", "exception", loop.step, str(error))
     try:
         if stopping.is_set():  # a signal arrived before the loop's own handler was installed
-            loop.request_stop(signal.SIGTERM)
+            loop.request_stop(stopping.signum)
         return loop.train()
     finally:
         loop.cleanup()
 
 
+class StopRequest(threading.Event):
+    """Set by a signal that arrived outside a run's loop; remembers which."""
+
+    signum: int = signal.SIGTERM
+
+
 @contextlib.contextmanager
-def _stop_on_signals() -> Iterator[threading.Event]:
+def _stop_on_signals(extra: Sequence[int] = ()) -> Iterator[StopRequest]:
     """Between runs, SIGTERM/SIGINT only stop further claims (the loop handles them in a run)."""
-    stopping = threading.Event()
+    stopping = StopRequest()
     if threading.current_thread() is not threading.main_thread():
         yield stopping
         return
 
-    def handler(_signum: int, _frame: Any) -> None:
+    def handler(signum: int, _frame: Any) -> None:
+        stopping.signum = signum
         stopping.set()
 
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT, *extra)}
     try:
         yield stopping
     finally:

@@ -397,6 +397,7 @@ class RunLoop:
         measure_every: int = 100,
         replay_in_subprocess: bool = True,
         claim: Claim | None = None,
+        preempt_signals: Sequence[int] = (),
     ) -> None:
         self.ledger = ledger
         self.record = ledger.run(run_id)
@@ -424,6 +425,7 @@ class RunLoop:
         self.lease: str | None = claim.lease if claim is not None else None
         self._lease_lost = threading.Event()
         self._signal: int | None = None
+        self.preempt_signals = tuple(preempt_signals)
         self._previous_handlers: dict[int, Any] = {}
         self._stop_heartbeat = threading.Event()
         self.phase = "setup"
@@ -543,6 +545,9 @@ class RunLoop:
                 )
             if self._signal is not None:
                 name = signal.Signals(self._signal).name
+                if self._signal in self.preempt_signals:
+                    detail = f"{name} received: the scheduler preempts or times out the job"
+                    return Stop("interrupted", "preempted", detail, "update")
                 return Stop("interrupted", "interrupted", f"{name} received", "update")
             stop = self.rules.after_update(self.step)
             if stop is not None:
@@ -884,7 +889,7 @@ class RunLoop:
         def handler(signum: int, _frame: Any) -> None:
             self._signal = signum
 
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        for signum in (signal.SIGTERM, signal.SIGINT, *self.preempt_signals):
             self._previous_handlers[signum] = signal.signal(signum, handler)
 
     def request_stop(self, signum: int) -> None:
