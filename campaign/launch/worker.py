@@ -27,8 +27,10 @@ from typing import Any
 
 import torch
 
+from campaign.launch.replicated import replica_group
 from campaign.ledger import Claim, IllegalTransition, Ledger, StopInfo
 from campaign.ledger.vocabulary import TERMINAL_STATUSES
+from campaign.loop import replicas as dp
 from campaign.loop.train import LoopError, Outcome, RunLoop
 
 DEFAULT_HEARTBEAT_S = 30.0
@@ -200,28 +202,37 @@ def _execute(
     stopping: StopRequest,
 ) -> Outcome | None:
     """Execute one run; None when a resumable run was taken by another worker first."""
+    world = int(ledger.run(run_id).config_document["loop"]["replicas"])
+    group: Any = contextlib.nullcontext()
+    replica = None
+    if world > 1:
+        group = replica_group(ledger, run_id, world, options.device, options.artifacts)
+        replica = dp.Replica(0, world)
     try:
-        loop = RunLoop(ledger, run_id, claim=claim, **_loop_options(options, worker))
+        loop = RunLoop(
+            ledger, run_id, claim=claim, replica=replica, **_loop_options(options, worker)
+        )
     except LoopError as error:  # refused before any work: a claimed run must still end
         if claim is not None:
             stop = StopInfo("exception", 0, "setup", str(error))
             ledger.finish(run_id, "failed", stop, lease=claim.lease)
             return Outcome(run_id, "failed", "exception", 0, str(error))
         raise
-    try:
-        loop.setup()
-    except IllegalTransition:  # a resumable run another worker took between list and start
-        loop.cleanup()
-        return None
-    except LoopError as error:  # setup failed: the run is recorded as failed already
-        loop.cleanup()
-        return Outcome(loop.run_id, "failed", "exception", loop.step, str(error))
-    try:
-        if stopping.is_set():  # a signal arrived before the loop's own handler was installed
-            loop.request_stop(stopping.signum)
-        return loop.train()
-    finally:
-        loop.cleanup()
+    with group:
+        try:
+            loop.setup()
+        except IllegalTransition:  # a resumable run another worker took between list and start
+            loop.cleanup()
+            return None
+        except LoopError as error:  # setup failed: the run is recorded as failed already
+            loop.cleanup()
+            return Outcome(loop.run_id, "failed", "exception", loop.step, str(error))
+        try:
+            if stopping.is_set():  # a signal arrived before the loop's own handler was installed
+                loop.request_stop(stopping.signum)
+            return loop.train()
+        finally:
+            loop.cleanup()
 
 
 class StopRequest(threading.Event):

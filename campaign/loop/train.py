@@ -57,6 +57,7 @@ from campaign.ledger import Claim, Ledger, StopInfo
 from campaign.ledger.canonical import canonical_json
 from campaign.ledger.errors import LeaseLost
 from campaign.loop import checkpoint as ckpt
+from campaign.loop import replicas as dp
 from campaign.loop.measure import Probe
 from campaign.loop.stop import Stop, StopRules
 from campaign.loop.task import Batch, Task, build_task
@@ -398,6 +399,7 @@ class RunLoop:
         replay_in_subprocess: bool = True,
         claim: Claim | None = None,
         preempt_signals: Sequence[int] = (),
+        replica: dp.Replica | None = None,
     ) -> None:
         self.ledger = ledger
         self.record = ledger.run(run_id)
@@ -410,11 +412,16 @@ class RunLoop:
         self.measure_every = measure_every
         self.replay_in_subprocess = replay_in_subprocess
         loop = self.config["loop"]
-        if loop["replicas"] != 1:
+        self.replica = replica or dp.Replica(0, 1)
+        self.writes = self.replica.leader  # only rank 0 writes to the ledger and artifacts
+        if loop["replicas"] != self.replica.world:
             raise LoopError(
-                f"run {run_id}: loop.replicas = {loop['replicas']} needs the "
-                "distributed launcher; `campaign run` executes one process"
+                f"run {run_id}: loop.replicas = {loop['replicas']} needs that many processes: "
+                "run it through `campaign worker` or `campaign launch` (`campaign run` and "
+                "`campaign resume` execute one process)"
             )
+        if loop["replicas"] > 1 and loop["precision"] == "fp16":
+            raise LoopError(f"run {run_id}: fp16 with replicas is not supported (use bf16)")
         if loop["precision"] == "fp16" and self.device.type == "cpu":
             raise LoopError(f"run {run_id}: fp16 with a GradScaler needs a CUDA device")
         if self.device.type == "cuda" and not torch.cuda.is_available():
@@ -438,6 +445,9 @@ class RunLoop:
 
     def setup(self) -> None:
         """Take the run (unless a worker's claim already did), then build everything."""
+        if not self.writes:
+            self._follow_leader()
+            return
         resume_from = (
             self._latest_checkpoint() if self.record.status in ("interrupted", "lost") else None
         )
@@ -455,6 +465,8 @@ class RunLoop:
             claim.lease or None,
         )
         self._start_heartbeat()  # from the claim on: building the model may take a while
+        if self.replica.world > 1:
+            dp.broadcast_json({"resume_from": resume_from}, self.replica, self._group_device)
         try:
             self._prepare(resume_from)
         except Exception as error:  # the run left `planned`: it must end with a stop cause
@@ -470,10 +482,21 @@ class RunLoop:
             )
             raise LoopError(f"run {self.run_id} failed in {self.phase}: {detail}") from error
 
+    @property
+    def _group_device(self) -> torch.device:
+        return self.device if self.device.type == "cuda" else torch.device("cpu")
+
+    def _follow_leader(self) -> None:
+        """A non-zero rank: rank 0 claimed the run; learn from it where training starts."""
+        self.segment_id, self.segment_ordinal, self.lease = None, 0, None
+        shared = dp.broadcast_json(None, self.replica, self._group_device)
+        self._prepare(shared["resume_from"])
+
     def _prepare(self, resume_from: Mapping[str, Any] | None) -> None:
-        self.ledger.set_environment(
-            self.run_id, environment(self._task_reference()), lease=self.lease
-        )
+        if self.writes:
+            self.ledger.set_environment(
+                self.run_id, environment(self._task_reference()), lease=self.lease
+            )
         self.seed = int(self.config["seed"])
         seed_everything(self.seed)
         self.task = build_task(self._task_reference(), json.loads(json.dumps(self.config)))
@@ -495,7 +518,11 @@ class RunLoop:
         self.replayed_from: int | None = None
         if resume_from:
             self._restore(resume_from)
-        self.metrics = self.ledger.metric_writer(self.run_id, self.segment_id, lease=self.lease)
+        self.metrics: Any = (
+            self.ledger.metric_writer(self.run_id, self.segment_id, lease=self.lease)
+            if self.writes
+            else DiscardedMetrics()
+        )
         for key, step, value, seen, wall in self._pending:
             self.metrics.log(key, step, float("nan") if value is None else value, seen, wall)
         self.probe = Probe(self.device)
@@ -538,6 +565,9 @@ class RunLoop:
                     return stop
             if self.step % checkpoint_every == 0:
                 self.save_checkpoint()
+            stop = self.rules.after_update(self.step)
+            if self.replica.world > 1:
+                stop = self._agree(stop)
             if self._lease_lost.is_set():
                 raise LeaseLost(
                     f"run {self.run_id}: heartbeat refused, the lease is gone (declared lost or "
@@ -549,11 +579,28 @@ class RunLoop:
                     detail = f"{name} received: the scheduler preempts or times out the job"
                     return Stop("interrupted", "preempted", detail, "update")
                 return Stop("interrupted", "interrupted", f"{name} received", "update")
-            stop = self.rules.after_update(self.step)
             if stop is not None:
                 if stop.cause == "budget_reached" and self.step % every != 0:
                     stop = self._validate() or stop  # always end with a validation point
                 return replace(stop, phase=stop.phase or "update")
+
+    def _agree(self, stop: Stop | None) -> Stop | None:
+        """Every rank takes the same decision after each update (one small all-reduce): a
+        signal, a lost lease or a stop rule on any rank stops all of them."""
+        flags = torch.tensor(
+            [self._signal is not None, self._lease_lost.is_set(), stop is not None],
+            dtype=torch.float64,
+            device=self._group_device,
+        )
+        torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
+        signalled, lease_lost, stopping = (bool(v) for v in flags.tolist())
+        if signalled and self._signal is None:
+            self._signal = signal.SIGTERM
+        if lease_lost:
+            self._lease_lost.set()
+        if stopping and stop is None:  # e.g. the wall-time rule fired on another rank first
+            stop = Stop("stopped", "wall_time", "stopped together with another replica")
+        return stop
 
     def _measured(self) -> bool:
         return self.step < 2 or self.step % self.measure_every == 0
@@ -573,6 +620,8 @@ class RunLoop:
                 indices[i : i + loop["microbatch"]]
                 for i in range(0, len(indices), loop["microbatch"])
             ]
+            if self.replica.world > 1:
+                chunks = dp.share(chunks, self.replica)
             batches = [
                 to_device(self.task.collate([self.train_set[i] for i in c]), self.device)
                 for c in chunks
@@ -585,13 +634,18 @@ class RunLoop:
         self.optimizer.zero_grad(set_to_none=True)
         self.phase = "forward"
         with self.probe.phase("backward", self.phase_inputs if measure else None, measure=measure):
-            loss_sum, units = accumulate(
-                self.task,
-                self.model,
-                batches,
-                scaler=self.scaler if self.scaler.is_enabled() else None,
-                autocast=self._autocast(),
-            )
+            if self.replica.world > 1:
+                loss_sum, units = dp.accumulate_across(
+                    self.task, self.model, batches, self.replica, self._autocast()
+                )
+            else:
+                loss_sum, units = accumulate(
+                    self.task,
+                    self.model,
+                    batches,
+                    scaler=self.scaler if self.scaler.is_enabled() else None,
+                    autocast=self._autocast(),
+                )
         loss = loss_sum / units
         stop = self.rules.after_loss(loss)
         if stop is not None:  # the diverged curve keeps its last point
@@ -667,7 +721,8 @@ class RunLoop:
         scores["val/loss"] = total / max(1, units)
         self.metrics.log_dict(self.step, scores, self.examples_seen)
         self.metrics.flush()  # a validation point is a natural sync point: bound what a crash loses
-        self._save_predictions(records)
+        if self.writes:
+            self._save_predictions(records)
         self._write_phases()
         stop = self.rules.after_validation(scores.get(self.config["validation"]["metric"]))
         return replace(stop, phase="validation") if stop is not None else None
@@ -702,8 +757,10 @@ class RunLoop:
         stale worker never clobbers) another segment's file."""
         return "" if self.segment_ordinal == 1 else f"-segment-{self.segment_ordinal}"
 
-    def save_checkpoint(self) -> int:
+    def save_checkpoint(self) -> int | None:
         self.phase = "checkpoint"
+        if not self.writes:
+            return None
         if self._lease_lost.is_set():
             raise LeaseLost(f"run {self.run_id}: lease gone; no checkpoint written")
         self.metrics.flush()
@@ -770,6 +827,9 @@ class RunLoop:
     def _end(self, stop: Stop, traceback_artifact: int | None) -> Outcome:
         """Checkpoint/export as the stop asks, then record the end. The heartbeat keeps going
         until the end is recorded: exporting and the replay check may take a while."""
+        if not self.writes:
+            self.probe.drain()
+            return Outcome(self.run_id, stop.status, stop.cause, self.step, stop.detail)
         phase = stop.phase or self.phase
         try:
             if stop.status in ("interrupted", "completed", "stopped"):
@@ -856,6 +916,8 @@ class RunLoop:
         )
 
     def _save_traceback(self) -> int | None:
+        if not self.writes:
+            return None
         try:
             path = self.folder / "traceback.txt"
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -874,7 +936,7 @@ class RunLoop:
 
     def _write_phases(self) -> None:
         records = self.probe.drain()
-        if records:
+        if records and self.writes:
             self.ledger.add_phase_measurements(
                 [{**r.row(run_id=self.run_id), "inputs": r.inputs} for r in records],
                 lease=self.lease,
@@ -922,6 +984,24 @@ class RunLoop:
             with contextlib.suppress(ValueError, TypeError):
                 signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
         self._previous_handlers.clear()
+
+
+class DiscardedMetrics:
+    """The metric writer of a non-zero replica: rank 0 logs the run's (global) values."""
+
+    def log(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    log_dict = log
+
+    def flush(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        return None
+
+    def pending_rows(self) -> list[list[Any]]:
+        return []
 
 
 def describe_inputs(batches: Sequence[Batch], microbatch: int) -> dict[str, Any]:

@@ -1,0 +1,44 @@
+"""A follower replica (rank > 0) of a replicated run: ``python -m campaign.launch.follower``.
+
+Started by :mod:`campaign.launch.replicated` with torchrun's variables
+(RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and the ledger URL in
+``CAMPAIGN_LEDGER``. It reads from the ledger and writes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from campaign.ledger import Ledger
+from campaign.loop import replicas as dp
+from campaign.loop.train import RunLoop
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m campaign.launch.follower")
+    parser.add_argument("run_id")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--artifacts", type=Path, required=True)
+    args = parser.parse_args(argv)
+    replica = dp.Replica(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
+    address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    with Ledger.open() as ledger:
+        loop = RunLoop(ledger, args.run_id, artifacts=args.artifacts, device=args.device,
+                       replica=replica, replay_in_subprocess=False)  # fmt: skip
+        with dp.process_group(replica, address, port, torch.device(args.device)):
+            try:
+                loop.setup()
+                loop.train()
+            finally:
+                loop.cleanup()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,139 @@
+"""Data replicas: one run trained by several processes, each on its share of every update.
+
+torchrun-style process groups (``MASTER_ADDR``/``MASTER_PORT``, rank, world
+size): gloo on CPU, NCCL on CUDA. Every rank builds the same model from the
+same seed and sees the same data order; each update's microbatches are dealt
+out round-robin (rank r takes microbatches r, r+W, ...). Exactness as in one
+process: every rank backpropagates loss *sums*, the gradients, loss sums and
+unit counts are summed across ranks, and the gradients are divided by the
+units of the whole effective batch. The result equals the single-process
+gradient of the same effective batch (up to summation order).
+
+Only rank 0 writes to the ledger and to the artifacts folder; the others
+read what they need (the checkpoint to resume from) from rank 0 through the
+process group as JSON bytes: nothing is pickled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+
+from campaign.loop.task import Batch, Task
+
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class Replica:
+    """This process's place in a run's process group."""
+
+    rank: int
+    world: int
+
+    @property
+    def leader(self) -> bool:
+        return self.rank == 0
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@contextlib.contextmanager
+def process_group(
+    replica: Replica, address: str, port: int, device: torch.device, timeout_s: float = 300
+) -> Iterator[Replica]:
+    """Join the run's process group (gloo on CPU, NCCL on CUDA); leave it afterwards."""
+    from datetime import timedelta
+
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(
+        backend, init_method=f"tcp://{address}:{port}", rank=replica.rank,
+        world_size=replica.world, timeout=timedelta(seconds=timeout_s),
+    )  # fmt: skip
+    try:
+        yield replica
+    finally:
+        dist.destroy_process_group()
+
+
+def share(items: Sequence[_T], replica: Replica) -> list[_T]:
+    """This rank's microbatches of an update: round-robin over ranks."""
+    return list(items[replica.rank :: replica.world])
+
+
+def accumulate_across(
+    task: Task,
+    model: torch.nn.Module,
+    batches: Sequence[Batch],
+    replica: Replica,
+    autocast: contextlib.AbstractContextManager[Any] | None = None,
+) -> tuple[float, int]:
+    """Backpropagate this rank's loss sums; sum gradients, loss and units over all ranks; divide
+    by the units of the whole effective batch. Returns the global (loss sum, units)."""
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    device = parameters[0].device if parameters else torch.device("cpu")
+    total = torch.zeros(2, dtype=torch.float64, device=device)
+    for batch in batches:
+        with autocast if autocast is not None else contextlib.nullcontext():
+            loss_sum, count = task.loss(model, batch)
+        loss_sum.backward()
+        total[0] += loss_sum.detach().to(torch.float64)
+        total[1] += int(count)
+    for parameter in parameters:  # a rank with no microbatch still joins every reduction
+        if parameter.grad is None:
+            parameter.grad = torch.zeros_like(parameter)
+    grads = [p.grad for p in parameters]
+    flat = torch.cat([g.reshape(-1) for g in grads]) if grads else torch.zeros(0, device=device)
+    dist.all_reduce(flat)
+    dist.all_reduce(total)
+    units = int(total[1].item())
+    if units == 0:
+        from campaign.loop.train import LoopError
+
+        raise LoopError("an effective batch with no loss units (every target masked out)")
+    offset = 0
+    for grad in grads:
+        size = grad.numel()
+        grad.copy_(flat[offset : offset + size].view_as(grad)).div_(units)
+        offset += size
+    return float(total[0].item()), units
+
+
+def any_rank(flag: bool, device: torch.device) -> bool:
+    """True on every rank when ``flag`` is true on any: a stop decided by one is taken by all."""
+    value = torch.tensor([1.0 if flag else 0.0], device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item() > 0)
+
+
+def broadcast_json(document: Any, replica: Replica, device: torch.device) -> Any:
+    """Send a JSON-able document from rank 0 to every rank (as UTF-8 bytes, no pickle)."""
+    payload = json.dumps(document).encode() if replica.leader else b""
+    size = torch.tensor([len(payload)], dtype=torch.int64, device=device)
+    dist.broadcast(size, src=0)
+    buffer = torch.zeros(int(size.item()), dtype=torch.uint8, device=device)
+    if replica.leader:
+        buffer.copy_(torch.frombuffer(bytearray(payload), dtype=torch.uint8))
+    dist.broadcast(buffer, src=0)
+    return json.loads(bytes(buffer.cpu().tolist()).decode())
+
+
+def environment_for(replica: Replica, address: str, port: int) -> dict[str, str]:
+    """torchrun's variables, for tools that read them (and for humans reading `ps e`)."""
+    return {
+        "RANK": str(replica.rank), "WORLD_SIZE": str(replica.world),
+        "LOCAL_RANK": str(replica.rank), "MASTER_ADDR": address, "MASTER_PORT": str(port),
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+    }  # fmt: skip

@@ -1,0 +1,76 @@
+"""Data replicas: exact gradients across ranks (gloo, CPU) and a replicated run end to end."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import torch
+from safetensors.torch import load_file
+
+from campaign.ledger import Ledger
+from campaign.loop import replicas as dp
+from campaign.loop.train import accumulate, execute
+from tests.launch_helpers import ROOT, event_counts, losses, run
+from tests.loop_helpers import plan_quick
+from tests.replica_gradient import model_and_batches
+
+
+def test_two_replicas_give_the_single_process_gradient_of_the_effective_batch(
+    tmp_path: Path,
+) -> None:
+    port = dp.free_port()
+    command = [sys.executable, "-m", "tests.replica_gradient", str(tmp_path)]
+    ranks = [
+        subprocess.Popen(
+            command,
+            cwd=ROOT,
+            env={**os.environ, **dp.environment_for(dp.Replica(r, 2), "127.0.0.1", port)},
+        )
+        for r in range(2)
+    ]
+    assert [rank.wait(timeout=120) for rank in ranks] == [0, 0]
+
+    task, model, batches = model_and_batches()
+    loss_sum, units = accumulate(task, model, batches)  # one process, all 10 examples
+    for r in range(2):
+        got = load_file(str(tmp_path / f"rank-{r}.safetensors"))
+        assert int(got["units"].item()) == units == 10
+        assert abs(float(got["loss_sum"].item()) - loss_sum) < 1e-9
+        for name, parameter in model.named_parameters():
+            assert got[name].dtype == torch.float64
+            torch.testing.assert_close(got[name], parameter.grad, rtol=0, atol=1e-6)
+            assert torch.count_nonzero(parameter.grad) > 0
+
+
+def test_a_replicated_run_trains_like_one_process_and_only_rank_0_writes(
+    ledger: Ledger, ledger_url: str, tmp_path: Path
+) -> None:
+    # The same effective batch (8 examples per update, same data order) two ways.
+    (single,) = plan_quick(ledger, "single", runs=1, updates=12)
+    execute(ledger, single, artifacts=tmp_path / "single", replay_in_subprocess=False)
+    (run_id,) = plan_quick(ledger, "replicated", runs=1, updates=12,
+                           hold={"loop.replicas": 2, "loop.accumulation": 1})  # fmt: skip
+    config = ledger.run(run_id).config_document
+    assert config["budget"]["examples_per_update"] == 8  # the replicas count
+
+    done = run(ledger_url, "worker", "replicated", "--artifacts", str(tmp_path / "artifacts"),
+               "--skip-pilot", "--reason", "replica test", "--no-replay-check")  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = ledger.run(run_id)
+    assert (record.status, record.stop_step) == ("completed", 12)
+    pd.testing.assert_series_equal(losses(ledger, run_id), losses(ledger, single),
+                                   check_exact=False, rtol=0, atol=1e-9)  # fmt: skip
+    # Rank 0 wrote everything once; the follower wrote nothing.
+    counts = event_counts(ledger, "replicated")
+    assert counts.loc[run_id, "running"] == 1 and counts.loc[run_id, "completed"] == 1
+    assert len(ledger.segments("replicated")) == 1
+    mine = ledger.metrics(runs=[run_id], all_segments=True)
+    theirs = ledger.metrics(runs=[single], all_segments=True)
+    assert len(mine) == len(theirs)
+    kinds = ledger.artifacts("replicated")["kind"].value_counts()
+    assert kinds["final"] == 1
+    assert kinds["checkpoint"] == len(ledger.artifacts("single").query("kind == 'checkpoint'"))
