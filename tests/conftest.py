@@ -80,3 +80,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def sqlite_ledger(sqlite_url: str) -> Iterator[Ledger]:
+    """A ledger at head on SQLite only (for behaviour that does not depend on the engine)."""
+    with Ledger.open(sqlite_url) as opened:
+        yield opened
+
+
+@pytest.fixture
+def postgresql_ledger(postgresql_url: str) -> Iterator[Ledger]:
+    """A ledger at head on PostgreSQL only (the engine that several machines share)."""
+    with Ledger.open(postgresql_url) as opened:
+        yield opened

@@ -46,7 +46,8 @@ def test_workers_execute_every_run_exactly_once(
     assert len(points[points["key"] == "train/loss"]) == 200
 
 
-def test_launch_refuses_without_a_passing_pilot(ledger: Ledger, ledger_url: str) -> None:
+def test_launch_refuses_without_a_passing_pilot(sqlite_ledger: Ledger, sqlite_url: str) -> None:
+    ledger, ledger_url = sqlite_ledger, sqlite_url
     plan_quick(ledger, "gated", runs=2)
     refused = run(ledger_url, "launch", "gated")
     assert refused.returncode == 1
@@ -59,10 +60,12 @@ def test_launch_refuses_without_a_passing_pilot(ledger: Ledger, ledger_url: str)
 
 
 def test_sigterm_to_launch_interrupts_running_runs(
-    ledger: Ledger, ledger_url: str, tmp_path: Path
+    sqlite_ledger: Ledger, sqlite_url: str, tmp_path: Path
 ) -> None:
     """SIGTERM: running runs checkpoint and end interrupted, nothing is left running; a
-    second launch with --resume-interrupted finishes them from their checkpoints."""
+    second launch with --resume-interrupted finishes them from their checkpoints.
+    (Launcher behaviour; the lease tests cover both engines.)"""
+    ledger, ledger_url = sqlite_ledger, sqlite_url
     plan_quick(ledger, "stop", runs=3, updates=60, task={"sleep_s": 0.02},
                hold={"loop.checkpoint_every": 5})  # fmt: skip
     artifacts = str(tmp_path / "artifacts")
@@ -119,3 +122,48 @@ def test_filesystem_type_of_a_path_from_proc_mounts() -> None:
     assert filesystem_type(Path("/mnt/lab/ledger.db"), mounts) == "nfs4"
     assert filesystem_type(Path("/mnt/lab/local/ledger.db"), mounts) == "xfs"
     assert filesystem_type(Path("/mnt/laboratory/ledger.db"), mounts) == "ext4"
+
+
+def test_status_reads_the_campaign_from_the_ledger(ledger: Ledger, ledger_url: str) -> None:
+    import io
+    import json
+
+    from click.testing import CliRunner
+
+    from campaign.cli import main
+    from campaign.launch.progress import ProgressDisplay, take_snapshot
+
+    run_ids = plan_quick(ledger, "watched", runs=3, updates=4)
+    claim = ledger.claim_next("watched", "elsewhere:7:cuda:1")
+    with ledger.metric_writer(claim.run_id, claim.segment_id, lease=claim.lease) as metrics:
+        for step in (1, 2):
+            metrics.log("train/loss", step, 0.5)
+    shown = CliRunner().invoke(main, ["--ledger", ledger_url, "status", "watched",
+                                      "--format", "json"])  # fmt: skip
+    assert shown.exit_code == 0, shown.stderr
+    document = json.loads(shown.stdout)
+    assert document["counts"]["planned"] == 2 and document["counts"]["running"] == 1
+    assert document["left"] == 2 and document["done"] == 0 and document["eta_s"] is None
+    (running,) = document["running"]
+    assert running["run_id"] == claim.run_id and running["worker"] == "elsewhere:7:cuda:1"
+    assert (running["step"], running["updates"]) == (2, 4)
+    assert 0 <= running["heartbeat_age_s"] < 60
+
+    table = CliRunner().invoke(main, ["--ledger", ledger_url, "status", "watched"])
+    assert "watched: 0/3 done, 1 running, 2 left" in table.stdout
+    assert claim.run_id in table.stdout and "elsewhere:7:cuda:1" in table.stdout
+
+    # The same snapshot drives the launcher's display: plain lines in a pipe, only on change;
+    # a live table on a terminal.
+    snapshot = take_snapshot(ledger, "watched")
+    pipe = io.StringIO()
+    plain = ProgressDisplay(pipe, live=False)
+    plain.show(snapshot)
+    plain.show(snapshot)
+    assert pipe.getvalue().count("\n") == 1 and "2 left" in pipe.getvalue()
+    terminal = io.StringIO()
+    live = ProgressDisplay(terminal, live=True)
+    live.show(snapshot)
+    live.close()
+    assert claim.run_id in terminal.getvalue() and "2/4" in terminal.getvalue()
+    assert set(run_ids) >= {claim.run_id}

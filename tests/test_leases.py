@@ -75,8 +75,10 @@ def test_kill_9_mid_run_is_lost_then_resume_matches_an_uninterrupted_run(
 
 
 def test_stale_worker_woken_after_reclaim_writes_nothing_and_exits(
-    ledger: Ledger, ledger_url: str, tmp_path: Path
+    postgresql_ledger: Ledger, postgresql_url: str, tmp_path: Path
 ) -> None:
+    """On PostgreSQL, the ledger that several machines share."""
+    ledger, ledger_url = postgresql_ledger, postgresql_url
     (run_id,) = plan_quick(ledger, "stale", runs=1, updates=30, **SLOW)
     artifacts = str(tmp_path / "artifacts")
     sleeper = start(ledger_url, "worker", "stale", "--artifacts", artifacts, *LEASE, *SKIP,

@@ -47,8 +47,9 @@ def test_two_replicas_give_the_single_process_gradient_of_the_effective_batch(
 
 
 def test_a_replicated_run_trains_like_one_process_and_only_rank_0_writes(
-    ledger: Ledger, ledger_url: str, tmp_path: Path
+    sqlite_ledger: Ledger, sqlite_url: str, tmp_path: Path
 ) -> None:
+    ledger, ledger_url = sqlite_ledger, sqlite_url
     # The same effective batch (8 examples per update, same data order) two ways.
     (single,) = plan_quick(ledger, "single", runs=1, updates=12)
     execute(ledger, single, artifacts=tmp_path / "single", replay_in_subprocess=False)

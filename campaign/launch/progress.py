@@ -14,9 +14,8 @@ import sys
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from typing import Any, TextIO
-
-import pandas as pd
 
 from campaign.ledger import Ledger
 from campaign.ledger.vocabulary import ENDED_STATUSES, RUN_STATUSES, TERMINAL_STATUSES
@@ -90,31 +89,29 @@ class Snapshot:
 
 
 def take_snapshot(ledger: Ledger, campaign: str, workers: int | None = None) -> Snapshot:
-    """Read the campaign's state from the ledger."""
-    runs = ledger.runs(campaign)
-    counts = {s: int((runs["status"] == s).sum()) for s in RUN_STATUSES}
-    updates = {
-        str(r.run_id): int(_config(r.config)["budget"]["updates"] or 0)
-        for r in runs.itertuples()
-    }
-    running_rows = runs[runs["status"] == "running"]
-    active = list(running_rows["run_id"])
-    steps = ledger.latest_steps(active) if active else {}
-    now = pd.Timestamp(ledger.database_now()) if active else None
+    """Read the campaign's state from the ledger: two cheap queries, no DataFrame (a launcher
+    polls this every second)."""
+    now, rows = ledger.progress_rows(campaign)
+    counts = dict.fromkeys(RUN_STATUSES, 0)
+    for row in rows:
+        counts[row["status"]] += 1
+        row["updates"] = int(json.loads(row["config"])["budget"]["updates"] or 0)
+    active = [row for row in rows if row["status"] == "running"]
+    steps = ledger.latest_steps([row["id"] for row in active]) if active else {}
     running = tuple(
         RunningRun(
-            run_id=str(r.run_id),
-            variant=str(r.variant),
-            seed=int(r.seed),
-            worker=r.worker,
-            step=steps.get(str(r.run_id), 0),
-            updates=updates[str(r.run_id)],
-            heartbeat_age_s=_age(now, r.heartbeat_at),
+            run_id=row["id"],
+            variant=row["variant"],
+            seed=int(row["seed"]),
+            worker=row["worker"],
+            step=steps.get(row["id"], 0),
+            updates=row["updates"],
+            heartbeat_age_s=_age(now, row["heartbeat_at"]),
         )
-        for r in running_rows.itertuples()
+        for row in active
     )
-    rate = _updates_per_second(runs, ledger)
-    remaining = sum(updates[str(r)] for r in runs[runs["status"] == "planned"]["run_id"]) + sum(
+    rate = _updates_per_second(rows)
+    remaining = sum(r["updates"] for r in rows if r["status"] == "planned") + sum(
         max(0, r.updates - r.step) for r in running
     )
     parallel = max(1, workers or len(running) or 1)
@@ -122,31 +119,21 @@ def take_snapshot(ledger: Ledger, campaign: str, workers: int | None = None) -> 
     return Snapshot(campaign, counts, running, eta, rate)
 
 
-def _updates_per_second(runs: pd.DataFrame, ledger: Ledger) -> float | None:
-    """Updates per second of one worker, from the runs that ended (their stop step and
+def _updates_per_second(rows: list[dict[str, Any]]) -> float | None:
+    """Updates per second of one worker, from the runs that ended (their stop step and the
     time from start to end)."""
-    ended = runs[runs["status"].isin(sorted(TERMINAL_STATUSES)) & runs["started_at"].notna()]
-    if ended.empty:
+    steps, seconds = 0.0, 0.0
+    for row in rows:
+        if row["status"] in TERMINAL_STATUSES and row["started_at"] and row["ended_at"]:
+            steps += row["stop_step"] or 0
+            seconds += (row["ended_at"] - row["started_at"]).total_seconds()
+    return steps / seconds if seconds > 0 and steps > 0 else None
+
+
+def _age(now: datetime, moment: datetime | None) -> float | None:
+    if moment is None:
         return None
-    seconds = (ended["ended_at"].map(_utc) - ended["started_at"].map(_utc)).dt.total_seconds()
-    steps = ended["stop_step"].fillna(0).astype(float)
-    total = float(seconds.sum())
-    return float(steps.sum()) / total if total > 0 and steps.sum() > 0 else None
-
-
-def _age(now: pd.Timestamp | None, moment: Any) -> float | None:
-    if now is None or pd.isna(moment):
-        return None
-    return round((now - _utc(moment)).total_seconds(), 1)
-
-
-def _config(value: Any) -> dict[str, Any]:
-    return json.loads(value) if isinstance(value, str) else value
-
-
-def _utc(moment: Any) -> pd.Timestamp:
-    stamp = pd.Timestamp(moment)
-    return stamp.tz_localize("UTC") if stamp.tzinfo is None else stamp.tz_convert("UTC")
+    return round((now - moment).total_seconds(), 1)
 
 
 def format_duration(seconds: float | None) -> str:
@@ -201,8 +188,9 @@ def render_table(snapshot: Snapshot) -> Any:
     from rich.table import Table
 
     table = Table(title=snapshot.line().split(", updates")[0], title_justify="left")
-    for column in ("run", "variant", "seed", "worker", "update", "heartbeat"):
-        table.add_column(column)
+    table.add_column("run", no_wrap=True, min_width=26)  # ids are never cut
+    for column in ("variant", "seed", "worker", "update", "heartbeat"):
+        table.add_column(column, overflow="fold")
     for run in snapshot.running:
         share = f"{run.step}/{run.updates}"
         age = "" if run.heartbeat_age_s is None else f"{run.heartbeat_age_s:.0f}s ago"

@@ -643,6 +643,31 @@ class Ledger(Closing):
             str(row.run_id): int(row.step) for row in frame.itertuples() if pd.notna(row.step)
         }
 
+    def progress_rows(self, campaign: str) -> tuple[datetime, list[dict[str, Any]]]:
+        """The database's clock and one plain row per run (no DataFrame): what a progress
+        display polls every second, so it stays a single cheap query."""
+
+        def work(conn: Connection) -> tuple[datetime, list[dict[str, Any]]]:
+            campaign_id = self._campaign_id(conn, campaign)
+            now = conn.execute(select(utcnow())).scalar_one()
+            rows = conn.execute(
+                select(runs_t.c.id, variants_t.c.name.label("variant"), runs_t.c.seed,
+                       runs_t.c.status, runs_t.c.worker, runs_t.c.stop_step, runs_t.c.config,
+                       runs_t.c.started_at, runs_t.c.ended_at, runs_t.c.heartbeat_at)
+                .join(variants_t, variants_t.c.id == runs_t.c.variant_id)
+                .where(runs_t.c.campaign_id == campaign_id)
+                .order_by(runs_t.c.id)
+            ).all()  # fmt: skip
+            return now, [dict(row._mapping) for row in rows]
+
+        now, rows = self._read(work, f"reading the progress of {campaign!r}")
+        if isinstance(now, str):
+            now = datetime.fromisoformat(now)
+        for row in rows:
+            for column in ("started_at", "ended_at", "heartbeat_at"):
+                row[column] = as_utc(row[column])
+        return as_utc(now).astimezone(UTC), rows
+
     def database_now(self) -> datetime:
         """The database's clock (UTC): the one that stamps heartbeats."""
         now = self._read(lambda conn: conn.execute(select(utcnow())).scalar_one(), "reading time")

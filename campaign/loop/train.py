@@ -435,6 +435,7 @@ class RunLoop:
         self.preempt_signals = tuple(preempt_signals)
         self._previous_handlers: dict[int, Any] = {}
         self._stop_heartbeat = threading.Event()
+        self._heartbeat: threading.Thread | None = None
         self.phase = "setup"
         self._batches: list[Batch] = []
         self.step, self.examples_seen = 0, 0
@@ -976,10 +977,15 @@ class RunLoop:
                     self._lease_lost.set()
                     return
 
-        threading.Thread(target=beat, name=f"heartbeat-{self.run_id}", daemon=True).start()
+        name = f"heartbeat-{self.run_id}"
+        self._heartbeat = threading.Thread(target=beat, name=name, daemon=True)
+        self._heartbeat.start()
 
     def cleanup(self) -> None:
         self._stop_heartbeat.set()
+        if self._heartbeat is not None and self._heartbeat is not threading.current_thread():
+            # A daemon thread inside a database call while the interpreter exits can abort it.
+            self._heartbeat.join(timeout=30)
         for signum, previous in self._previous_handlers.items():
             with contextlib.suppress(ValueError, TypeError):
                 signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
