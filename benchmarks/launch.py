@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,6 +34,7 @@ import uuid
 from pathlib import Path
 
 import common  # noqa: F401  (puts the project on sys.path)
+import numpy as np
 import psycopg
 
 from campaign.launch.worker import WorkerOptions, run_worker
@@ -42,7 +44,6 @@ from campaign.plan import make_plan, record_plan
 from campaign.spec import resolve_spec
 
 ROOT = Path(__file__).resolve().parents[1]
-RUN_SECONDS = 10.0
 
 
 def spec(name: str, runs: int) -> dict:
@@ -62,67 +63,108 @@ def plan(ledger: Ledger, name: str, runs: int) -> list[str]:
     return list(record.run_ids)
 
 
-def measure(url: str, runs: int, workers: int, folder: Path) -> dict[str, float]:
-    times = {}
-    with Ledger.open(url) as ledger:
-        ids = plan(ledger, "direct", runs)
-        began = time.perf_counter()
-        for run_id in ids:
-            execute(ledger, run_id, artifacts=folder / "direct", replay_in_subprocess=False)
-        times["direct"] = time.perf_counter() - began
+def direct(ledger: Ledger, name: str, folder: Path) -> None:
+    for run_id in ledger.campaign(name).run_ids:
+        execute(ledger, run_id, artifacts=folder / name, replay_in_subprocess=False)
 
-        plan(ledger, "worker", runs)
-        began = time.perf_counter()
-        report = run_worker(ledger, WorkerOptions("worker", folder / "worker",
-                                                  replay_in_subprocess=False))  # fmt: skip
-        times["worker"] = time.perf_counter() - began
-        assert len(report.outcomes) == runs
 
-        plan(ledger, "launch", runs)
+def worker(ledger: Ledger, name: str, folder: Path) -> None:
+    report = run_worker(ledger, WorkerOptions(name, folder / name, replay_in_subprocess=False))
+    assert report.outcomes
+
+
+def launch(url: str, name: str, workers: int, folder: Path) -> float:
     began = time.perf_counter()
     done = subprocess.run(
-        [sys.executable, "-m", "campaign", "--ledger", url, "launch", "launch", "--workers",
-         str(workers), "--artifacts", str(folder / "launch"), "--no-replay-check",
+        [sys.executable, "-m", "campaign", "--ledger", url, "launch", name, "--workers",
+         str(workers), "--artifacts", str(folder / name), "--no-replay-check",
          "--skip-pilot", "--reason", "benchmark"],
         cwd=ROOT, capture_output=True, text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )  # fmt: skip
-    times["launch"] = time.perf_counter() - began
     if done.returncode != 0:
         raise SystemExit(f"launch failed: {done.stderr[-2000:]}")
-    return times
+    return time.perf_counter() - began
+
+
+def gaps(ledger: Ledger, name: str) -> list[float]:
+    """Seconds between a worker's end of one run and its claim of the next, from the ledger's
+    own timestamps (start-up and CPU sharing between workers do not enter)."""
+    runs = ledger.runs(name).sort_values("started_at")
+    found: list[float] = []
+    for _, mine in runs.groupby("worker"):
+        ends, starts = mine["ended_at"].iloc[:-1].to_numpy(), mine["started_at"].iloc[1:].to_numpy()
+        found += [(b - a) / np.timedelta64(1, "s") for a, b in zip(ends, starts, strict=True)]
+    return found
+
+
+def measure(url: str, runs: int, workers: int, rounds: int, folder: Path) -> dict[str, float]:
+    """Medians of direct and worker (interleaved rounds, after a warm-up); the launch's wall
+    time and the median gap between consecutive runs of a worker in each way."""
+    times: dict[str, list[float]] = {"direct": [], "worker": []}
+    gap: dict[str, list[float]] = {"direct": [], "worker": [], "launch": []}
+    with Ledger.open(url) as ledger:
+        plan(ledger, "warm-up", 2)
+        direct(ledger, "warm-up", folder)
+        for round_index in range(rounds):
+            order = ["direct", "worker"] if round_index % 2 == 0 else ["worker", "direct"]
+            for approach in order:
+                name = f"{approach}-{round_index}"
+                plan(ledger, name, runs)
+                began = time.perf_counter()
+                (direct if approach == "direct" else worker)(ledger, name, folder)
+                times[approach].append(time.perf_counter() - began)
+                gap[approach] += gaps(ledger, name)
+        plan(ledger, "launch", runs)
+        wall = launch(url, "launch", workers, folder)
+        gap["launch"] = gaps(ledger, "launch")
+    return {
+        "direct": statistics.median(times["direct"]),
+        "worker": statistics.median(times["worker"]),
+        "launch": wall,
+        **{f"gap_{k}": statistics.median(v) for k, v in gap.items()},
+    }
 
 
 def show(engine: str, times: dict[str, float], runs: int, workers: int) -> None:
-    parallel = min(workers, os.cpu_count() or 1)
-    direct = times["direct"]
-    worker_ms = (times["worker"] - direct) / runs * 1000
-    launch_ms = (times["launch"] - direct / parallel) * parallel / runs * 1000
-    print(f"\n{engine}: {runs} runs, direct {direct / runs * 1000:.0f} ms a run")
-    print(f"  worker protocol in-process : {times['worker']:7.2f} s  "
-          f"overhead {worker_ms:7.1f} ms/run = {worker_ms / 10 / RUN_SECONDS:6.3f}% of a 10 s run")
-    print(f"  launch --workers {workers} ({parallel} cores): {times['launch']:7.2f} s  "
-          f"overhead {launch_ms:7.1f} ms/run = {launch_ms / 10 / RUN_SECONDS:6.3f}% of a 10 s run "
-          f"(worker start-up amortised over {runs} runs)")  # fmt: skip
+    per_run = times["direct"] / runs
+    worker_ms = (times["worker"] - times["direct"]) / runs * 1000
+    launch_ms = (times["gap_launch"] - times["gap_direct"]) * 1000 + max(0.0, worker_ms)
+    ideal = times["direct"] / min(workers, os.cpu_count() or 1)
+    print(f"\n{engine}: {runs} runs of a trivial task, direct {per_run * 1000:.0f} ms a run")
+    print(f"  direct loops in one process   {times['direct']:7.2f} s   median gap between runs "
+          f"{times['gap_direct'] * 1000:6.1f} ms")
+    print(f"  worker protocol, in-process   {times['worker']:7.2f} s   median gap "
+          f"{times['gap_worker'] * 1000:6.1f} ms; overhead {worker_ms:6.1f} ms/run = "
+          f"{worker_ms / 100:6.3f}% of a 10 s run")
+    label = f"launch --workers {workers}"
+    print(f"  {label:<29} {times['launch']:7.2f} s   median gap "
+          f"{times['gap_launch'] * 1000:6.1f} ms; overhead {launch_ms:6.1f} ms/run = "
+          f"{launch_ms / 100:6.3f}% of a 10 s run")
+    print(f"    + once per launch: about {times['launch'] - ideal:4.1f} s beyond the ideal "
+          f"{ideal:.1f} s (launcher and worker start-up: import torch, pandas, the ledger; "
+          f"CPU shared by {workers} workers)")  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=50)
     parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--postgres", default="postgresql://postgres@127.0.0.1:5432/test",
                         help="an admin URL; a scratch database is created and dropped")  # fmt: skip
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="campaign-launch-bench-"))
     os.chdir(ROOT)
-    show("SQLite", measure(f"sqlite:///{folder / 'ledger.db'}", args.runs, args.workers,
-                           folder / "sqlite"), args.runs, args.workers)  # fmt: skip
+    sqlite = f"sqlite:///{folder / 'ledger.db'}"
+    show("SQLite", measure(sqlite, args.runs, args.workers, args.rounds, folder / "sqlite"),
+         args.runs, args.workers)  # fmt: skip
     name = f"campaign_bench_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(args.postgres, autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{name}"')
     try:
         url = args.postgres.rsplit("/", 1)[0] + f"/{name}"
-        show("PostgreSQL", measure(url, args.runs, args.workers, folder / "pg"),
+        show("PostgreSQL", measure(url, args.runs, args.workers, args.rounds, folder / "pg"),
              args.runs, args.workers)  # fmt: skip
     finally:
         with psycopg.connect(args.postgres, autocommit=True) as admin:
