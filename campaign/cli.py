@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from campaign import cli_launch, cli_pilot, cli_plan, cli_run
+from campaign import cli_demo, cli_launch, cli_pilot, cli_plan, cli_report, cli_run
 from campaign.ledger import Ledger, LedgerError, LedgerInputError, migrate
 from campaign.ledger.engine import (
     DEFAULT_URL,
@@ -142,6 +142,8 @@ cli_plan.register(main)
 cli_run.register(main)
 cli_pilot.register(main)
 cli_launch.register(main)
+cli_report.register(main)
+cli_demo.register(main)
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

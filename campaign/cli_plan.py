@@ -10,6 +10,7 @@ import click
 import pandas as pd
 
 from campaign import plan as planning
+from campaign.config_schema import held_deviations
 from campaign.ledger import Ledger, LedgerInputError
 from campaign.ledger.vocabulary import RUN_STATUSES
 from campaign.output import output_options, render
@@ -149,7 +150,7 @@ def runs(source: Any, campaign: str, statuses: tuple[str, ...], output_format: s
          "stop_cause": _value(r.stop_cause),
          "stop_step": None if _missing(r.stop_step) else int(r.stop_step),
          "relaunch_of": _value(r.relaunch_of),
-         "deviation": ", ".join(planning.held_deviations(r.config, hold)) or None}
+         "deviation": ", ".join(held_deviations(r.config, hold)) or None}
         for r in frame.itertuples()
     ]  # fmt: skip
     click.echo(render(rows, output_format))

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from campaign.config_schema import held_deviations
 from campaign.ledger import CampaignRecord, Ledger, LedgerInputError, NewRun, NewVariant, NotFound
 from campaign.ledger.canonical import canonical_json, sha256_text
 from campaign.spec import ResolvedSpec, SpecError, resolve_config
@@ -245,13 +246,8 @@ def relaunch_config(
         raise LedgerInputError(f"relaunch: {error}") from None
     resolved = with_accounting(resolved, accounting)
     resolved.update(extra)
-    changed_held = [k for k in hold if _get(resolved, k) != hold[k]]
+    changed_held = held_deviations(resolved, hold)
     return resolved, changed_held
-
-
-def held_deviations(config: Mapping[str, Any], hold: Mapping[str, Any]) -> list[str]:
-    """The held keys whose value in ``config`` differs from the spec's [hold]."""
-    return [k for k, v in hold.items() if _get(config, k) != v]
 
 
 def _flatten(nested: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -263,15 +259,6 @@ def _flatten(nested: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         elif value is not None:
             flat[f"{prefix}{key}"] = value
     return flat
-
-
-def _get(config: Mapping[str, Any], dotted: str) -> Any:
-    node: Any = config
-    for part in dotted.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            return None
-        node = node[part]
-    return node
 
 
 def accounting_rows(plan: Plan) -> list[dict[str, Any]]:

@@ -675,6 +675,17 @@ class Ledger(Closing):
             now = datetime.fromisoformat(now)
         return as_utc(now).astimezone(UTC)
 
+    def balance(self, campaign: str) -> Any:
+        """The campaign's balance sheet (``.runs``, ``.variants``, ``.deltas``, ``.phases``,
+        ``.notes`` DataFrames) for notebooks: the frames ``campaign report`` exports.
+
+        Built by :mod:`campaign.report.balance` from this ledger's reads only; imported
+        here lazily so that the ledger package itself depends on nothing else of ours.
+        """
+        from campaign.report.balance import balance_sheet
+
+        return balance_sheet(self, campaign)
+
     def events(self, campaign: str, run_id: str | None = None) -> pd.DataFrame:
         sql = "SELECT id, run_id, at, kind, detail FROM events WHERE campaign_id = ?"
         extra: list[Any] = []

@@ -1,0 +1,106 @@
+"""The main job on the embedded default: plan, inspect, pilot, launch and report one campaign.
+
+The three-learning-rate campaign of DESIGN.md §10 on the built-in digits
+task (control 1e-4, variants 5e-5 and 2e-4; effective batch 16; 200 updates;
+two seeds) plus one honestly aggressive variant (learning rate 3.0) that
+really diverges, so the balance sheet shows what a diverged run looks like.
+Everything lands in one folder: the SQLite ledger, the artifacts, the report.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from campaign.launch.gate import open_gate
+from campaign.launch.local import LocalLauncher, plan_slots
+from campaign.launch.progress import ProgressDisplay, Snapshot
+from campaign.launch.worker import WorkerOptions
+from campaign.ledger import Ledger
+from campaign.loop.task import build_task
+from campaign.pilot.data_gate import check_data, passed
+from campaign.pilot.gates import run_pilot
+from campaign.plan import make_plan, record_plan
+from campaign.report.balance import balance_sheet
+from campaign.report.render import write
+from campaign.spec import resolve_spec
+
+NAME = "digits-lr"
+SPEC: dict[str, Any] = {
+    "campaign": {"name": NAME, "task": "campaign.tasks.digits:build",
+                 "question": "Which learning rate gives the best validation accuracy after "
+                             "200 updates?"},
+    "hold": {"loop.microbatch": 2, "loop.accumulation": 8, "loop.replicas": 1,
+             "loop.precision": "fp32", "budget.updates": 200},
+    "config": {"optimizer.name": "adamw", "optimizer.lr": 1e-4, "optimizer.weight_decay": 0.01},
+    "validation": {"every": 25, "metric": "val/accuracy", "mode": "max"},
+    "stop": {"loss_explosion": 4.0, "patience": 0, "wall_time": "30m"},
+    "grid": {"seeds": [0, 1], "control": "lr-1e-4", "variants": [
+        {"name": "lr-1e-4", "set": {"optimizer.lr": 1e-4}},
+        {"name": "lr-5e-5", "set": {"optimizer.lr": 5e-5}},
+        {"name": "lr-2e-4", "set": {"optimizer.lr": 2e-4}},
+        {"name": "lr-3e+0", "set": {"optimizer.lr": 3.0}},  # diverges, on purpose
+    ]},
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class DemoResult:
+    folder: Path
+    ledger_url: str
+    report: Path
+    snapshot: Snapshot
+    pilot_passed: bool
+
+
+def spec(updates: int = 200, seeds: int = 2) -> dict[str, Any]:
+    document = copy.deepcopy(SPEC)
+    document["hold"]["budget.updates"] = updates
+    document["validation"]["every"] = max(1, min(25, updates // 4))
+    document["grid"]["seeds"] = list(range(seeds))
+    return document
+
+
+def run_demo(
+    folder: Path,
+    *,
+    updates: int = 200,
+    seeds: int = 2,
+    workers: int = 2,
+    say: Callable[[str], None] = print,
+) -> DemoResult:
+    """Plan, inspect, pilot, launch and report the demo campaign in ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    url = f"sqlite:///{(folder / 'campaign.db').resolve()}"
+    artifacts = folder / "artifacts"
+    with Ledger.open(url) as ledger:
+        record, created = record_plan(ledger, make_plan(resolve_spec(spec(updates, seeds),
+                                                                     "<demo>")))  # fmt: skip
+        say(f"planned {record.name!r}: {len(record.run_ids)} runs"
+            + ("" if created else " (already planned here)"))  # fmt: skip
+        control = ledger.runs(NAME)
+        config = control[control["is_control"]]["config"].iloc[0]
+        findings = check_data(build_task(record.task, json.loads(json.dumps(config))), config)
+        say(f"inspect: data gate {'passed' if passed(findings) else 'FAILED'} "
+            f"({len(findings)} checks)")  # fmt: skip
+        pilot = run_pilot(ledger, NAME, artifacts=artifacts / "pilot", device="cpu")
+        say(f"pilot {pilot.pilot_id}: {'passed' if pilot.passed else 'FAILED'} on the worst case "
+            f"({pilot.variant})")  # fmt: skip
+        if pilot.passed:
+            open_gate(ledger, NAME, who="demo")
+        else:
+            open_gate(ledger, NAME, skip_reason="demo: the pilot failed, launching to show it",
+                      who="demo")  # fmt: skip
+        options = WorkerOptions(NAME, artifacts, replay_in_subprocess=True)
+        launcher = LocalLauncher(url, options, plan_slots("cpu", workers),
+                                 display=ProgressDisplay())  # fmt: skip
+        result = launcher.run(ledger)
+        report = write(balance_sheet(ledger, NAME), "html", folder / f"{NAME}-report.html")
+    say(f"ledger:    {url}")
+    say(f"artifacts: {artifacts}")
+    say(f"report:    {report}")
+    return DemoResult(folder, url, report, result.snapshot, pilot.passed)

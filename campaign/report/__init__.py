@@ -1,0 +1,1 @@
+"""Reports read only the ledger: the balance sheet, its plots and its exports."""

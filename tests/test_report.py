@@ -1,0 +1,154 @@
+"""The balance sheet and its exports: every run in every format, user text escaped."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from campaign.cli import main
+from campaign.ledger import Ledger
+from campaign.loop.train import execute
+from campaign.plan import make_plan, record_plan
+from campaign.report.balance import balance_sheet
+from campaign.spec import resolve_spec
+from tests.helpers import plan_campaign
+
+HOSTILE = "<script>alert(1)</script>"
+FAULTS = {"nan": "diverged", "raise": "failed", "oom": "oom", "sigterm": "interrupted"}
+
+
+def _plan_mixed(ledger: Ledger, tmp_path: Path) -> dict[str, str]:
+    """A campaign whose runs end in every way; returns {run_id: expected status}."""
+    spec = {
+        "campaign": {"name": "mixed", "question": f"does every run keep its line? {HOSTILE}",
+                     "task": "tests.tasks.faulty:build"},
+        "hold": {"loop.microbatch": 4, "loop.accumulation": 2, "budget.updates": 8},
+        "config": {"optimizer.name": "adamw", "optimizer.lr": 1e-2, "task.limit": 300,
+                   "task.at": 9, "task.marker": str(tmp_path / "sigterm-once")},
+        "validation": {"every": 4, "metric": "val/accuracy", "mode": "max"},
+        "stop": {"loss_explosion": 4.0},
+        "grid": {"seeds": [0, 1], "control": "control",
+                 "variants": [{"name": "control"}, {"name": "bold", "set": {"optimizer.lr": 2e-2}},
+                              *({"name": f, "set": {"task.fault": f}} for f in FAULTS)]},
+    }  # fmt: skip
+    record, _ = record_plan(ledger, make_plan(resolve_spec(spec, "<mixed>")))
+    runs = ledger.runs("mixed").set_index("run_id")
+    expected = {}
+    for run_id in record.run_ids:
+        variant, seed = runs.loc[run_id, "variant"], int(runs.loc[run_id, "seed"])
+        if variant == "sigterm" and seed == 1:
+            expected[run_id] = "planned"  # never launched: still counted
+            continue
+        outcome = execute(ledger, run_id, artifacts=tmp_path / "artifacts",
+                          replay_in_subprocess=False)  # fmt: skip
+        expected[run_id] = outcome.status
+        assert outcome.status == FAULTS.get(variant, "completed"), (variant, outcome)
+    failed = next(r for r, s in expected.items() if s == "failed")
+    config = runs.loc[failed, "config"]
+    fixed = {**config, "task": {**config["task"], "fault": None}}
+    relaunch = ledger.add_run("mixed", "raise", 0, fixed, relaunch_of=failed,
+                              reason="fixed the loss")  # fmt: skip
+    expected[relaunch] = "planned"
+    ledger.add_note("mixed", f"seed 1 of sigterm left for later {HOSTILE}")
+    return expected
+
+
+@pytest.fixture
+def mixed(sqlite_ledger: Ledger, tmp_path: Path) -> dict[str, str]:
+    return _plan_mixed(sqlite_ledger, tmp_path)
+
+
+def test_every_run_keeps_its_line_and_counts_add_up(
+    sqlite_ledger: Ledger, mixed: dict[str, str]
+) -> None:
+    sheet = balance_sheet(sqlite_ledger, "mixed")
+    runs = sheet.runs.set_index("run_id")
+    assert sorted(runs.index) == sorted(mixed)
+    assert runs["status"].to_dict() == mixed
+    assert set(runs.loc[[r for r, s in mixed.items() if s == "diverged"], "stop_cause"]) == {
+        "non_finite_loss"}
+    assert set(runs[runs["status"] == "oom"]["stop_cause"]) == {"out_of_memory"}
+    variants = sheet.variants.set_index("variant")
+    assert int(variants["planned"].sum()) == len(mixed)
+    assert (variants["completed"] + variants["diverged"] + variants["failed"]
+            + variants["other"] == variants["planned"]).all()  # fmt: skip
+    assert variants.loc["raise", "planned"] == 3 and variants.loc["raise", "other"] == 1
+    control = variants.loc["control"]
+    assert control["n"] == 2 and control["min"] <= control["mean"] <= control["max"]
+    assert set(json.loads(control["values"])) == {"0", "1"}  # every seed, not only the best
+    deltas = sheet.deltas[sheet.deltas["variant"] == "bold"].set_index("seed")
+    assert sorted(deltas.index) == [0, 1]
+    for _, row in deltas.iterrows():
+        assert row["delta"] == pytest.approx(row["metric"] - row["control"])
+    relaunch = runs[runs["relaunch_of"].notna()]
+    assert len(relaunch) == 1 and relaunch["relaunch_reason"].iloc[0] == "fixed the loss"
+    completed = runs[runs["status"] == "completed"]
+    assert (completed["updates_done"] == 8).all() and (completed["wall_time_s"] > 0).all()
+    assert completed["final_metric"].notna().all() and completed["peak_rss_bytes"].notna().all()
+    assert sqlite_ledger.balance("mixed").runs.equals(sheet.runs)
+
+
+def test_every_export_format_holds_every_run(
+    sqlite_ledger: Ledger, sqlite_url: str, mixed: dict[str, str], tmp_path: Path
+) -> None:
+    outputs = {}
+    for fmt in ("html", "md", "csv", "parquet", "json"):
+        path = tmp_path / f"report.{fmt}"
+        result = CliRunner().invoke(main, ["--ledger", sqlite_url, "report", "mixed",
+                                           "--format", fmt, "--output", str(path)])  # fmt: skip
+        assert result.exit_code == 0, result.stderr
+        outputs[fmt] = path
+    tables = {
+        "csv": pd.read_csv(outputs["csv"]),
+        "parquet": pd.read_parquet(outputs["parquet"]),
+        "json": pd.DataFrame(json.loads(outputs["json"].read_text())["runs"]),
+    }
+    for fmt, table in tables.items():
+        assert dict(zip(table["run_id"], table["status"], strict=True)) == mixed, fmt
+    document = json.loads(outputs["json"].read_text())
+    assert {"campaign", "variants", "deltas", "phases", "notes"} <= set(document)
+    assert document["notes"][0]["text"] == f"seed 1 of sigterm left for later {HOSTILE}"
+    html_rows = outputs["html"].read_text().split("<tr")
+    md_rows = outputs["md"].read_text().splitlines()
+    for run_id, status in mixed.items():  # the run's own row carries its status
+        (row,) = [r for r in html_rows if r.startswith(" class=")
+                  and r.split("<td>")[1].startswith(f"{run_id}</td>")]  # fmt: skip
+        assert f'class="{status}"' in row and f"<td>{status}</td>" in row
+        (line,) = [x for x in md_rows if x.startswith(f"| {run_id} |")]
+        assert f"| {status} |" in line
+    for fmt in ("html", "md"):
+        text = outputs[fmt].read_text()
+        assert text.count("non_finite_loss") >= 2 and "out_of_memory" in text
+
+    html = outputs["html"].read_text()
+    assert HOSTILE not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert "<script" not in html.lower() and "http://" not in html and "https://" not in html
+    assert html.count("data:image/png;base64,") >= 1  # the curves, embedded
+    markdown = outputs["md"].read_text()
+    assert HOSTILE not in markdown and "&lt;script&gt;" in markdown
+
+    stdout = CliRunner().invoke(main, ["--ledger", sqlite_url, "report", "mixed", "--format",
+                                       "csv", "--output", "-"])  # fmt: skip
+    assert pd.read_csv(io.StringIO(stdout.stdout))["run_id"].tolist() == tables["csv"][
+        "run_id"].tolist()  # fmt: skip
+
+
+def test_a_hostile_variant_name_from_the_api_is_text_in_every_format(
+    sqlite_ledger: Ledger, tmp_path: Path
+) -> None:
+    """The planner refuses such names; the Ledger API (notebooks) does not: reports escape."""
+    from campaign.report.render import render
+
+    plan_campaign(sqlite_ledger, "hostile", seeds=1, variants={HOSTILE: 1e-4, "other": 2e-4})
+    sheet = balance_sheet(sqlite_ledger, "hostile")
+    assert set(sheet.runs["variant"]) == {HOSTILE, "other"}
+    html = render(sheet, "html")
+    assert HOSTILE not in html and html.count("&lt;script&gt;alert(1)&lt;/script&gt;") >= 2
+    assert "<script" not in html.lower()
+    assert HOSTILE not in render(sheet, "md")
+    assert HOSTILE in json.loads(render(sheet, "json"))["runs"][0]["variant"] + HOSTILE
