@@ -43,7 +43,7 @@ SPEC: dict[str, Any] = {
         {"name": "lr-1e-4", "set": {"optimizer.lr": 1e-4}},
         {"name": "lr-5e-5", "set": {"optimizer.lr": 5e-5}},
         {"name": "lr-2e-4", "set": {"optimizer.lr": 2e-4}},
-        {"name": "lr-3e+0", "set": {"optimizer.lr": 3.0}},  # diverges, on purpose
+        {"name": "lr-3e0", "set": {"optimizer.lr": 3.0}},  # diverges, on purpose
     ]},
 }  # fmt: skip
 

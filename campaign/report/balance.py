@@ -154,7 +154,7 @@ def _variant_table(runs: pd.DataFrame) -> pd.DataFrame:
             "std": float(numbers.std(ddof=1)) if len(numbers) > 1 else None,
             "min": float(numbers.min()) if len(numbers) else None,
             "max": float(numbers.max()) if len(numbers) else None,
-            "values": json.dumps({str(int(s)): float(v) for s, v in
+            "values": json.dumps({str(int(s)): float(f"{v:.6g}") for s, v in
                                   zip(values["seed"], numbers, strict=True)}),
         })  # fmt: skip
     frame = pd.DataFrame(rows)

@@ -35,7 +35,7 @@ def loss_curves(sheet: BalanceSheet) -> bytes | None:
     if curves.empty:
         return None
     variants = list(sheet.variants["variant"]) if len(sheet.variants) else []
-    figure, axes = plt.subplots(2, max(1, len(variants)), squeeze=False, sharey="row",
+    figure, axes = plt.subplots(2, max(1, len(variants)), squeeze=False, sharey="row", sharex=True,
                                 figsize=(4.2 * max(1, len(variants)), 6.4))  # fmt: skip
     status = sheet.runs.set_index("run_id")["status"]
     seeds = sheet.runs.set_index("run_id")["seed"]

@@ -1,0 +1,62 @@
+"""The HTML report in a real headless Chromium: no console error, content drawn, text escaped."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from campaign.ledger import Ledger
+from campaign.report.balance import balance_sheet
+from campaign.report.render import write
+from tests.helpers import plan_campaign
+
+HOSTILE = "<script>alert(1)</script>"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+if CHROMIUM is None:
+    if os.environ.get("CAMPAIGN_REQUIRE_CHROMIUM"):  # set by .ci/run, which installs it
+        raise RuntimeError("CAMPAIGN_REQUIRE_CHROMIUM is set but chromium is not installed")
+    pytest.skip("capability: no chromium on this machine", allow_module_level=True)
+
+
+def _chromium(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+         "--enable-logging=stderr", "--v=0", *args],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_html_report_renders_in_headless_chromium(sqlite_ledger: Ledger, tmp_path: Path) -> None:
+    record = plan_campaign(sqlite_ledger, "browser", seeds=2,
+                           variants={HOSTILE: 1e-4, "other": 2e-4})  # fmt: skip
+    for _ in record.run_ids:  # real curves, written through the API as a notebook would
+        claim = sqlite_ledger.claim_next("browser", "test")
+        with sqlite_ledger.metric_writer(claim.run_id, claim.segment_id) as metrics:
+            for step in range(1, 21):
+                metrics.log("train/loss", step, 2.0 / step, 16 * step)
+                if step % 5 == 0:
+                    metrics.log("val/loss", step, 2.5 / step, 16 * step)
+    sqlite_ledger.add_note("browser", f"a note with {HOSTILE} in it")
+    report = write(balance_sheet(sqlite_ledger, "browser"), "html", tmp_path / "report.html")
+    url = report.resolve().as_uri()
+
+    shot = tmp_path / "shot.png"
+    drawn = _chromium("--window-size=1400,2400", f"--screenshot={shot}", url)
+    assert drawn.returncode == 0, drawn.stderr[-2000:]
+    console = [line for line in drawn.stderr.splitlines() if "CONSOLE" in line]
+    assert console == []  # no script error, no blocked fetch, no CSP violation
+    histogram = Image.open(shot).convert("L").histogram()  # 256 grey levels
+    dark = sum(histogram[:200]) / sum(histogram)
+    assert 0.01 < dark < 0.9, dark  # text, tables and the curves are drawn; not blank
+
+    dom = _chromium("--dump-dom", url)
+    assert dom.returncode == 0
+    text = dom.stdout
+    assert "<table" in text and text.count("data:image/png;base64,") >= 1
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in text  # shown as text
+    assert HOSTILE not in text and "<script" not in text.lower()
