@@ -8,12 +8,14 @@ from typing import Any
 
 import click
 
+from campaign.report.archive import ArchiveError, verify_archive, write_archive
 from campaign.report.balance import balance_sheet
 from campaign.report.render import FORMATS, render, write
 
 
 def register(main: click.Group) -> None:
-    main.add_command(report)
+    for command in (report, archive, verify_archive_command):
+        main.add_command(command)
 
 
 @click.command()
@@ -44,3 +46,43 @@ def report(source: Any, campaign: str, output_format: str, output: Path | None) 
     path = output or Path(f"{campaign}-report.{output_format}")
     written = write(sheet, output_format, path)
     click.echo(f"campaign: {campaign}: {len(sheet.runs)} runs -> {written}", err=True)
+
+
+@click.command("archive")
+@click.argument("campaign")
+@click.option("--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="The .tar.gz to write (default CAMPAIGN-archive.tar.gz here).")  # fmt: skip
+@click.pass_obj
+def archive(source: Any, campaign: str, output: Path | None) -> None:
+    """Pack everything the campaign leaves into one .tar.gz with a manifest of SHA-256s.
+
+    Spec, configs, environments, raw metrics, events, predictions, final artifacts,
+    pilot phases, notes, the HTML report and a README on reloading and replaying.
+
+    Example: campaign archive digits-lr --output digits-lr.tar.gz
+    """
+    path = output or Path(f"{campaign}-archive.tar.gz")
+    with source.open() as ledger:
+        try:
+            written = write_archive(ledger, campaign, path)
+        except ArchiveError as error:
+            click.echo(f"campaign: {error}", err=True)
+            raise click.exceptions.Exit(1) from None
+    click.echo(f"campaign: {campaign} archived to {written} ({written.stat().st_size:,} bytes)",
+               err=True)  # fmt: skip
+
+
+@click.command("verify-archive")
+@click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
+def verify_archive_command(path: Path) -> None:
+    """Check every member of an archive against its manifest; exit 1 naming what differs.
+
+    Example: campaign verify-archive digits-lr-archive.tar.gz
+    """
+    try:
+        verified = verify_archive(path)
+    except ArchiveError as error:
+        click.echo(f"campaign: {error}", err=True)
+        raise click.exceptions.Exit(1) from None
+    click.echo(f"campaign: {path}: {verified.members} members, {verified.bytes:,} bytes, "
+               "every SHA-256 verified", err=True)  # fmt: skip

@@ -1,0 +1,174 @@
+"""What a campaign leaves for the future, in one file, and the check that it is intact.
+
+``campaign archive`` writes a gzipped tar with the frozen spec, every run's
+resolved config and environment, the raw metrics (every segment) and the
+events as Parquet, the validation predictions and the final artifacts
+(safetensors) of every run, the pilot's phase table, the notes, the HTML
+report, a README on how to reload and replay, and ``MANIFEST.json``: the
+SHA-256 and size of every other member. Artifacts are verified against the
+ledger's hashes before they are packed (a file that changed since is
+refused). ``campaign verify-archive`` reads every member (nothing is
+extracted to disk) and checks it against the manifest: a flipped byte, a
+missing or an unlisted member is named.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import tarfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from campaign.ledger import Ledger
+from campaign.report.balance import balance_sheet
+from campaign.report.render import html
+
+MANIFEST = "MANIFEST.json"
+PACKED_KINDS = ("final", "predictions")
+
+
+class ArchiveError(Exception):
+    """An archive that cannot be written or does not verify; the message names the member."""
+
+
+@dataclass(frozen=True)
+class Verification:
+    members: int
+    bytes: int
+
+
+def write_archive(ledger: Ledger, campaign: str, output: Path) -> Path:
+    """Pack ``campaign`` into ``output`` (a .tar.gz), atomically."""
+    record = ledger.campaign(campaign)
+    runs = ledger.runs(campaign)
+    root = f"{campaign}-archive"
+    members: dict[str, bytes] = {}
+
+    def add(name: str, data: bytes) -> None:
+        members[f"{root}/{name}"] = data
+
+    add("spec.json", _json(record.spec_document))
+    add("campaign.json", _json({"name": record.name, "question": record.question,
+                                "task": record.task, "spec_sha256": record.spec_sha256,
+                                "created_at": str(record.created_at)}))  # fmt: skip
+    for run in runs.itertuples():
+        add(f"runs/{run.run_id}/config.json", _json(run.config))
+        add(f"runs/{run.run_id}/environment.json", _json(run.environment))
+    add("runs.parquet", _parquet(runs.drop(columns=["config", "environment"])))
+    add("metrics.parquet", _parquet(ledger.metrics(campaign, all_segments=True)))
+    add("events.parquet", _parquet(ledger.events(campaign)))
+    add("segments.parquet", _parquet(ledger.segments(campaign)))
+    sheet = balance_sheet(ledger, campaign)
+    add("pilot-phases.parquet", _parquet(ledger.phases(campaign)))
+    add("notes.json", _json(json.loads(sheet.notes.to_json(orient="records", date_format="iso"))))
+    add("report.html", html(sheet).encode())
+    artifacts = ledger.artifacts(campaign)
+    packed = artifacts[artifacts["kind"].isin(PACKED_KINDS)]
+    for artifact in packed.itertuples():
+        data = Path(artifact.path).read_bytes() if Path(artifact.path).exists() else None
+        if data is None:
+            raise ArchiveError(f"artifact {artifact.id} of run {artifact.run_id}: "
+                               f"{artifact.path} is missing")  # fmt: skip
+        if hashlib.sha256(data).hexdigest() != artifact.sha256:
+            raise ArchiveError(f"artifact {artifact.id} of run {artifact.run_id}: {artifact.path} "
+                               "no longer matches the ledger's SHA-256: refused")  # fmt: skip
+        folder = "finals" if artifact.kind == "final" else "predictions"
+        add(f"{folder}/{artifact.run_id}/{Path(artifact.path).name}", data)
+    add("README.md", _readme(record.name, record.task).encode())
+    manifest = {
+        "campaign": record.name, "spec_sha256": record.spec_sha256,
+        "members": {name: {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+                    for name, data in sorted(members.items())},
+    }  # fmt: skip
+    members[f"{root}/{MANIFEST}"] = _json(manifest)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    temporary = output.with_name(f".{output.name}.partial")
+    with tarfile.open(temporary, "w:gz") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime, info.mode = len(data), int(time.time()), 0o644
+            tar.addfile(info, io.BytesIO(data))
+    temporary.replace(output)
+    return output
+
+
+def verify_archive(path: Path) -> Verification:
+    """Check every member of the archive at ``path`` against its manifest."""
+    digests: dict[str, tuple[str, int]] = {}
+    manifest: dict[str, Any] | None = None
+    try:
+        with tarfile.open(path, "r:gz") as tar:
+            for member in tar:
+                if not member.isfile():
+                    raise ArchiveError(f"{path}: member {member.name} is not a plain file")
+                handle = tar.extractfile(member)
+                assert handle is not None
+                data = handle.read()
+                if member.name.endswith(f"/{MANIFEST}"):
+                    manifest = json.loads(data)
+                else:
+                    digests[member.name] = (hashlib.sha256(data).hexdigest(), len(data))
+    except (OSError, tarfile.TarError, EOFError, ValueError) as error:  # damaged or not a tar
+        raise ArchiveError(f"{path}: not a readable, intact .tar.gz archive ({error})") from None
+    if manifest is None:
+        raise ArchiveError(f"{path}: no {MANIFEST} inside")
+    listed = manifest["members"]
+    for name, expected in listed.items():
+        if name not in digests:
+            raise ArchiveError(f"{path}: {name} is listed in the manifest but missing")
+        if digests[name] != (expected["sha256"], expected["bytes"]):
+            raise ArchiveError(f"{path}: {name} does not match its SHA-256 in the manifest")
+    unlisted = sorted(set(digests) - set(listed))
+    if unlisted:
+        raise ArchiveError(f"{path}: {unlisted[0]} is not in the manifest")
+    return Verification(len(digests), sum(size for _, size in digests.values()))
+
+
+def _json(document: Any) -> bytes:
+    return json.dumps(document, indent=2, sort_keys=True, default=str).encode()
+
+
+def _parquet(frame: pd.DataFrame) -> bytes:
+    buffer = io.BytesIO()
+    plain = frame.copy()
+    for column in plain.columns:  # decoded JSON documents go back to text
+        if plain[column].map(lambda v: isinstance(v, dict | list)).any():
+            plain[column] = plain[column].map(lambda v: None if v is None else json.dumps(v))
+    plain.to_parquet(buffer, index=False)
+    return buffer.getvalue()
+
+
+def _readme(name: str, task: str) -> str:
+    return f"""# Archive of campaign `{name}`
+
+Everything the campaign left, checked by `campaign verify-archive THIS.tar.gz`
+(every member's SHA-256 is in `MANIFEST.json`).
+
+- `spec.json`: the frozen spec; `campaign.json`: question, task, spec hash.
+- `runs/RUN_ID/config.json` and `environment.json`: each run's resolved config
+  and the software stack it ran on; `runs.parquet`: statuses and stop causes.
+- `metrics.parquet`: every metric point of every segment (a resumed run's
+  replayed steps included: take the highest `segment_id` per step to read as
+  the ledger does); `events.parquet`, `segments.parquet`.
+- `predictions/RUN_ID/*.parquet`: validation predictions.
+- `finals/RUN_ID/final.safetensors`: weights, config, environment and control
+  outputs of every run that finished (no pickle anywhere).
+- `pilot-phases.parquet`, `notes.json`, `report.html` (open in a browser).
+
+Reload and replay a final artifact (outputs for the task's control inputs are
+compared with those recorded at the end of training):
+
+```bash
+pip install campaign   # the version in environment.json
+python -m campaign.loop.replay finals/RUN_ID/final.safetensors {task}
+```
+
+From Python: `safetensors.torch.load_file(path)` gives the tensors;
+`safetensors.safe_open(path, "pt").metadata()` the JSON documents.
+"""
