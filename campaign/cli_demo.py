@@ -7,8 +7,6 @@ from typing import Any
 
 import click
 
-from campaign.demo import run_demo
-
 
 def register(main: click.Group) -> None:
     main.add_command(demo)
@@ -34,6 +32,8 @@ def demo(source: Any, folder: Path, updates: int, seeds: int, workers: int) -> N
 
     Example: campaign demo --dir /tmp/demo
     """
+    from campaign.demo import run_demo  # the whole stack: imported only when it runs
+
     result = run_demo(folder, updates=updates, seeds=seeds, workers=workers,
                       say=lambda line: click.echo(f"campaign demo: {line}", err=True))  # fmt: skip
     counts = result.snapshot.counts

@@ -21,7 +21,6 @@ from typing import Any
 import jinja2
 import pandas as pd
 
-from campaign.report import plots
 from campaign.report.balance import BalanceSheet
 
 FORMATS = ("html", "md", "csv", "parquet", "json")
@@ -97,6 +96,8 @@ def html(sheet: BalanceSheet) -> str:
             return jinja2.utils.markupsafe.Markup("<p>(none)</p>")
         classes = frame["status"].tolist() if "status" in frame else None
         return jinja2.utils.markupsafe.Markup(_html_table(frame, classes))
+
+    from campaign.report import plots  # matplotlib: ~0.8 s to import, only when drawing
 
     curves, memory = plots.loss_curves(sheet), plots.phase_memory(sheet)
     return _TEMPLATE.render(
