@@ -13,6 +13,7 @@ import click
 from campaign.cli_run import _artifacts_option
 from campaign.launch.gate import GateClosed, open_gate
 from campaign.launch.local import DeviceError, LocalLauncher, plan_slots
+from campaign.launch.placement import PlacementError
 from campaign.launch.progress import ProgressDisplay, format_duration, take_snapshot
 from campaign.launch.worker import (
     DEFAULT_HEARTBEAT_S,
@@ -144,37 +145,20 @@ def launch(source: Any, campaign: str, workers: int | None, devices: str, execut
             )
             result = launcher.run(ledger)
             snapshot, interrupted = result.snapshot, result.interrupted
-        elif executor == "ray":
-            from campaign.launch.ray_executor import RayLaunchError, RayOptions, launch_on_ray
-
-            ray_options = RayOptions(
-                address=address, workers=workers, devices=devices, gpus_per_run=gpus_per_run,
-                schedule_timeout_s=schedule_timeout_s,
-            )  # fmt: skip
-            try:
-                snapshot = launch_on_ray(source.url, options, ray_options, ProgressDisplay())
-            except RayLaunchError as error:
-                click.echo(f"campaign: {error}", err=True)
-                raise click.exceptions.Exit(2) from None
-            interrupted = False
         else:
-            from campaign.launch.slurm_executor import (
-                SlurmLaunchError,
-                SlurmOptions,
-                launch_on_slurm,
-            )
-
-            slurm_options = SlurmOptions(
-                folder=slurm_folder or artifacts / "slurm", partition=slurm_partition,
-                time_min=slurm_time_min, max_requeues=max_requeues,
-                gpus_per_run=int(gpus_per_run or 0), parallel=workers, local=slurm_local,
-            )  # fmt: skip
+            interrupted = False
             try:
-                snapshot = launch_on_slurm(source.url, options, slurm_options, ProgressDisplay())
-            except SlurmLaunchError as error:
+                snapshot = _on_engine(
+                    executor, source.url, options, address=address, workers=workers,
+                    devices=devices, gpus_per_run=gpus_per_run,
+                    schedule_timeout_s=schedule_timeout_s,
+                    slurm_folder=slurm_folder or artifacts / "slurm",
+                    slurm_partition=slurm_partition, slurm_time_min=slurm_time_min,
+                    max_requeues=max_requeues, slurm_local=slurm_local,
+                )  # fmt: skip
+            except PlacementError as error:
                 click.echo(f"campaign: {error}", err=True)
                 raise click.exceptions.Exit(2) from None
-            interrupted = False
     if output_format == "json":
         click.echo(json.dumps(snapshot.document(), indent=2))
     attention = {s: snapshot.counts[s] for s in NEEDS_ATTENTION if snapshot.counts.get(s)}
@@ -188,6 +172,29 @@ def launch(source: Any, campaign: str, workers: int | None, devices: str, execut
         what = ", ".join(f"{n} {s}" for s, n in attention.items()) or "runs left"
         click.echo(f"campaign: {campaign}: {what}", err=True)
         raise click.exceptions.Exit(1)
+
+
+def _on_engine(executor: str, url: str, options: WorkerOptions, *, address: str | None,
+               workers: int | None, devices: str, gpus_per_run: float | None,
+               schedule_timeout_s: float, slurm_folder: Path, slurm_partition: str | None,
+               slurm_time_min: int, max_requeues: int, slurm_local: bool) -> Any:  # fmt: skip
+    """Launch on Ray or SLURM (imported only when asked for: both are optional extras)."""
+    if executor == "ray":
+        from campaign.launch.ray_executor import RayOptions, launch_on_ray
+
+        ray_options = RayOptions(
+            address=address, workers=workers, devices=devices, gpus_per_run=gpus_per_run,
+            schedule_timeout_s=schedule_timeout_s,
+        )  # fmt: skip
+        return launch_on_ray(url, options, ray_options, ProgressDisplay())
+    from campaign.launch.slurm_executor import SlurmOptions, launch_on_slurm
+
+    slurm_options = SlurmOptions(
+        folder=slurm_folder, partition=slurm_partition, time_min=slurm_time_min,
+        max_requeues=max_requeues, gpus_per_run=int(gpus_per_run or 0), parallel=workers,
+        local=slurm_local,
+    )  # fmt: skip
+    return launch_on_slurm(url, options, slurm_options, ProgressDisplay())
 
 
 @click.command()
@@ -244,7 +251,7 @@ def status(source: Any, campaign: str, output_format: str) -> None:
     if output_format == "json":
         click.echo(json.dumps(snapshot.document(), indent=2))
         return
-    click.echo(snapshot.line().split(", updates")[0], err=output_format == "csv")
+    click.echo(snapshot.summary(), err=output_format == "csv")
     rows = [
         {"run_id": r.run_id, "variant": r.variant, "seed": r.seed, "worker": r.worker,
          "update": r.step, "updates": r.updates, "heartbeat_age_s": r.heartbeat_age_s}

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 import signal
-from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from campaign.launch.placement import options_document
 from campaign.launch.worker import WorkerOptions
 from campaign.ledger import Ledger
 from campaign.loop.train import execute
@@ -27,28 +28,34 @@ def _final_weights(ledger: Ledger, campaign: str, run_id: str) -> dict[str, torc
     return dict(load_file(path))
 
 
+def _submit_and_preempt(
+    ledger: Ledger, url: str, campaign: str, run_id: str, tmp_path: Path, max_requeues: int
+) -> Any:
+    """Submit the run as a job of submitit's local executor and send it SLURM's preemption
+    signal in the middle of its run (the local executor's own _interrupt signals its
+    controller, not the task)."""
+    from campaign.launch.slurm_executor import RunJob
+
+    options = WorkerOptions(campaign, tmp_path / "artifacts", heartbeat_s=0.3, lease_s=5,
+                            replay_in_subprocess=False)  # fmt: skip
+    executor = submitit.LocalExecutor(folder=str(tmp_path / "jobs"))
+    executor.update_parameters(timeout_min=30)
+    job = executor.submit(RunJob(max_requeues), url, options_document(options), run_id, str(ROOT))
+    wait_for(lambda: last_step(ledger, run_id) >= 7, 120, "update 7 of the job's run")
+    os.kill(int(ledger.run(run_id).worker.split(":")[1]), signal.SIGUSR2)
+    return job
+
+
 @pytest.mark.slow
 def test_preempted_job_checkpoints_requeues_and_ends_bit_identical(
     sqlite_url: str, tmp_path: Path
 ) -> None:
-    from campaign.launch.slurm_executor import RunJob
-
     with Ledger.open(sqlite_url) as ledger:
         (reference,) = plan_quick(ledger, "reference", runs=1, updates=30, **SLOW)
         execute(ledger, reference, artifacts=tmp_path / "reference", replay_in_subprocess=False)
         (run_id,) = plan_quick(ledger, "slurm", runs=1, updates=30, **SLOW)
 
-        options = WorkerOptions("slurm", tmp_path / "artifacts", heartbeat_s=0.3, lease_s=5,
-                                replay_in_subprocess=False)  # fmt: skip
-        payload = {**asdict(options), "artifacts": str(options.artifacts)}
-        executor = submitit.LocalExecutor(folder=str(tmp_path / "jobs"))
-        executor.update_parameters(timeout_min=30)
-        job = executor.submit(RunJob(max_requeues=2), sqlite_url, payload, run_id, str(ROOT))
-        wait_for(lambda: last_step(ledger, run_id) >= 7, 120, "update 7 of the job's run")
-        # What SLURM sends the job's processes ahead of preemption or the time limit (the
-        # local executor's own _interrupt signals its controller, not the task).
-        worker = ledger.run(run_id).worker
-        os.kill(int(worker.split(":")[1]), signal.SIGUSR2)
+        job = _submit_and_preempt(ledger, sqlite_url, "slurm", run_id, tmp_path, max_requeues=2)
         result = job.result()
 
         assert result["status"] == "completed", result
@@ -84,18 +91,9 @@ def test_slurm_executor_without_slurm_says_so(sqlite_url: str, tmp_path: Path) -
 def test_requeue_limit_leaves_the_run_interrupted_and_resumable(
     sqlite_url: str, tmp_path: Path
 ) -> None:
-    from campaign.launch.slurm_executor import RunJob
-
     with Ledger.open(sqlite_url) as ledger:
         (run_id,) = plan_quick(ledger, "limited", runs=1, updates=60, **SLOW)
-        options = WorkerOptions("limited", tmp_path / "artifacts", heartbeat_s=0.3, lease_s=5,
-                                replay_in_subprocess=False)  # fmt: skip
-        payload = {**asdict(options), "artifacts": str(options.artifacts)}
-        executor = submitit.LocalExecutor(folder=str(tmp_path / "jobs"))
-        executor.update_parameters(timeout_min=30)
-        job = executor.submit(RunJob(max_requeues=0), sqlite_url, payload, run_id, str(ROOT))
-        wait_for(lambda: last_step(ledger, run_id) >= 7, 120, "update 7 of the job's run")
-        os.kill(int(ledger.run(run_id).worker.split(":")[1]), signal.SIGUSR2)
+        job = _submit_and_preempt(ledger, sqlite_url, "limited", run_id, tmp_path, max_requeues=0)
         with pytest.raises(Exception, match="not requeued"):
             job.result()
         record = ledger.run(run_id)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -26,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from campaign.launch.progress import ProgressDisplay, Snapshot, take_snapshot
-from campaign.launch.worker import WorkerOptions
+from campaign.launch.worker import WorkerOptions, worker_name
 from campaign.ledger import Ledger
 
 MAX_RESPAWNS = 3
@@ -93,7 +92,7 @@ class _Worker:
 
     @property
     def name(self) -> str:
-        return f"{socket.gethostname()}:{self.process.pid}:{self.slot.device}"
+        return worker_name(self.slot.device, pid=self.process.pid)
 
 
 @dataclass

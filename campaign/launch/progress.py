@@ -70,16 +70,17 @@ class Snapshot:
             "updates_per_s": self.updates_per_s,
         }
 
-    def line(self) -> str:
-        """One plain line (for pipes and CI logs)."""
+    def summary(self) -> str:
+        """Done / running / left, with the end states counted."""
         ended = ", ".join(
             f"{s} {self.counts[s]}" for s in RUN_STATUSES if s in ENDED_STATUSES and self.counts[s]
         )
-        parts = [
-            f"{self.campaign}: {self.done}/{self.total} done" + (f" ({ended})" if ended else ""),
-            f"{len(self.running)} running",
-            f"{self.left} left",
-        ]
+        done = f"{self.campaign}: {self.done}/{self.total} done" + (f" ({ended})" if ended else "")
+        return f"{done}, {len(self.running)} running, {self.left} left"
+
+    def line(self) -> str:
+        """One plain line (for pipes and CI logs): the summary, update counters and ETA."""
+        parts = [self.summary()]
         if self.running:
             parts.append(
                 "updates " + " ".join(f"{r.run_id[-6:]}:{r.step}/{r.updates}" for r in self.running)
@@ -187,7 +188,7 @@ def render_table(snapshot: Snapshot) -> Any:
     """The rich renderable of a snapshot: a summary caption over the running runs."""
     from rich.table import Table
 
-    table = Table(title=snapshot.line().split(", updates")[0], title_justify="left")
+    table = Table(title=snapshot.summary(), title_justify="left")
     table.add_column("run", no_wrap=True, min_width=26)  # ids are never cut
     for column in ("variant", "seed", "worker", "update", "heartbeat"):
         table.add_column(column, overflow="fold")

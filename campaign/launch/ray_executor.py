@@ -22,19 +22,20 @@ import os
 import secrets
 import sys
 import time
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
+from campaign.launch.placement import (
+    PlacementError,
+    options_document,
+    outcome_document,
+    run_placed,
+)
 from campaign.launch.progress import ProgressDisplay, Snapshot, take_snapshot
-from campaign.launch.worker import WorkerOptions, run_one
+from campaign.launch.worker import WorkerOptions
 from campaign.ledger import Ledger
 
 MAX_TASK_RETRIES = 3
-
-
-class RayLaunchError(RuntimeError):
-    """The Ray executor cannot place this campaign (missing extra, impossible request...)."""
 
 
 @dataclass(frozen=True)
@@ -55,16 +56,7 @@ class RayOptions:
 
 def execute_run_task(url: str, options: dict[str, Any], run_id: str, cwd: str) -> dict[str, Any]:
     """The body of one Ray task (module level, so Ray ships it by reference)."""
-    if os.path.isdir(cwd):
-        os.chdir(cwd)  # task references like `mytasks:build` resolve as they did at launch
-        if cwd not in sys.path:
-            sys.path.insert(0, cwd)
-    worker_options = WorkerOptions(**{**options, "artifacts": Path(options["artifacts"])})
-    with Ledger.open(url) as ledger:
-        outcome = run_one(ledger, worker_options, run_id)
-    if outcome is None:
-        return {"run_id": run_id, "status": "already ended"}
-    return asdict(outcome)
+    return outcome_document(run_id, run_placed(url, options, run_id, cwd))
 
 
 def launch_on_ray(
@@ -96,7 +88,7 @@ def _import_ray(*, loopback: bool) -> Any:
     try:
         import ray
     except ImportError:
-        raise RayLaunchError(
+        raise PlacementError(
             "--executor ray needs Ray: pip install 'campaign[ray]'"
         ) from None
     return ray
@@ -108,7 +100,7 @@ def _follow(
     gpus = ray_options.gpus
     available = ray.cluster_resources().get("GPU", 0)
     if gpus > available:
-        raise RayLaunchError(
+        raise PlacementError(
             f"each run asks for {gpus:g} GPU(s) but the Ray cluster has {available:g}: "
             "no run could ever be scheduled (use --devices cpu or --gpus-per-run 0)"
         )
@@ -119,7 +111,7 @@ def _follow(
             num_cpus=1, num_gpus=gpus, max_retries=ray_options.max_retries,
             retry_exceptions=False, name=f"campaign:{options.campaign}",
         )  # fmt: skip
-        payload = {**asdict(options), "artifacts": str(options.artifacts), "threads": 1}
+        payload = options_document(options, threads=1)
         refs = [task.remote(url, payload, run_id, os.getcwd()) for run_id in run_ids]
         began = time.monotonic()
         pending, failures = list(refs), []
@@ -139,7 +131,7 @@ def _follow(
             ):
                 for ref in pending:
                     ray.cancel(ref, force=True)
-                raise RayLaunchError(
+                raise PlacementError(
                     f"no run could start on the Ray cluster within "
                     f"{ray_options.schedule_timeout_s:g} s (resources: "
                     f"{ray.cluster_resources()}; each run asks for 1 CPU and {gpus:g} GPU)"

@@ -22,19 +22,21 @@ import shutil
 import signal
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from campaign.launch.placement import (
+    PlacementError,
+    options_document,
+    outcome_document,
+    run_placed,
+)
 from campaign.launch.progress import ProgressDisplay, Snapshot, take_snapshot
-from campaign.launch.worker import WorkerOptions, run_one
+from campaign.launch.worker import WorkerOptions
 from campaign.ledger import Ledger
 
 PREEMPT_SIGNAL = signal.SIGUSR2
-
-
-class SlurmLaunchError(RuntimeError):
-    """The SLURM executor cannot place this campaign (missing extra, no SLURM here...)."""
 
 
 @dataclass(frozen=True)
@@ -52,7 +54,7 @@ def _import_submitit() -> Any:
     try:
         import submitit
     except ImportError:
-        raise SlurmLaunchError(
+        raise PlacementError(
             "--executor slurm needs submitit: pip install 'campaign[slurm]'"
         ) from None
     return submitit
@@ -70,23 +72,12 @@ class RunJob:
         self.max_requeues = max_requeues
 
     def __call__(self, url: str, options: dict[str, Any], run_id: str, cwd: str) -> dict[str, Any]:
-        if os.path.isdir(cwd):
-            os.chdir(cwd)
-            if cwd not in sys.path:
-                sys.path.insert(0, cwd)
         submitit_handler = signal.getsignal(PREEMPT_SIGNAL)
-        worker_options = WorkerOptions(
-            **{**options, "artifacts": Path(options["artifacts"]),
-               "preempt_signals": (int(PREEMPT_SIGNAL),)}
-        )  # fmt: skip
-        with Ledger.open(url) as ledger:
-            outcome = run_one(ledger, worker_options, run_id)
+        outcome = run_placed(url, options, run_id, cwd, preempt_signals=(int(PREEMPT_SIGNAL),))
         if outcome is not None and outcome.cause == "preempted" and callable(submitit_handler):
             # The run is checkpointed and interrupted: let submitit requeue this job now.
             submitit_handler(int(PREEMPT_SIGNAL), None)
-        if outcome is None:
-            return {"run_id": run_id, "status": "already ended"}
-        return asdict(outcome)
+        return outcome_document(run_id, outcome)
 
     def checkpoint(self, url: str, options: dict[str, Any], run_id: str, cwd: str) -> Any:
         """The job to requeue (the same run), or None once the run used up its requeues."""
@@ -109,7 +100,7 @@ def launch_on_slurm(
         executor.update_parameters(timeout_min=slurm.time_min)
     else:
         if shutil.which("sbatch") is None:
-            raise SlurmLaunchError("--executor slurm: no SLURM on this machine (sbatch not found)")
+            raise PlacementError("--executor slurm: no SLURM on this machine (sbatch not found)")
         executor = submitit.AutoExecutor(folder=str(slurm.folder), cluster="slurm")
         executor.update_parameters(
             timeout_min=slurm.time_min, slurm_partition=slurm.partition,
@@ -120,7 +111,7 @@ def launch_on_slurm(
     with Ledger.open(url) as ledger:
         statuses = ["planned", *options.resume]
         run_ids = [str(r) for r in ledger.runs(options.campaign, status=statuses)["run_id"]]
-        payload = {**asdict(options), "artifacts": str(options.artifacts), "preempt_signals": ()}
+        payload = options_document(options)
         task = RunJob(slurm.max_requeues)
         jobs = executor.map_array(
             task, [url] * len(run_ids), [payload] * len(run_ids), run_ids,

@@ -75,9 +75,9 @@ class WorkerReport:
     preempted: bool = False
 
 
-def worker_name(device: str, name: str | None = None) -> str:
+def worker_name(device: str, name: str | None = None, pid: int | None = None) -> str:
     """host:pid:device, the identity written with every claim and segment."""
-    return name or f"{socket.gethostname()}:{os.getpid()}:{device}"
+    return name or f"{socket.gethostname()}:{pid or os.getpid()}:{device}"
 
 
 def run_worker(

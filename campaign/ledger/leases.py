@@ -19,6 +19,7 @@ import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import Connection, DateTime, bindparam, func, or_, select, update
 
@@ -49,6 +50,10 @@ STALE_RUNNING = (
     select(runs.c.id, runs.c.campaign_id, runs.c.worker, runs.c.heartbeat_at)
     .where(runs.c.status == RUNNING, _STALE)
     .order_by(runs.c.id)
+)
+LIVE_RUNNING = select(runs.c.id, runs.c.worker).where(
+    runs.c.status == RUNNING,
+    runs.c.heartbeat_at >= bindparam("p_cutoff", type_=DateTime(timezone=True)),
 )
 LAST_STEP = select(func.max(metrics.c.step)).where(
     metrics.c.run_id == bindparam("p_run_id"), metrics.c.key == "train/loss"
@@ -104,10 +109,19 @@ def any_stale(conn: Connection, stale_after_s: float, dead_workers: Sequence[str
     return rows.first() is not None
 
 
-def _cutoff(conn: Connection, stale_after_s: float) -> tuple[datetime, datetime]:
+def database_now(conn: Connection) -> datetime:
+    """The database's clock (the one that stamps heartbeats), naive on SQLite, aware on PG."""
     now = conn.execute(DATABASE_NOW).scalar_one()
-    if isinstance(now, str):  # SQLite returns the text of strftime
-        now = datetime.fromisoformat(now)
+    return datetime.fromisoformat(now) if isinstance(now, str) else now  # SQLite: strftime text
+
+
+def live_runs(conn: Connection, lease_s: float) -> list[Any]:
+    """Running runs whose heartbeat is younger than ``lease_s`` (id, worker)."""
+    return list(conn.execute(LIVE_RUNNING, {"p_cutoff": _cutoff(conn, lease_s)[1]}).all())
+
+
+def _cutoff(conn: Connection, stale_after_s: float) -> tuple[datetime, datetime]:
+    now = database_now(conn)
     return now, now - timedelta(seconds=stale_after_s)
 
 

@@ -10,15 +10,12 @@ that no other host holds a live run in it, and point to PostgreSQL instead.
 from __future__ import annotations
 
 import socket
-from datetime import datetime
 from pathlib import Path
-
-from sqlalchemy import select
 
 from campaign.ledger.engine import sqlite_path
 from campaign.ledger.errors import LedgerError
-from campaign.ledger.leases import DATABASE_NOW
-from campaign.ledger.store import Ledger, runs_t
+from campaign.ledger.leases import live_runs
+from campaign.ledger.store import Ledger
 
 NETWORK_FILESYSTEMS = frozenset({
     "nfs", "nfs4", "cifs", "smb3", "smbfs", "ncpfs", "afs", "9p", "ceph", "glusterfs",
@@ -64,27 +61,14 @@ def check_single_host(ledger: Ledger, lease_s: float) -> None:
             )
     here = socket.gethostname()
     with ledger.engine.connect() as conn:
-        now = conn.execute(DATABASE_NOW).scalar()
-        rows = conn.execute(
-            select(runs_t.c.id, runs_t.c.worker, runs_t.c.heartbeat_at).where(
-                runs_t.c.status == "running"
-            )
-        ).all()
+        rows = live_runs(conn, lease_s)
     for row in rows:
         host = (row.worker or "").split(":", 1)[0]
-        if host and host != here and _fresh(now, row.heartbeat_at, lease_s):
+        if host and host != here:
             raise SQLiteNotShareable(
                 f"SQLite ledger {path} has run {row.id} running on host {host!r} (this is "
                 f"{here!r}): a SQLite ledger serves one host; {SHARE_HINT}"
             )
-
-
-def _fresh(now: object, heartbeat: object, lease_s: float) -> bool:
-    if heartbeat is None or now is None:
-        return False
-    stamps = [datetime.fromisoformat(v) if isinstance(v, str) else v for v in (now, heartbeat)]
-    a, b = (s.replace(tzinfo=None) for s in stamps)  # type: ignore[union-attr]
-    return (a - b).total_seconds() <= lease_s
 
 
 __all__ = ["SQLiteNotShareable", "check_single_host", "filesystem_type"]

@@ -35,6 +35,7 @@ from campaign.ledger.ids import new_run_id
 from campaign.ledger.leases import (
     LostRun,
     any_stale,
+    database_now,
     hold_lease,
     mark_stale_lost_without_commit,
 )
@@ -649,7 +650,7 @@ class Ledger(Closing):
 
         def work(conn: Connection) -> tuple[datetime, list[dict[str, Any]]]:
             campaign_id = self._campaign_id(conn, campaign)
-            now = conn.execute(select(utcnow())).scalar_one()
+            now = database_now(conn)
             rows = conn.execute(
                 select(runs_t.c.id, variants_t.c.name.label("variant"), runs_t.c.seed,
                        runs_t.c.status, runs_t.c.worker, runs_t.c.stop_step, runs_t.c.config,
@@ -661,8 +662,6 @@ class Ledger(Closing):
             return now, [dict(row._mapping) for row in rows]
 
         now, rows = self._read(work, f"reading the progress of {campaign!r}")
-        if isinstance(now, str):
-            now = datetime.fromisoformat(now)
         for row in rows:
             for column in ("started_at", "ended_at", "heartbeat_at"):
                 row[column] = as_utc(row[column])
@@ -670,9 +669,7 @@ class Ledger(Closing):
 
     def database_now(self) -> datetime:
         """The database's clock (UTC): the one that stamps heartbeats."""
-        now = self._read(lambda conn: conn.execute(select(utcnow())).scalar_one(), "reading time")
-        if isinstance(now, str):
-            now = datetime.fromisoformat(now)
+        now = self._read(database_now, "reading the database's clock")
         return as_utc(now).astimezone(UTC)
 
     def balance(self, campaign: str) -> Any:

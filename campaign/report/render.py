@@ -71,7 +71,7 @@ def write(sheet: BalanceSheet, output_format: str, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.partial")
     if output_format == "parquet":
-        _plain(sheet.runs).to_parquet(temporary, index=False)
+        sheet.runs.to_parquet(temporary, index=False)
     else:
         temporary.write_text(render(sheet, output_format), encoding="utf-8")
     temporary.replace(path)
@@ -84,7 +84,7 @@ def render(sheet: BalanceSheet, output_format: str) -> str:
     if output_format == "md":
         return markdown(sheet)
     if output_format == "csv":
-        return _plain(sheet.runs).to_csv(index=False)
+        return sheet.runs.to_csv(index=False)
     if output_format == "json":
         return json.dumps(document(sheet), indent=2, default=str)
     raise ValueError(f"unknown report format {output_format!r}")
@@ -161,10 +161,6 @@ def _cell(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.6g}"
     return str(value)
-
-
-def _plain(frame: pd.DataFrame) -> pd.DataFrame:
-    return frame.copy()
 
 
 def document(sheet: BalanceSheet) -> dict[str, Any]:
