@@ -50,7 +50,7 @@ def log_points(writer, count: int) -> None:
 def sqlite_bench(count: int, rounds: int) -> None:
     folder = Path(tempfile.mkdtemp(prefix="campaign-ingest-"))
     url = f"sqlite:///{folder / 'ingest.db'}"
-    ledger = Ledger.open(url)
+    ledger = Ledger.open(url, create=True)
     approaches = 7
     plan_runs(ledger, "ingest", rounds * approaches + 1)
     claims = iter(claim_all(ledger, "ingest", rounds * approaches + 1))
@@ -166,7 +166,7 @@ def postgres_bench(url: str, count: int, rounds: int) -> None:
     import psycopg
     from sqlalchemy.engine import make_url
 
-    ledger = Ledger.open(url)
+    ledger = Ledger.open(url, create=True)
     plan_runs(ledger, f"ingest-{time.time_ns()}", rounds * 3)
     name = ledger.campaigns()["name"].iloc[-1]
     claims = iter(claim_all(ledger, name, rounds * 3))

@@ -103,7 +103,7 @@ def measure(url: str, runs: int, workers: int, rounds: int, folder: Path) -> dic
     time and the median gap between consecutive runs of a worker in each way."""
     times: dict[str, list[float]] = {"direct": [], "worker": []}
     gap: dict[str, list[float]] = {"direct": [], "worker": [], "launch": []}
-    with Ledger.open(url) as ledger:
+    with Ledger.open(url, create=True) as ledger:
         plan(ledger, "warm-up", 2)
         direct(ledger, "warm-up", folder)
         for round_index in range(rounds):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from common import interleaved, report
 
-from campaign.ledger import Ledger, StopInfo
+from campaign.ledger import Ledger, StopRecord
 
 
 def main() -> None:
@@ -26,7 +26,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="campaign-lifecycle-"))
-    ledger = Ledger.open(f"sqlite:///{folder / 'ledger.db'}")
+    ledger = Ledger.open(f"sqlite:///{folder / 'ledger.db'}", create=True)
     from common import plan_runs
 
     counter = iter(range(10_000))
@@ -37,7 +37,7 @@ def main() -> None:
         for seed in range(args.runs):
             ledger.add_run(name, "control", seed + 1, {"seed": seed, "lr": 1e-4})
             claim = ledger.claim_next(name, "bench")
-            ledger.finish(claim.run_id, "completed", StopInfo("budget_reached", 200, "update"))
+            ledger.finish(claim.run_id, "completed", StopRecord("budget_reached", 200, "update"))
         # the first planned run is left planned; it is not counted
 
     approaches = {"campaign Ledger: add_run + claim_next + finish": campaign_runs}

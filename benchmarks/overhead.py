@@ -84,7 +84,7 @@ def ours(model_name: str, steps: int, folder: Path, index: int) -> float:
         "stop": {},
         "grid": {"seeds": [0], "control": "only", "variants": [{"name": "only"}]},
     }
-    with Ledger.open(f"sqlite:///{folder / 'overhead.db'}") as ledger:
+    with Ledger.open(f"sqlite:///{folder / 'overhead.db'}", create=True) as ledger:
         record, _ = record_plan(ledger, make_plan(resolve_spec(spec, "overhead")))
         execute(
             ledger,

@@ -95,7 +95,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     db = Path(tempfile.mkdtemp(prefix="campaign-read-")) / "read.db"
-    with Ledger.open(f"sqlite:///{db}") as ledger:
+    with Ledger.open(f"sqlite:///{db}", create=True) as ledger:
         one_run(ledger, db, args.points, args.rounds)
         comparison(ledger, args.runs, args.rounds)
 

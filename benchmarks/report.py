@@ -27,7 +27,7 @@ from pathlib import Path
 import pandas as pd
 from common import interleaved
 
-from campaign.ledger import Ledger, NewRun, NewVariant, StopInfo
+from campaign.ledger import Ledger, NewRun, NewVariant, StopRecord
 from campaign.report.balance import balance_sheet
 from campaign.report.render import html
 
@@ -35,7 +35,7 @@ VARIANTS = {"lr-1e-4": 1e-4, "lr-5e-5": 5e-5, "lr-2e-4": 2e-4, "lr-1e-3": 1e-3}
 
 
 def build(path: Path, runs: int, points: int) -> None:
-    with Ledger.open(f"sqlite:///{path}") as ledger:
+    with Ledger.open(f"sqlite:///{path}", create=True) as ledger:
         per = runs // len(VARIANTS)
         ledger.create_campaign(
             "big", question="report benchmark", task="bench:build",
@@ -56,7 +56,7 @@ def build(path: Path, runs: int, points: int) -> None:
                         w.log("val/accuracy", step, 1 - 1.0 / step, step * 16, 0.0)
             status, cause = ("diverged", "non_finite_loss") if index % 97 == 0 else (
                 "completed", "budget_reached")  # fmt: skip
-            ledger.finish(claim.run_id, status, StopInfo(cause, points, "update"))
+            ledger.finish(claim.run_id, status, StopRecord(cause, points, "update"))
 
 
 def raw(path: Path) -> pd.DataFrame:
@@ -85,7 +85,7 @@ def main() -> None:
     began = time.perf_counter()
     build(path, args.runs, args.points)
     print(f"built {args.runs} runs x {args.points} updates in {time.perf_counter() - began:.0f} s")
-    ledger = Ledger.open(f"sqlite:///{path}")
+    ledger = Ledger.open(f"sqlite:///{path}", create=True)
     medians = interleaved(
         {
             "raw read_sql + pandas groupby": lambda: raw(path),

@@ -5,9 +5,25 @@ The notebook entry point is :class:`campaign.Ledger`::
     from campaign import Ledger
     ledger = Ledger.open("sqlite:///campaign.db")
     runs = ledger.runs("digits-lr")
+
+``Ledger`` is imported on first use: the command line imports this package
+and must not pay for pandas and SQLAlchemy before it knows what to do.
 """
 
-from campaign.ledger import Ledger
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from campaign.notebook import Ledger
 
 __all__ = ["Ledger", "__version__"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Ledger":
+        from campaign.notebook import Ledger
+
+        return Ledger
+    raise AttributeError(f"module 'campaign' has no attribute {name!r}")

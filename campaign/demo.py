@@ -77,7 +77,7 @@ def run_demo(
     folder.mkdir(parents=True, exist_ok=True)
     url = f"sqlite:///{(folder / 'campaign.db').resolve()}"
     artifacts = folder / "artifacts"
-    with Ledger.open(url) as ledger:
+    with Ledger.open(url, create=True) as ledger:
         record, created = record_plan(ledger, make_plan(resolve_spec(spec(updates, seeds),
                                                                      "<demo>")))  # fmt: skip
         say(f"planned {record.name!r}: {len(record.run_ids)} runs"

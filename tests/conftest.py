@@ -66,7 +66,7 @@ def ledger_url(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def ledger(ledger_url: str) -> Iterator[Ledger]:
     """A ledger created at head on each engine."""
-    with Ledger.open(ledger_url) as opened:
+    with Ledger.open(ledger_url, create=True) as opened:
         yield opened
 
 
@@ -85,12 +85,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture
 def sqlite_ledger(sqlite_url: str) -> Iterator[Ledger]:
     """A ledger at head on SQLite only (for behaviour that does not depend on the engine)."""
-    with Ledger.open(sqlite_url) as opened:
+    with Ledger.open(sqlite_url, create=True) as opened:
         yield opened
 
 
 @pytest.fixture
 def postgresql_ledger(postgresql_url: str) -> Iterator[Ledger]:
     """A ledger at head on PostgreSQL only (the engine that several machines share)."""
-    with Ledger.open(postgresql_url) as opened:
+    with Ledger.open(postgresql_url, create=True) as opened:
         yield opened

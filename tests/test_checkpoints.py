@@ -16,7 +16,8 @@ import torch
 
 from campaign.ledger import Ledger
 from campaign.loop import checkpoint as ckpt
-from campaign.loop.train import LoopError, execute
+from campaign.loop.errors import LoopError
+from campaign.loop.train import execute
 from tests.loop_helpers import plan_loop
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,15 +68,15 @@ def test_a_pickle_offered_as_a_checkpoint_never_runs(tmp_path: Path, sqlite_url:
     with pytest.raises(ckpt.CheckpointError, match="not a readable campaign checkpoint"):
         ckpt.load(evil, ckpt.file_sha256(evil))
     # And through a resume, with the pickle registered in the ledger under its true hash:
-    with Ledger.open(sqlite_url) as ledger:
+    with Ledger.open(sqlite_url, create=True) as ledger:
         run_id = plan_loop(ledger)[0]
         claim = ledger.start(run_id, "w")
         ledger.add_artifact(
             run_id, "checkpoint", str(evil), ckpt.file_sha256(evil), evil.stat().st_size, 4
         )
-        from campaign.ledger import StopInfo
+        from campaign.ledger import StopRecord
 
-        ledger.finish(run_id, "interrupted", StopInfo("interrupted", 4, "update"))
+        ledger.finish(run_id, "interrupted", StopRecord("interrupted", 4, "update"))
         assert claim.ordinal == 1
         with pytest.raises(LoopError, match="not a readable campaign checkpoint"):
             execute(ledger, run_id, artifacts=tmp_path, replay_in_subprocess=False)
@@ -86,7 +87,7 @@ def test_a_pickle_offered_as_a_checkpoint_never_runs(tmp_path: Path, sqlite_url:
 def test_a_resume_refuses_a_checkpoint_changed_after_recording(
     tmp_path: Path, sqlite_url: str
 ) -> None:
-    with Ledger.open(sqlite_url) as ledger:
+    with Ledger.open(sqlite_url, create=True) as ledger:
         run_id = plan_loop(
             ledger,
             task="tests.tasks.faulty:build",

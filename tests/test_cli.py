@@ -38,9 +38,9 @@ def test_ledger_from_option_then_environment_then_default(
 ) -> None:
     runner = CliRunner()
     option_db, env_db = tmp_path / "option.db", tmp_path / "env.db"
-    with Ledger.open(f"sqlite:///{env_db}") as ledger:
+    with Ledger.open(f"sqlite:///{env_db}", create=True) as ledger:
         plan_campaign(ledger, name="from-env", seeds=1)
-    with Ledger.open(f"sqlite:///{option_db}") as ledger:
+    with Ledger.open(f"sqlite:///{option_db}", create=True) as ledger:
         plan_campaign(ledger, name="from-option", seeds=1)
     env = {"CAMPAIGN_LEDGER": f"sqlite:///{env_db}"}
     by_env = runner.invoke(main, ["campaigns", "--format", "json"], env=env)
@@ -51,13 +51,15 @@ def test_ledger_from_option_then_environment_then_default(
     assert [c["name"] for c in json.loads(by_option.stdout)] == ["from-option"]
     monkeypatch.chdir(tmp_path)
     default = runner.invoke(main, ["campaigns"], env={"CAMPAIGN_LEDGER": ""})
-    assert default.exit_code == 0 and default.stdout.strip() == "(none)"
-    assert (tmp_path / "campaign.db").exists()
+    # The default ledger is campaign.db here; a command that only reads never creates it.
+    assert default.exit_code == 3
+    assert default.stderr.strip() == f"campaign: ledger error: no ledger at {Path('campaign.db')}"
+    assert not (tmp_path / "campaign.db").exists()
 
 
 def test_campaign_listing_formats(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'l.db'}"
-    with Ledger.open(url) as ledger:
+    with Ledger.open(url, create=True) as ledger:
         plan_campaign(ledger, seeds=3)
     runner = CliRunner()
     table = runner.invoke(main, ["--ledger", url, "campaigns"])

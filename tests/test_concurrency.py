@@ -22,7 +22,7 @@ CONTEXT = mp.get_context("spawn")
 
 
 def _run_writers(url: str, batch_size: int, read_every: int, points: int) -> list[str]:
-    with Ledger.open(url) as ledger:
+    with Ledger.open(url, create=True) as ledger:
         record = plan_campaign(ledger, name="stress", seeds=PROCESSES, variants={"only": 1e-4})
         claims = [ledger.claim_next("stress", f"w{i}") for i in range(PROCESSES)]
     start = CONTEXT.Barrier(PROCESSES)

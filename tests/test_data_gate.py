@@ -64,7 +64,7 @@ def test_max_length_that_cuts_targets_fails_unless_allowed() -> None:
 
 
 def test_inspect_command(sqlite_url: str) -> None:
-    with Ledger.open(sqlite_url) as ledger:
+    with Ledger.open(sqlite_url, create=True) as ledger:
         plan_loop(
             ledger,
             task="campaign.tasks.arithmetic:build",
@@ -84,7 +84,7 @@ def test_inspect_command(sqlite_url: str) -> None:
 
 
 def test_inspect_exits_1_when_the_gate_fails(sqlite_url: str) -> None:
-    with Ledger.open(sqlite_url) as ledger:
+    with Ledger.open(sqlite_url, create=True) as ledger:
         plan_loop(ledger, task="tests.tasks.broken:digits", config={"task.fault": "group_leak"})
     result = CliRunner().invoke(main, ["--ledger", sqlite_url, "inspect", "loop"])
     assert result.exit_code == 1

@@ -12,6 +12,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+from campaign.launch.gate import pilot_passed
 from campaign.ledger import Ledger
 from campaign.loop.replay import replay_artifact
 from tests.launch_helpers import ROOT, run
@@ -33,13 +34,13 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_demo_plans_pilots_launches_and_reports(demo: Path) -> None:
     report = demo / "digits-lr-report.html"
     assert report.exists() and report.stat().st_size > 10_000
-    with Ledger.open(f"sqlite:///{demo / 'campaign.db'}") as ledger:
+    with Ledger.open(f"sqlite:///{demo / 'campaign.db'}", create=True) as ledger:
         runs = ledger.runs("digits-lr")
         assert len(runs) == 8  # 4 variants x 2 seeds
         aggressive = runs[runs["variant"] == "lr-3e0"]
         assert set(aggressive["status"]) == {"diverged"}  # the honest failure keeps its line
         assert set(runs[runs["variant"] != "lr-3e0"]["status"]) == {"completed"}
-        assert ledger.pilot_passed("digits-lr")
+        assert pilot_passed(ledger, "digits-lr")
     html = report.read_text()
     assert "lr-3e0" in html and "diverged" in html and "loss_explosion" in html
     assert not (ROOT / "unused-by-demo.db").exists()  # the demo keeps to its own folder

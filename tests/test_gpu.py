@@ -31,7 +31,7 @@ def test_cuda_phase_counters_are_separate_and_reset() -> None:
 
 
 def test_fp16_run_with_grad_scaler_on_cuda(sqlite_url: str, tmp_path: Path) -> None:
-    with Ledger.open(sqlite_url) as ledger:
+    with Ledger.open(sqlite_url, create=True) as ledger:
         run_id = plan_loop(ledger, hold={"loop.precision": "fp16"})[0]
         outcome = execute(
             ledger, run_id, artifacts=tmp_path, device="cuda", replay_in_subprocess=False
@@ -44,7 +44,7 @@ def test_fp16_run_with_grad_scaler_on_cuda(sqlite_url: str, tmp_path: Path) -> N
 def test_pilot_on_cuda_stores_allocated_and_reserved_apart(sqlite_url: str, tmp_path: Path) -> None:
     from campaign.pilot.gates import run_pilot
 
-    with Ledger.open(sqlite_url) as ledger:
+    with Ledger.open(sqlite_url, create=True) as ledger:
         plan_loop(ledger)
         report = run_pilot(ledger, "loop", artifacts=tmp_path, device="cuda")
         assert report.passed, [(r.phase, r.detail) for r in report.records]

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 import sqlalchemy
 
-from campaign.ledger import Ledger, StopInfo
+from campaign.ledger import Ledger, StopRecord
 from tests.helpers import plan_campaign
 from tests.raw import execute
 
@@ -28,10 +28,10 @@ def seeded(ledger: Ledger, ledger_url: str) -> dict:
     artifact = ledger.add_artifact(done.run_id, "final", "/tmp/final.safetensors", "ab" * 32, 10)
     ledger.add_phase_measurements([{"run_id": done.run_id, "phase": "forward", "device": "cpu",
                                     "duration_s": 0.1, "verdict": "pass"}])  # fmt: skip
-    ledger.finish(done.run_id, "completed", StopInfo("budget_reached", 200, "update"))
+    ledger.finish(done.run_id, "completed", StopRecord("budget_reached", 200, "update"))
     running = ledger.claim_next(record.name, "w2")
     interrupted = ledger.claim_next(record.name, "w3")
-    ledger.finish(interrupted.run_id, "interrupted", StopInfo("interrupted", 40, "forward"))
+    ledger.finish(interrupted.run_id, "interrupted", StopRecord("interrupted", 40, "forward"))
     ledger.add_note(record.name, "control kept")
     planned = [r for r in record.run_ids if r not in {done.run_id, running.run_id,
                                                        interrupted.run_id}]  # fmt: skip

@@ -101,7 +101,7 @@ def test_sigterm_to_launch_interrupts_running_runs(
 def test_sqlite_ledger_refused_when_another_host_holds_a_live_run(
     sqlite_url: str, tmp_path: Path
 ) -> None:
-    with Ledger.open(sqlite_url) as ledger:
+    with Ledger.open(sqlite_url, create=True) as ledger:
         plan_quick(ledger, "shared", runs=2)
         ledger.claim_next("shared", "other-host:4242:cuda:0")
         before = len(ledger.events("shared"))
@@ -109,7 +109,7 @@ def test_sqlite_ledger_refused_when_another_host_holds_a_live_run(
     assert refused.returncode == 3
     assert "other-host" in refused.stderr and "PostgreSQL" in refused.stderr
     assert refused.stderr.count("\n") == 1 and "Traceback" not in refused.stderr
-    with Ledger.open(sqlite_url) as ledger:
+    with Ledger.open(sqlite_url, create=True) as ledger:
         assert len(ledger.events("shared")) == before  # nothing claimed, nothing recorded
 
 

@@ -14,7 +14,7 @@ from campaign.ledger import (
     LedgerInputError,
     NotFound,
     RefusedWrite,
-    StopInfo,
+    StopRecord,
 )
 from campaign.ledger.canonical import sha256_text
 from campaign.ledger.ids import RUN_ID_LENGTH, looks_like_run_id, new_run_id
@@ -62,7 +62,7 @@ def test_lifecycle_with_events_in_the_same_transaction(ledger: Ledger) -> None:
     assert run.status == "running" and run.worker == "host:1:cpu"
     assert run.heartbeat_at is not None and run.started_at is not None
     ledger.finish(claim.run_id, "diverged",
-                  StopInfo("loss_explosion", 120, "forward", "loss 9.1 > 4 x 2.2"))  # fmt: skip
+                  StopRecord("loss_explosion", 120, "forward", "loss 9.1 > 4 x 2.2"))  # fmt: skip
     run = ledger.run(claim.run_id)
     assert (run.status, run.stop_cause, run.stop_step, run.stop_phase) == (
         "diverged", "loss_explosion", 120, "forward")  # fmt: skip
@@ -77,29 +77,29 @@ def test_illegal_transitions_are_refused_with_a_reason(ledger: Ledger) -> None:
     plan_campaign(ledger, seeds=1)
     claim = ledger.claim_next("digits-lr", "w")
     with pytest.raises(LedgerInputError, match="does not fit status 'completed'"):
-        ledger.finish(claim.run_id, "completed", StopInfo("out_of_memory"))
+        ledger.finish(claim.run_id, "completed", StopRecord("out_of_memory"))
     with pytest.raises(LedgerInputError, match="not an end status"):
-        ledger.finish(claim.run_id, "planned", StopInfo("exception"))
+        ledger.finish(claim.run_id, "planned", StopRecord("exception"))
     with pytest.raises(IllegalTransition, match="already running"):
         ledger.start(claim.run_id, "w2")
-    ledger.finish(claim.run_id, "oom", StopInfo("out_of_memory", 3, "validation"))
+    ledger.finish(claim.run_id, "oom", StopRecord("out_of_memory", 3, "validation"))
     with pytest.raises(IllegalTransition, match="terminal status: it is final"):
         ledger.start(claim.run_id, "w2")
     with pytest.raises(IllegalTransition, match="is oom, a terminal status"):
-        ledger.finish(claim.run_id, "failed", StopInfo("exception"))
+        ledger.finish(claim.run_id, "failed", StopRecord("exception"))
     assert ledger.run(claim.run_id).status == "oom"
 
 
 def test_resume_opens_a_new_segment_and_clears_the_stop(ledger: Ledger) -> None:
     plan_campaign(ledger, seeds=1)
     claim = ledger.claim_next("digits-lr", "w1")
-    ledger.finish(claim.run_id, "interrupted", StopInfo("preempted", 40, "update", "SIGTERM"))
+    ledger.finish(claim.run_id, "interrupted", StopRecord("preempted", 40, "update", "SIGTERM"))
     artifact = ledger.add_artifact(claim.run_id, "checkpoint", "/ckpt/40", "ab" * 32, 1, 40)
     resumed = ledger.start(claim.run_id, "w2", start_step=40, resumed_from=artifact)
     assert resumed.run_id == claim.run_id and resumed.ordinal == 2
     run = ledger.run(claim.run_id)
     assert run.status == "running" and run.stop_cause is None and run.worker == "w2"
-    ledger.finish(claim.run_id, "completed", StopInfo("budget_reached", 200, "update"))
+    ledger.finish(claim.run_id, "completed", StopRecord("budget_reached", 200, "update"))
     kinds = list(ledger.events("digits-lr", run_id=claim.run_id)["kind"])
     assert kinds == ["planned", "running", "interrupted", "resumed", "completed"]
     segments = ledger.segments("digits-lr")
@@ -180,7 +180,7 @@ def test_reads_take_the_latest_segment_of_replayed_steps(ledger: Ledger) -> None
     with ledger.metric_writer(first.run_id, first.segment_id) as writer:
         for step in range(10):
             writer.log("train/loss", step, 10.0 - step, examples_seen=16 * step)
-    ledger.finish(first.run_id, "lost", StopInfo("heartbeat_lost", 9))
+    ledger.finish(first.run_id, "lost", StopRecord("heartbeat_lost", 9))
     second = ledger.start(first.run_id, "w2", start_step=5)
     with ledger.metric_writer(second.run_id, second.segment_id) as writer:
         for step in range(5, 15):
@@ -199,7 +199,7 @@ def test_reads_take_the_latest_segment_of_replayed_steps(ledger: Ledger) -> None
 def test_relaunch_links_and_leaves_the_old_run_untouched(ledger: Ledger, ledger_url: str) -> None:
     record = plan_campaign(ledger, seeds=1, variants={"only": 1e-4})
     old = ledger.claim_next("digits-lr", "w")
-    ledger.finish(old.run_id, "oom", StopInfo("out_of_memory", 3, "validation"))
+    ledger.finish(old.run_id, "oom", StopRecord("out_of_memory", 3, "validation"))
     before = execute(ledger_url, "SELECT * FROM runs WHERE id = ?", (old.run_id,))
     with pytest.raises(LedgerInputError, match="needs a reason"):
         ledger.add_run("digits-lr", "only", 0, {"loop": {"microbatch": 1}}, relaunch_of=old.run_id)

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from campaign.ledger import Ledger
-from campaign.loop.train import accumulate
+from campaign.loop.engine import accumulate
 from campaign.tasks.arithmetic import IGNORE, ArithmeticTask
 from tests.loop_helpers import plan_loop
 
@@ -93,7 +93,7 @@ def _cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
 def test_resume_after_sigterm_is_exact(sqlite_url: str, tmp_path: Path) -> None:
     """Interrupted mid-run by a real SIGTERM, resumed in a new process: the same series."""
     marker = tmp_path / "signalled"
-    with Ledger.open(sqlite_url) as ledger:
+    with Ledger.open(sqlite_url, create=True) as ledger:
         plain = plan_loop(ledger, "plain", task="tests.tasks.faulty:build")[0]
         cut = plan_loop(
             ledger,
@@ -106,14 +106,14 @@ def test_resume_after_sigterm_is_exact(sqlite_url: str, tmp_path: Path) -> None:
     interrupted = _cli(sqlite_url, "run", cut, "--artifacts", artifacts)
     assert interrupted.returncode == 1 and "interrupted" in interrupted.stderr
     assert marker.exists()
-    with Ledger.open(sqlite_url) as ledger:
+    with Ledger.open(sqlite_url, create=True) as ledger:
         run = ledger.run(cut)
         assert (run.status, run.stop_cause) == ("interrupted", "interrupted")
         k = run.stop_step
         assert 1 < k < 12
     resumed = _cli(sqlite_url, "resume", cut, "--artifacts", artifacts)
     assert resumed.returncode == 0, resumed.stderr
-    with Ledger.open(sqlite_url) as ledger:
+    with Ledger.open(sqlite_url, create=True) as ledger:
         assert ledger.run(cut).status == "completed"
         a = ledger.metrics("plain").set_index(["key", "step"])["value"]
         b = ledger.metrics("cut").set_index(["key", "step"])["value"]
@@ -127,6 +127,6 @@ def test_resume_after_sigterm_is_exact(sqlite_url: str, tmp_path: Path) -> None:
     assert list(segments["ordinal"]) == [1, 2] and list(segments["start_step"]) == [0, k]
     assert kinds[:4] == ["planned", "running", "interrupted", "resumed"]
     assert kinds[-2:] == ["replay", "completed"]  # the final artifact, replayed in a new process
-    with Ledger.open(sqlite_url) as ledger:
+    with Ledger.open(sqlite_url, create=True) as ledger:
         replay = ledger.events("cut", run_id=cut)
     assert "outputs identical" in replay[replay["kind"] == "replay"]["detail"].iloc[0]

@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from campaign.ledger import Ledger, StopInfo
-from campaign.loop.train import LoopError, accumulate, build_scheduler, checkpoint_blocks, execute
+from campaign.ledger import Ledger, StopRecord
+from campaign.loop.engine import accumulate, build_scheduler, checkpoint_blocks
+from campaign.loop.errors import LoopError
+from campaign.loop.train import execute
 from campaign.tasks.arithmetic import ArithmeticTask
 from tests.loop_helpers import plan_loop
 
@@ -58,7 +60,7 @@ def test_activation_checkpointing_gives_the_same_gradients() -> None:
 
 
 def test_bf16_and_activation_checkpointing_run_end_to_end(sqlite_url: str, tmp_path: Path) -> None:
-    with Ledger.open(sqlite_url) as ledger:
+    with Ledger.open(sqlite_url, create=True) as ledger:
         run_id = plan_loop(
             ledger,
             task="campaign.tasks.arithmetic:build",
@@ -73,7 +75,7 @@ def test_bf16_and_activation_checkpointing_run_end_to_end(sqlite_url: str, tmp_p
 
 
 def test_fp16_on_cpu_is_refused_before_any_work(sqlite_url: str, tmp_path: Path) -> None:
-    with Ledger.open(sqlite_url) as ledger:
+    with Ledger.open(sqlite_url, create=True) as ledger:
         run_id = plan_loop(ledger, hold={"loop.precision": "fp16"})
         with pytest.raises(LoopError, match="fp16 with a GradScaler needs a CUDA device"):
             execute(ledger, run_id[0], artifacts=tmp_path)
@@ -86,7 +88,7 @@ def test_a_lost_run_resumes_and_its_replayed_steps_are_compared(
     """Killed with SIGKILL in update 7 (checkpoint at 4, metrics flushed at 6); marked lost;
     resumed: the updates it re-executes match the first values (a determinism check)."""
     marker = tmp_path / "killed"
-    with Ledger.open(sqlite_url) as ledger:
+    with Ledger.open(sqlite_url, create=True) as ledger:
         run_id = plan_loop(
             ledger,
             task="tests.tasks.faulty:build",
@@ -102,9 +104,9 @@ def test_a_lost_run_resumes_and_its_replayed_steps_are_compared(
         capture_output=True,
     )
     assert died.returncode == -9 and marker.exists()
-    with Ledger.open(sqlite_url) as ledger:
+    with Ledger.open(sqlite_url, create=True) as ledger:
         assert ledger.run(run_id).status == "running"  # nobody said anything
-        ledger.finish(run_id, "lost", StopInfo("heartbeat_lost", None, None, "test: no heartbeat"))
+        ledger.finish(run_id, "lost", StopRecord("heartbeat_lost", None, None, "test: no heartbeat"))
         outcome = execute(ledger, run_id, artifacts=tmp_path / "a", replay_in_subprocess=False)
         assert outcome.status == "completed"
         events = ledger.events("loop", run_id=run_id)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from campaign.ledger import Ledger, RunRecord
-from campaign.loop.train import Outcome, execute
+from campaign.loop.train import RunOutcome, execute
 from tests.loop_helpers import plan_loop
 
 FAULTY = "tests.tasks.faulty:build"
@@ -18,11 +18,11 @@ FAULTY = "tests.tasks.faulty:build"
 
 @pytest.fixture
 def ledger(sqlite_url: str) -> Iterator[Ledger]:
-    with Ledger.open(sqlite_url) as opened:
+    with Ledger.open(sqlite_url, create=True) as opened:
         yield opened
 
 
-def _run(ledger: Ledger, tmp_path: Path, **plan: Any) -> tuple[Outcome, RunRecord]:
+def _run(ledger: Ledger, tmp_path: Path, **plan: Any) -> tuple[RunOutcome, RunRecord]:
     run_id = plan_loop(ledger, **plan)[0]
     outcome = execute(ledger, run_id, artifacts=tmp_path / "artifacts", replay_in_subprocess=False)
     return outcome, ledger.run(run_id)

@@ -10,7 +10,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect
 
-from campaign.ledger import Ledger, StopInfo, migrate
+from campaign.ledger import Ledger, StopRecord, migrate
 from campaign.ledger.engine import create_ledger_engine, parse_url
 from campaign.ledger.migrate import head_revision
 from campaign.ledger.models import Base
@@ -34,7 +34,7 @@ def _seed(ledger: Ledger) -> None:
     with ledger.metric_writer(claim.run_id, claim.segment_id) as writer:
         for step in range(50):
             writer.log("train/loss", step, 2.0 / (step + 1), examples_seen=16 * step)
-    ledger.finish(claim.run_id, "completed", StopInfo("budget_reached", 50, "update"))
+    ledger.finish(claim.run_id, "completed", StopRecord("budget_reached", 50, "update"))
     ledger.add_note(record.name, "seeded before the upgrade")
 
 
@@ -64,7 +64,7 @@ def test_upgrade_downgrade_upgrade_round_trip(ledger_url: str) -> None:
         assert set(TABLES) <= set(inspect(engine).get_table_names())
     finally:
         engine.dispose()
-    with Ledger.open(ledger_url) as ledger:
+    with Ledger.open(ledger_url, create=True) as ledger:
         _seed(ledger)  # the schema works after the round trip, triggers included
         assert len(ledger.metrics("digits-lr")) == 50
 
@@ -93,7 +93,7 @@ def test_checked_in_ledger_of_revision_0001_upgrades_and_works(tmp_path: Path) -
     finally:
         engine.dispose()
     assert _snapshot(url) == before
-    with Ledger.open(url) as ledger:
+    with Ledger.open(url, create=True) as ledger:
         runs = ledger.runs("digits-lr")
         assert sorted(runs["status"]) == ["completed", "planned", "planned"]
         assert len(ledger.metrics("digits-lr", keys=["train/loss"])) == 50
@@ -104,7 +104,7 @@ def test_checked_in_ledger_of_revision_0001_upgrades_and_works(tmp_path: Path) -
 @pytest.mark.slow
 def test_older_ledger_refused_by_newer_code_until_upgrade(ledger_url: str, tmp_path: Path) -> None:
     """Seed at head, open with the next release: refused (exit 3) -> db upgrade -> data intact."""
-    with Ledger.open(ledger_url) as ledger:
+    with Ledger.open(ledger_url, create=True) as ledger:
         _seed(ledger)
     before = _snapshot(ledger_url)
     newer = build(tmp_path / "newer")

@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from campaign.cli import main
+from campaign.launch.gate import pilot_passed
 from campaign.ledger import Ledger
 from campaign.loop.task import Task
 from campaign.pilot import sizing
@@ -42,7 +43,7 @@ def _verdicts(records: list) -> dict[str, tuple[str, str]]:
 
 @pytest.fixture
 def ledger(sqlite_url: str):
-    with Ledger.open(sqlite_url) as opened:
+    with Ledger.open(sqlite_url, create=True) as opened:
         yield opened
 
 
@@ -152,7 +153,7 @@ def test_digits_pilot_passes_and_is_recorded(
     assert list(phases["phase"]) == PHASES and set(phases["verdict"]) == {"pass"}
     assert (phases["rss_peak"] > 10 << 20).all() and phases["allocated_peak"].isna().all()
     assert phases["pilot_id"].notna().all() and phases["duration_s"].gt(0).all()
-    assert ledger.pilot_passed("loop")
+    assert pilot_passed(ledger, "loop")
     pilots = ledger.pilots("loop")
     assert pilots["config_sha256"].iloc[0] == ledger.campaign("loop").spec_sha256
     assert pilots["environment"].iloc[0]["torch"]
@@ -273,7 +274,7 @@ def test_task_protocol_is_satisfied_by_built_in_tasks() -> None:
 
 
 def test_stack_differences_name_what_changed() -> None:
-    from campaign.pilot.gates import stack_differences
+    from campaign.stack import stack_differences
 
     pilot = {"torch": "2.13.0", "cuda": None, "devices": ["cpu"], "python": "3.11.7"}
     same = dict(pilot)

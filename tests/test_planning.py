@@ -57,7 +57,7 @@ def test_three_learning_rates_plan_nine_runs(ledger_url: str) -> None:
     assert len(ids) == 9 == len(set(ids)) and all(ids)
     assert document["control"] == "lr-1e-4"
     assert [v["variant"] for v in document["variants"]] == ["lr-1e-4", "lr-5e-5", "lr-2e-4"]
-    with Ledger.open(ledger_url) as ledger:
+    with Ledger.open(ledger_url, create=True) as ledger:
         runs = ledger.runs("digits-lr")
     assert set(runs["run_id"]) == set(ids)
     assert runs["is_control"].sum() == 3
@@ -142,7 +142,7 @@ def test_relaunch_keeps_the_old_run_byte_identical(ledger_url: str) -> None:
     by_id = {r["run_id"]: r for r in listed}
     assert old in by_id and by_id[new["run_id"]]["relaunch_of"] == old
     assert by_id[new["run_id"]]["deviation"] == "loop.accumulation, loop.microbatch"
-    with Ledger.open(ledger_url) as ledger:
+    with Ledger.open(ledger_url, create=True) as ledger:
         config = ledger.run(new["run_id"]).config_document
     assert config["budget"]["examples_per_update"] == 16  # same effective batch
     same_batch = cli(ledger_url, "relaunch", old, "--set", "optimizer.lr=3e-4", "--reason", "x",

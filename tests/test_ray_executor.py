@@ -21,7 +21,7 @@ SKIP = ("--skip-pilot", "--reason", "ray test")
 def test_ray_runs_a_campaign_and_a_retried_task_never_runs_a_run_twice(
     postgresql_url: str, tmp_path: Path
 ) -> None:
-    with Ledger.open(postgresql_url) as ledger:
+    with Ledger.open(postgresql_url, create=True) as ledger:
         run_ids = plan_quick(ledger, "on-ray", runs=6, updates=40, task={"sleep_s": 0.02},
                              hold={"loop.checkpoint_every": 5}, validation_every=3)  # fmt: skip
         launch = start(
@@ -67,7 +67,7 @@ def test_ray_runs_a_campaign_and_a_retried_task_never_runs_a_run_twice(
 def test_ray_gpu_request_on_a_cpu_only_cluster_fails_fast(
     postgresql_url: str, tmp_path: Path
 ) -> None:
-    with Ledger.open(postgresql_url) as ledger:
+    with Ledger.open(postgresql_url, create=True) as ledger:
         plan_quick(ledger, "no-gpu", runs=2)
     began = time.monotonic()
     refused = run(
@@ -78,5 +78,5 @@ def test_ray_gpu_request_on_a_cpu_only_cluster_fails_fast(
     assert refused.returncode == 2
     assert "asks for 1 GPU(s) but the Ray cluster has 0" in refused.stderr
     assert "Traceback" not in refused.stderr
-    with Ledger.open(postgresql_url) as ledger:
+    with Ledger.open(postgresql_url, create=True) as ledger:
         assert set(ledger.runs("no-gpu")["status"]) == {"planned"}

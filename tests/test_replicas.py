@@ -13,7 +13,8 @@ from safetensors.torch import load_file
 
 from campaign.ledger import Ledger
 from campaign.loop import replicas as dp
-from campaign.loop.train import accumulate, execute
+from campaign.loop.engine import accumulate
+from campaign.loop.train import execute
 from tests.launch_helpers import ROOT, event_counts, losses, run
 from tests.loop_helpers import plan_quick
 from tests.replica_gradient import model_and_batches

@@ -14,6 +14,7 @@ from campaign.cli import main
 from campaign.ledger import Ledger
 from campaign.loop.train import execute
 from campaign.plan import make_plan, record_plan
+from campaign import Ledger as NotebookLedger
 from campaign.report.balance import balance_sheet
 from campaign.spec import resolve_spec
 from tests.helpers import plan_campaign
@@ -90,7 +91,7 @@ def test_every_run_keeps_its_line_and_counts_add_up(
     completed = runs[runs["status"] == "completed"]
     assert (completed["updates_done"] == 8).all() and (completed["wall_time_s"] > 0).all()
     assert completed["final_metric"].notna().all() and completed["peak_rss_bytes"].notna().all()
-    assert sqlite_ledger.balance("mixed").runs.equals(sheet.runs)
+    assert NotebookLedger(sqlite_ledger.engine).balance("mixed").runs.equals(sheet.runs)
 
 
 def test_every_export_format_holds_every_run(

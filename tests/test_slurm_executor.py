@@ -50,7 +50,7 @@ def _submit_and_preempt(
 def test_preempted_job_checkpoints_requeues_and_ends_bit_identical(
     sqlite_url: str, tmp_path: Path
 ) -> None:
-    with Ledger.open(sqlite_url) as ledger:
+    with Ledger.open(sqlite_url, create=True) as ledger:
         (reference,) = plan_quick(ledger, "reference", runs=1, updates=30, **SLOW)
         execute(ledger, reference, artifacts=tmp_path / "reference", replay_in_subprocess=False)
         (run_id,) = plan_quick(ledger, "slurm", runs=1, updates=30, **SLOW)
@@ -79,7 +79,7 @@ def test_preempted_job_checkpoints_requeues_and_ends_bit_identical(
 
 
 def test_slurm_executor_without_slurm_says_so(sqlite_url: str, tmp_path: Path) -> None:
-    with Ledger.open(sqlite_url) as ledger:
+    with Ledger.open(sqlite_url, create=True) as ledger:
         plan_quick(ledger, "no-slurm", runs=1)
     refused = run(sqlite_url, "launch", "no-slurm", "--executor", "slurm", "--skip-pilot",
                   "--reason", "test", "--artifacts", str(tmp_path))  # fmt: skip
@@ -91,7 +91,7 @@ def test_slurm_executor_without_slurm_says_so(sqlite_url: str, tmp_path: Path) -
 def test_requeue_limit_leaves_the_run_interrupted_and_resumable(
     sqlite_url: str, tmp_path: Path
 ) -> None:
-    with Ledger.open(sqlite_url) as ledger:
+    with Ledger.open(sqlite_url, create=True) as ledger:
         (run_id,) = plan_quick(ledger, "limited", runs=1, updates=60, **SLOW)
         job = _submit_and_preempt(ledger, sqlite_url, "limited", run_id, tmp_path, max_requeues=0)
         with pytest.raises(Exception, match="not requeued"):

@@ -16,7 +16,7 @@ from tests.helpers import plan_campaign
 
 def test_sqlite_writer_waits_for_a_held_write_lock(sqlite_url: str) -> None:
     """Another process holding the write lock delays a write; it never fails it."""
-    with Ledger.open(sqlite_url) as ledger:
+    with Ledger.open(sqlite_url, create=True) as ledger:
         plan_campaign(ledger, seeds=1)
         holder = sqlite3.connect(
             sqlite_url.removeprefix("sqlite:///"), isolation_level=None, check_same_thread=False
@@ -34,7 +34,7 @@ def test_sqlite_writer_waits_for_a_held_write_lock(sqlite_url: str) -> None:
 
 
 def test_sqlite_database_is_wal(sqlite_url: str) -> None:
-    with Ledger.open(sqlite_url) as ledger, ledger.engine.connect() as conn:
+    with Ledger.open(sqlite_url, create=True) as ledger, ledger.engine.connect() as conn:
         assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
         assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
 
@@ -42,7 +42,7 @@ def test_sqlite_database_is_wal(sqlite_url: str) -> None:
 @pytest.mark.parametrize("sqlstate", ["serialization_failure", "deadlock_detected"])
 def test_postgresql_races_are_retried(postgresql_url: str, sqlstate: str) -> None:
     """A real serialization failure / deadlock error from the server: retried, then done."""
-    with Ledger.open(postgresql_url) as ledger:
+    with Ledger.open(postgresql_url, create=True) as ledger:
         attempts = []
 
         def work(conn: Connection) -> str:
@@ -62,7 +62,7 @@ def test_postgresql_races_are_retried(postgresql_url: str, sqlstate: str) -> Non
 
 
 def test_postgresql_retries_are_bounded(postgresql_url: str) -> None:
-    with Ledger.open(postgresql_url) as ledger:
+    with Ledger.open(postgresql_url, create=True) as ledger:
         attempts = []
 
         def work(conn: Connection) -> None:

@@ -15,7 +15,7 @@ def write_metrics(
 ) -> None:  # fmt: skip
     """Write ``points`` metric points in batches of ``batch_size``; read now and then."""
     try:
-        ledger = Ledger.open(url)
+        ledger = Ledger.open(url, create=True)
         start.wait()
         with ledger.metric_writer(run_id, segment_id, batch_size=batch_size,
                                   interval_s=3600) as writer:  # fmt: skip
@@ -38,7 +38,7 @@ def open_fresh(url: str, start: multiprocessing.synchronize.Barrier, results: An
     """Open a ledger that does not exist yet, at the same moment as the others."""
     try:
         start.wait()
-        with Ledger.open(url) as ledger:
+        with Ledger.open(url, create=True) as ledger:
             results.put(("ok", ledger.revision()))
     except BaseException:
         results.put(("error", traceback.format_exc()))

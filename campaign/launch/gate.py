@@ -11,9 +11,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from campaign.ledger import Ledger
-from campaign.loop.train import environment
-from campaign.pilot.gates import stack_differences
+from campaign.ledger import Ledger, LedgerReader
+from campaign.stack import environment, stack_differences
 
 
 class GateClosed(Exception):
@@ -36,7 +35,7 @@ def open_gate(
             raise GateClosed("--skip-pilot needs a --reason")
         ledger.add_event(campaign, "pilot_skipped", f"{who}: {skip_reason.strip()}")
         return GateDecision(f"pilot skipped: {skip_reason.strip()}")
-    if ledger.pilot_passed(campaign):
+    if pilot_passed(ledger, campaign):
         pilots = ledger.pilots(campaign)
         mine = pilots[pilots["config_sha256"] == record.spec_sha256]
         stored = mine["environment"].iloc[-1]
@@ -56,3 +55,11 @@ def open_gate(
         f"campaign {campaign!r} has no passing pilot for its frozen spec: run "
         f"`campaign pilot {campaign}` first, or launch with --skip-pilot --reason TEXT"
     )
+
+
+def pilot_passed(ledger: LedgerReader, campaign: str) -> bool:
+    """True when the latest pilot for the campaign's frozen spec passed."""
+    pilots = ledger.pilots(campaign)
+    spec_hash = ledger.campaign(campaign).spec_sha256
+    mine = pilots[pilots["config_sha256"] == spec_hash]
+    return bool(len(mine)) and mine["verdict"].iloc[-1] == "pass"

@@ -27,6 +27,7 @@ from typing import Any
 from campaign.launch.progress import ProgressDisplay, Snapshot, take_snapshot
 from campaign.launch.worker import WorkerOptions, worker_name
 from campaign.ledger import Ledger
+from campaign.ledger.location import ENV_VAR
 
 MAX_RESPAWNS = 3
 
@@ -128,7 +129,7 @@ class LocalLauncher:
     def command(self, slot: Slot) -> list[str]:
         o = self.options
         line = [
-            sys.executable, "-m", "campaign", "--ledger", self.url, "worker", o.campaign,
+            sys.executable, "-m", "campaign", "worker", o.campaign,
             "--device", slot.device, "--artifacts", str(o.artifacts),
             "--heartbeat-s", f"{o.heartbeat_s:g}", "--lease-s", f"{o.lease_s:g}", "--launched",
         ]  # fmt: skip
@@ -141,7 +142,8 @@ class LocalLauncher:
         return line
 
     def _spawn(self, slot: Slot, respawns: int = 0) -> _Worker:
-        env = {**os.environ, **slot.env}
+        # The ledger URL travels in the environment: a password never appears on a command line.
+        env = {**os.environ, **slot.env, ENV_VAR: self.url}
         process = subprocess.Popen(self.command(slot), env=env)
         return _Worker(slot, process, respawns)
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from campaign.launch.worker import WorkerOptions, run_one
 from campaign.ledger import Ledger
-from campaign.loop.train import Outcome
+from campaign.loop.train import RunOutcome
 
 TUPLE_FIELDS = ("resume", "only_runs", "preempt_signals")
 
@@ -41,7 +41,7 @@ def options_from(document: dict[str, Any], **overrides: Any) -> WorkerOptions:
 
 def run_placed(
     url: str, document: dict[str, Any], run_id: str, cwd: str, **overrides: Any
-) -> Outcome | None:
+) -> RunOutcome | None:
     """Execute ``run_id`` in this process as an engine's task; None when it had already ended."""
     if os.path.isdir(cwd):
         os.chdir(cwd)
@@ -51,6 +51,6 @@ def run_placed(
         return run_one(ledger, options_from(document, **overrides), run_id)
 
 
-def outcome_document(run_id: str, outcome: Outcome | None) -> dict[str, Any]:
+def outcome_document(run_id: str, outcome: RunOutcome | None) -> dict[str, Any]:
     """What the task returns to the engine (plain values)."""
     return {"run_id": run_id, "status": "already ended"} if outcome is None else asdict(outcome)

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from campaign.ledger import Ledger
-from campaign.ledger.engine import ENV_VAR
+from campaign.ledger.location import ENV_VAR
 from campaign.loop import replicas as dp
 
 ADDRESS = "127.0.0.1"

@@ -27,14 +27,13 @@ from typing import Any
 
 import torch
 
+from campaign.launch.defaults import DEFAULT_HEARTBEAT_S, DEFAULT_LEASE_S
 from campaign.launch.replicated import replica_group
-from campaign.ledger import Claim, IllegalTransition, Ledger, StopInfo
+from campaign.ledger import Claim, IllegalTransition, Ledger, StopRecord
 from campaign.ledger.vocabulary import TERMINAL_STATUSES
 from campaign.loop import replicas as dp
-from campaign.loop.train import LoopError, Outcome, RunLoop
-
-DEFAULT_HEARTBEAT_S = 30.0
-DEFAULT_LEASE_S = 120.0
+from campaign.loop.errors import LoopError, RunSetupFailed
+from campaign.loop.train import RunLoop, RunOutcome
 
 
 @dataclass(frozen=True)
@@ -69,7 +68,7 @@ class WorkerReport:
     """What one worker did: one outcome per run it executed."""
 
     worker: str
-    outcomes: list[Outcome] = field(default_factory=list)
+    outcomes: list[RunOutcome] = field(default_factory=list)
     lost_marked: list[str] = field(default_factory=list)
     stopped_by_signal: bool = False
     preempted: bool = False
@@ -84,7 +83,7 @@ def run_worker(
     ledger: Ledger,
     options: WorkerOptions,
     *,
-    on_outcome: Callable[[Outcome], None] | None = None,
+    on_outcome: Callable[[RunOutcome], None] | None = None,
 ) -> WorkerReport:
     """Claim and execute runs of ``options.campaign`` until none is left (or a signal)."""
     if options.threads:
@@ -117,7 +116,7 @@ class RunHeldElsewhere(RuntimeError):
     """The run stayed ``running`` under another live lease for longer than we may wait."""
 
 
-def run_one(ledger: Ledger, options: WorkerOptions, run_id: str) -> Outcome | None:
+def run_one(ledger: Ledger, options: WorkerOptions, run_id: str) -> RunOutcome | None:
     """Execute one named run to its end, for engines that place one task per run.
 
     Engines run a task at least once: a retried task may find its run already
@@ -200,7 +199,7 @@ def _execute(
     run_id: str,
     claim: Claim | None,
     stopping: StopRequest,
-) -> Outcome | None:
+) -> RunOutcome | None:
     """Execute one run; None when a resumable run was taken by another worker first."""
     world = int(ledger.run(run_id).config_document["loop"]["replicas"])
     group: Any = contextlib.nullcontext()
@@ -214,9 +213,9 @@ def _execute(
         )
     except LoopError as error:  # refused before any work: a claimed run must still end
         if claim is not None:
-            stop = StopInfo("exception", 0, "setup", str(error))
+            stop = StopRecord("exception", 0, "setup", str(error))
             ledger.finish(run_id, "failed", stop, lease=claim.lease)
-            return Outcome(run_id, "failed", "exception", 0, str(error))
+            return RunOutcome(run_id, "failed", "exception", 0, str(error))
         raise
     with group:
         try:
@@ -224,9 +223,9 @@ def _execute(
         except IllegalTransition:  # a resumable run another worker took between list and start
             loop.cleanup()
             return None
-        except LoopError as error:  # setup failed: the run is recorded as failed already
+        except RunSetupFailed as error:  # the run is recorded as failed already
             loop.cleanup()
-            return Outcome(loop.run_id, "failed", "exception", loop.step, str(error))
+            return RunOutcome(loop.run_id, "failed", "exception", loop.step, str(error))
         try:
             if stopping.is_set():  # a signal arrived before the loop's own handler was installed
                 loop.request_stop(stopping.signum)

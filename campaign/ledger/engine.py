@@ -15,7 +15,6 @@ transactions and, in WAL mode, never block writers.
 
 from __future__ import annotations
 
-import os
 import random
 import time
 from collections.abc import Callable, Iterator
@@ -35,8 +34,6 @@ from campaign.ledger.errors import (
     RefusedWrite,
 )
 
-DEFAULT_URL = "sqlite:///campaign.db"
-ENV_VAR = "CAMPAIGN_LEDGER"
 SQLITE_BUSY_TIMEOUT_S = 60.0
 POSTGRES_CONNECT_TIMEOUT_S = 5
 MAX_ATTEMPTS = 6
@@ -45,11 +42,6 @@ REFUSAL_PREFIX = "campaign ledger refused"
 _WRITE_OPTION = "campaign_write"
 _RETRYABLE_SQLSTATES = {"40001", "40P01"}  # serialization_failure, deadlock_detected
 _T = TypeVar("_T")
-
-
-def resolve_url(explicit: str | None = None) -> str:
-    """``--ledger URL``, else ``CAMPAIGN_LEDGER``, else the SQLite default (DESIGN.md §11)."""
-    return explicit or os.environ.get(ENV_VAR) or DEFAULT_URL
 
 
 def parse_url(text: str) -> URL:

@@ -48,3 +48,7 @@ class LeaseLost(RefusedWrite):
 
     The worker must stop at once: another worker may be executing the run.
     """
+
+
+class NoLedger(LedgerError):
+    """No ledger where one was named (a SQLite file that does not exist): nothing was created."""

@@ -130,9 +130,12 @@ def mark_stale_lost_without_commit(
     stale_after_s: float,
     campaign_id: int | None = None,
     dead_workers: Sequence[str] = (),
+    *,
+    dry_run: bool = False,
 ) -> list[LostRun]:
     """Declare ``lost`` every running run whose heartbeat is older than ``stale_after_s``, or
-    whose worker is known to be dead (a launcher reaped its process on this host)."""
+    whose worker is known to be dead (a launcher reaped its process on this host). With
+    ``dry_run``, only list them: the same rule, nothing written."""
     dead = list(dead_workers)
     now, cutoff = _cutoff(conn, stale_after_s)
     lost: list[LostRun] = []
@@ -150,6 +153,9 @@ def mark_stale_lost_without_commit(
             else f"no heartbeat for {silent:.0f} s (limit {stale_after_s:g} s) "
             f"from worker {row.worker}"
         )
+        if dry_run:
+            lost.append(LostRun(row.id, row.campaign_id, row.worker, silent, last_step))
+            continue
         changed = conn.execute(
             MARK_LOST,
             {"p_run_id": row.id, "p_cutoff": cutoff, "p_dead": dead, "p_stop_step": last_step,

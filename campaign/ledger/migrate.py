@@ -27,6 +27,7 @@ from sqlalchemy.engine import URL
 from campaign.ledger.engine import (
     create_ledger_engine,
     enable_wal,
+    parse_url,
     safe_url,
     sqlite_path,
     translated,
@@ -201,3 +202,19 @@ def _run_alembic(conn: Connection, verb: str, revision: str) -> None:
     config = alembic_config()
     config.attributes["connection"] = conn
     getattr(command, verb)(config, revision)
+
+
+def describe_url(text: str) -> dict[str, str | None]:
+    """:func:`describe` for a ledger URL as written by a user."""
+    return describe(parse_url(text))
+
+
+def upgrade_url(text: str, revision: str = "head") -> tuple[str, str | None, str | None]:
+    """Upgrade the ledger at ``text`` (creating a missing SQLite file); (where, before, after)."""
+    engine = create_ledger_engine(parse_url(text))
+    try:
+        before = current_revision(engine)
+        upgrade(engine, revision)
+        return safe_url(engine.url), before, current_revision(engine)
+    finally:
+        engine.dispose()

@@ -91,10 +91,33 @@ class Claim:
 
 
 @dataclass(frozen=True)
-class StopInfo:
+class StopRecord:
     """Why and where a run ended (DESIGN.md §2 stop causes)."""
 
     cause: str
     step: int | None = None
     phase: str | None = None
     detail: str | None = None
+
+
+def run_record(m: Mapping[str, Any]) -> RunRecord:
+    """A run row joined with its campaign's and variant's names, as a frozen record."""
+    return RunRecord(
+        id=m["id"], campaign_id=m["campaign_id"], campaign=m["campaign_name"],
+        variant_id=m["variant_id"], variant=m["variant_name"], seed=m["seed"],
+        config=m["config"], config_sha256=m["config_sha256"], status=m["status"],
+        stop_cause=m["stop_cause"], stop_step=m["stop_step"],
+        stop_phase=m["stop_phase"], stop_detail=m["stop_detail"],
+        relaunch_of=m["relaunch_of"], relaunch_reason=m["relaunch_reason"],
+        worker=m["worker"], created_at=as_utc(m["created_at"]),
+        started_at=as_utc(m["started_at"]), ended_at=as_utc(m["ended_at"]),
+        heartbeat_at=as_utc(m["heartbeat_at"]),
+    )  # fmt: skip
+
+
+def campaign_record(m: Mapping[str, Any], run_ids: tuple[str, ...]) -> CampaignRecord:
+    """A campaigns row and its run ids, as a frozen record."""
+    return CampaignRecord(
+        id=m["id"], name=m["name"], question=m["question"], task=m["task"], spec=m["spec"],
+        spec_sha256=m["spec_sha256"], created_at=as_utc(m["created_at"]), run_ids=run_ids,
+    )  # fmt: skip

@@ -28,12 +28,10 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from campaign.loop.errors import CheckpointError
+
 STATE_KEY = "campaign_checkpoint"
 FORMAT_VERSION = 1
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that must not be loaded: missing, torn, tampered with, not ours."""
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,8 @@ from safetensors.torch import load_file
 
 from campaign.ledger import Ledger
 from campaign.loop.checkpoint import CheckpointError, file_sha256
+from campaign.loop.data import to_device
+from campaign.loop.fresh_process import FreshProcessFailed, run_json
 from campaign.loop.task import build_task
 
 
@@ -58,7 +59,7 @@ def replay_artifact(path: Path, task_reference: str) -> tuple[bool, list[Any], l
     model.eval()
     with torch.no_grad():
         outputs = task.predict(model, task.collate(list(task.control_inputs())))
-    outputs = json.loads(json.dumps(outputs, default=str))
+    outputs = json_values(outputs)
     return outputs == expected, outputs, expected
 
 
@@ -73,8 +74,6 @@ def write_final(
     """Write weights + config + environment + control outputs atomically; return the outputs."""
     from safetensors.torch import save_file
 
-    from campaign.loop.train import to_device
-
     model.eval()
     try:
         with torch.no_grad():
@@ -82,7 +81,7 @@ def write_final(
             outputs = task.predict(model, to_device(task.collate(controls), device))
     finally:
         model.train()
-    outputs = json.loads(json.dumps(outputs, default=str))
+    outputs = json_values(outputs)
     metadata = {
         "config": config_text,
         "environment": environment_text,
@@ -96,34 +95,32 @@ def write_final(
     return outputs
 
 
+def json_values(value: Any) -> Any:
+    """``value`` as a JSON round trip gives it back (tuples as lists, other objects as strings),
+    so outputs computed here compare equal to those stored in the artifact's metadata."""
+    return json.loads(json.dumps(value, default=str))
+
+
 def replay_file_in_subprocess(path: Path, task_reference: str) -> dict[str, Any]:
     """``python -m campaign.loop.replay PATH TASK``: a fresh interpreter's verdict."""
-    done = subprocess.run(
-        [sys.executable, "-m", "campaign.loop.replay", str(path), task_reference],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=os.getcwd(),
-    )
-    if done.returncode != 0:
-        return {"identical": False, "error": done.stderr.strip().splitlines()[-1:]}
-    return json.loads(done.stdout)
+    try:
+        return dict(run_json(["-m", "campaign.loop.replay", str(path), task_reference]))
+    except FreshProcessFailed as error:
+        return {"identical": False, "error": str(error)}
 
 
 def replay_in_subprocess(ledger: Ledger, run_id: str, artifact_id: int) -> bool:
-    """``campaign replay RUN_ID`` in a fresh interpreter; False when it could not run there."""
+    """``campaign replay RUN_ID --format json`` in a fresh interpreter: True when the outputs
+    were identical there (False also when it could not run there)."""
     url = ledger.engine.url
     if url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:"):
         return False  # another process cannot see an in-memory ledger
     env = {**os.environ, "CAMPAIGN_LEDGER": url.render_as_string(hide_password=False)}
-    done = subprocess.run(
-        [sys.executable, "-m", "campaign", "replay", run_id],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
-    return done.returncode == 0
+    try:
+        answer = run_json(["-m", "campaign", "replay", run_id, "--format", "json"], env=env)
+    except FreshProcessFailed:
+        return False
+    return bool(answer.get("identical"))
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
+from campaign.loop.errors import LoopError
 from campaign.loop.task import Batch, Task
 
 _T = TypeVar("_T")
@@ -100,8 +101,6 @@ def accumulate_across(
     dist.all_reduce(total)
     units = int(total[1].item())
     if units == 0:
-        from campaign.loop.train import LoopError
-
         raise LoopError("an effective batch with no loss units (every target masked out)")
     offset = 0
     for grad in grads:

@@ -1,7 +1,7 @@
 """Stop rules, decided by the frozen config before launch (DESIGN.md §2 stop causes).
 
 Each rule looks at what the loop just measured and either lets the run go on
-or returns a :class:`Stop`: the end status, the cause, and a human detail.
+or returns a :class:`StopDecision`: the end status, the cause, and a human detail.
 The loop adds the step and phase and writes it in one transaction.
 """
 
@@ -18,7 +18,9 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 @dataclass(frozen=True)
-class Stop:
+class StopDecision:
+    """A stop rule's decision: how the run ends (the ledger stores it as a ``StopRecord``)."""
+
     status: str
     cause: str
     detail: str
@@ -61,35 +63,37 @@ class StopRules:
         self.best = state.get("best")
         self.since_best = int(state.get("since_best", 0))
 
-    def after_loss(self, loss: float) -> Stop | None:
+    def after_loss(self, loss: float) -> StopDecision | None:
         if not math.isfinite(loss):
-            return Stop("diverged", "non_finite_loss", f"loss is {loss}")
+            return StopDecision("diverged", "non_finite_loss", f"loss is {loss}")
         if self.first_loss is None:
             self.first_loss = loss
         elif self.explosion is not None and loss > self.explosion * self.first_loss:
-            return Stop(
+            return StopDecision(
                 "diverged",
                 "loss_explosion",
                 f"loss {loss:.4g} > {self.explosion:g} x first loss {self.first_loss:.4g}",
             )
         return None
 
-    def after_gradients(self, grad_norm: float) -> Stop | None:
+    def after_gradients(self, grad_norm: float) -> StopDecision | None:
         if not math.isfinite(grad_norm):
-            return Stop("diverged", "non_finite_grad", f"gradient norm is {grad_norm}")
+            return StopDecision("diverged", "non_finite_grad", f"gradient norm is {grad_norm}")
         return None
 
-    def after_update(self, step: int) -> Stop | None:
+    def after_update(self, step: int) -> StopDecision | None:
         if step >= self.updates:
-            return Stop("completed", "budget_reached", f"{step} of {self.updates} updates done")
+            return StopDecision(
+                "completed", "budget_reached", f"{step} of {self.updates} updates done"
+            )
         if self.wall_time is not None and time.monotonic() - self.started > self.wall_time:
             elapsed = time.monotonic() - self.started
-            return Stop(
+            return StopDecision(
                 "stopped", "wall_time", f"{elapsed:.1f} s elapsed, limit {self.wall_time:g} s"
             )
         return None
 
-    def after_validation(self, value: float | None) -> Stop | None:
+    def after_validation(self, value: float | None) -> StopDecision | None:
         if value is None or not math.isfinite(value):
             return None
         better = self.best is None or (
@@ -100,7 +104,7 @@ class StopRules:
             return None
         self.since_best += 1
         if self.patience and self.since_best >= self.patience:
-            return Stop(
+            return StopDecision(
                 "stopped",
                 "early_stop",
                 f"no improvement of the validation metric for {self.since_best} "

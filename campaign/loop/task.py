@@ -12,6 +12,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from campaign.loop.errors import TaskContractError
 from campaign.taskref import TaskReferenceError, load_factory
 
 CONTRACT = ("model", "splits", "collate", "loss", "predict", "score", "describe", "control_inputs")
@@ -32,10 +33,6 @@ class Task(Protocol):
     def score(self, records: Sequence[dict[str, Any]]) -> dict[str, float]: ...
     def describe(self, example: Example) -> dict[str, str]: ...
     def control_inputs(self) -> Sequence[Example]: ...
-
-
-class TaskContractError(ValueError):
-    """The task does not import, cannot be built, or lacks a part of the contract."""
 
 
 def build_task(reference: str, config: dict[str, Any]) -> Task:

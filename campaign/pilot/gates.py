@@ -9,9 +9,8 @@ the campaign's frozen spec hash; a launch without a passing pilot is refused.
 
 from __future__ import annotations
 
-import json
+import copy
 import math
-import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,12 +21,14 @@ import torch
 from campaign.ledger import Ledger
 from campaign.ledger.canonical import canonical_json
 from campaign.loop import checkpoint as ckpt
+from campaign.loop.data import describe_inputs
+from campaign.loop.fresh_process import FreshProcessFailed, run_json
 from campaign.loop.measure import PhaseRecord, Probe
 from campaign.loop.replay import replay_file_in_subprocess, write_final
 from campaign.loop.task import Task, build_task
-from campaign.loop.train import describe_inputs, environment, evaluate
 from campaign.pilot.data_gate import check_data
 from campaign.pilot.session import PilotSession
+from campaign.stack import environment
 
 # What to do when a phase fails (DESIGN.md §5).
 ADVICE = {
@@ -106,7 +107,7 @@ class Pilot:
         ] = PilotSession,
     ) -> None:
         self.reference = task_reference
-        self.config = json.loads(json.dumps(dict(config)))
+        self.config = copy.deepcopy(dict(config))
         self.folder = folder
         self.device = torch.device(device)
         self.options = options
@@ -257,9 +258,7 @@ class Pilot:
         size = session.per_update
         record.inputs = {"examples": len(session.val_set), "batch": size}
         try:
-            total, units, records = evaluate(
-                session.task, session.model, session.val_set, size, session.device, session.autocast
-            )
+            total, units, records = session.evaluate(session.val_set, size)
         finally:
             hook.remove()
         if any(training for training, _ in seen):
@@ -294,7 +293,11 @@ class Pilot:
         return f"{saved.size:,} bytes, hash verified on reload"
 
     def _resume(self, record: PhaseRecord) -> str:
-        report = run_module("campaign.pilot.resume_check", str(self.saved.path), self.reference)
+        arguments = ["-m", "campaign.pilot.resume_check", str(self.saved.path), self.reference]
+        try:
+            report = run_json(arguments)
+        except FreshProcessFailed as error:
+            raise PhaseFailure(f"the fresh process failed: {error}") from None
         record.inputs = {"checkpoint": str(self.saved.path)}
         different = [
             k
@@ -336,7 +339,7 @@ class Pilot:
         options = self.options
         if self.task is None:
             raise PhaseFailure("the task could not be built")
-        config = json.loads(json.dumps(self.config))
+        config = copy.deepcopy(self.config)
         config["optimizer"]["lr"] = options.overfit_lr
         config["scheduler"] = {"name": "constant", "warmup": 0}
         session = self.session_factory(self.task, config, self.device)
@@ -353,9 +356,7 @@ class Pilot:
             if not math.isfinite(losses[-1]):
                 raise PhaseFailure(f"non-finite loss at overfit step {len(losses)}")
             session.step_optimizer()
-        _, _, records = evaluate(
-            session.task, session.model, examples, len(examples), session.device, session.autocast
-        )
+        _, _, records = session.evaluate(examples, len(examples))
         wrong = [r["id"] for r in records if str(r["prediction"]) != str(r["target"])]
         ratio = losses[0] / max(losses[-1], 1e-12)
         if ratio < options.overfit_factor:
@@ -372,38 +373,6 @@ class Pilot:
             f"loss {losses[0]:.4g} -> {losses[-1]:.4g} ({ratio:.0f}x) in "
             f"{options.overfit_steps} steps; all {len(records)} predictions right"
         )
-
-
-STACK_KEYS = ("torch", "cuda", "cudnn", "devices", "python")
-
-
-def stack_differences(pilot: Mapping[str, Any] | None, current: Mapping[str, Any]) -> list[str]:
-    """What differs between the pilot's software stack and this one (for a launch to warn)."""
-    if not pilot:
-        return ["no stack recorded with the pilot"]
-    return [
-        f"{key}: pilot {pilot.get(key)!r}, now {current.get(key)!r}"
-        for key in STACK_KEYS
-        if pilot.get(key) != current.get(key)
-    ]
-
-
-def run_module(module: str, *args: str) -> dict[str, Any]:
-    """``python -m module args`` in a fresh interpreter; its JSON answer (or the error)."""
-    import subprocess
-    import sys
-
-    done = subprocess.run(
-        [sys.executable, "-m", module, *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=os.getcwd(),
-    )
-    if done.returncode != 0:
-        lines = done.stderr.strip().splitlines()
-        raise PhaseFailure(f"the fresh process failed: {lines[-1] if lines else done.returncode}")
-    return json.loads(done.stdout)
 
 
 def run_pilot(

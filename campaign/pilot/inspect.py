@@ -56,3 +56,31 @@ def summary(task: Task, split: str, config: Mapping[str, Any]) -> dict[str, Any]
 
         result["label_counts"] = {name(i): labels[i] for i in sorted(labels)}
     return result
+
+
+def inspect_campaign(ledger: Any, campaign: str, split: str, count: int) -> dict[str, Any]:
+    """What ``campaign inspect`` shows, with the control's config: examples, a summary of the
+    split and the data gate's findings (``passed`` says whether every check held)."""
+    from campaign.loop.task import build_task
+    from campaign.pilot.data_gate import check_data, passed
+
+    record = ledger.campaign(campaign)
+    runs = ledger.runs(campaign)
+    config = runs[runs["is_control"]].iloc[0]["config"]
+    task = build_task(record.task, config)
+    findings = check_data(task, config)
+    return {
+        "campaign": campaign,
+        "examples": examples(task, split, count),
+        "summary": summary(task, split, config),
+        "data_gate": [
+            {
+                "check": f.check,
+                "verdict": "pass" if f.ok else "FAIL",
+                "detail": f.detail,
+                "advice": f.advice,
+            }
+            for f in findings
+        ],
+        "passed": passed(findings),
+    }

@@ -23,8 +23,6 @@ import pandas as pd
 
 from campaign.report.balance import BalanceSheet
 
-FORMATS = ("html", "md", "csv", "parquet", "json")
-
 _TEMPLATE = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined).from_string(
     """<!doctype html>
 <html lang="en"><head><meta charset="utf-8">

@@ -8,10 +8,6 @@ from typing import Any
 import click
 
 
-def register(main: click.Group) -> None:
-    main.add_command(demo)
-
-
 @click.command()
 @click.option("--dir", "folder", type=click.Path(file_okay=False, path_type=Path),
               default=Path("campaign-demo"), show_default=True,

@@ -3,23 +3,16 @@
 from __future__ import annotations
 
 import json
+import math
 import tomllib
 from typing import Any
 
 import click
-import pandas as pd
 
-from campaign import plan as planning
-from campaign.config_schema import held_deviations
-from campaign.ledger import Ledger, LedgerInputError
+from campaign.cli.output import output_options, render_rows
+from campaign.cli.source import LedgerSource
+from campaign.ledger.errors import LedgerInputError
 from campaign.ledger.vocabulary import RUN_STATUSES
-from campaign.output import output_options, render
-from campaign.spec import load_spec
-
-
-def register(main: click.Group) -> None:
-    for command in (plan, show, runs, relaunch, note, notes):
-        main.add_command(command)
 
 
 @click.command()
@@ -27,11 +20,14 @@ def register(main: click.Group) -> None:
 @click.option("--dry-run", is_flag=True, help="Validate and print the plan; write nothing.")
 @output_options
 @click.pass_obj
-def plan(source: Any, spec_path: str, dry_run: bool, output_format: str) -> None:
+def plan(source: LedgerSource, spec_path: str, dry_run: bool, output_format: str) -> None:
     """Plan the campaign in SPEC: every (variant, seed) becomes a planned run.
 
     Example: campaign plan lr-sweep.toml --dry-run
     """
+    from campaign import plan as planning
+    from campaign.spec import load_spec
+
     resolved = load_spec(spec_path)
     the_plan = planning.make_plan(resolved)
     for warning in the_plan.warnings:
@@ -39,7 +35,7 @@ def plan(source: Any, spec_path: str, dry_run: bool, output_format: str) -> None
     run_ids: list[str | None] = [None] * len(the_plan.runs)
     created = False
     if not dry_run:
-        with source.open() as ledger:
+        with source.open(create=True) as ledger:
             record, created = planning.record_plan(ledger, the_plan)
             run_ids = _run_ids_in_plan_order(ledger, record.name, the_plan)
     grid = [
@@ -64,7 +60,7 @@ def plan(source: Any, spec_path: str, dry_run: bool, output_format: str) -> None
         click.echo(json.dumps(document, indent=2))
     else:
         for rows in (grid, accounting, run_rows):
-            click.echo(render(rows, output_format))
+            click.echo(render_rows(rows, output_format))
             click.echo("")
     count = (
         f"{len(resolved.variants)} variants x {len(resolved.seeds)} seeds = {len(run_rows)} runs"
@@ -78,7 +74,7 @@ def plan(source: Any, spec_path: str, dry_run: bool, output_format: str) -> None
                    "nothing written", err=True)  # fmt: skip
 
 
-def _run_ids_in_plan_order(ledger: Ledger, name: str, the_plan: planning.Plan) -> list[str | None]:
+def _run_ids_in_plan_order(ledger: Any, name: str, the_plan: Any) -> list[str | None]:
     frame = ledger.runs(name)
     originals = frame[frame["relaunch_of"].isna()]
     by_key = {(r.variant, int(r.seed)): r.run_id for r in originals.itertuples()}
@@ -89,7 +85,7 @@ def _run_ids_in_plan_order(ledger: Ledger, name: str, the_plan: planning.Plan) -
 @click.argument("campaign")
 @output_options
 @click.pass_obj
-def show(source: Any, campaign: str, output_format: str) -> None:
+def show(source: LedgerSource, campaign: str, output_format: str) -> None:
     """Show a campaign: its question, frozen spec hash, variants, accounting and run counts.
 
     Example: campaign show digits-lr
@@ -127,7 +123,7 @@ def show(source: Any, campaign: str, output_format: str) -> None:
         for key, value in header.items():
             click.echo(f"{key + ':':<13} {value}")
         click.echo("")
-    click.echo(render(variants, output_format))
+    click.echo(render_rows(variants, output_format))
 
 
 @click.command()
@@ -136,11 +132,15 @@ def show(source: Any, campaign: str, output_format: str) -> None:
               help="Only runs in this status (repeatable).")  # fmt: skip
 @output_options
 @click.pass_obj
-def runs(source: Any, campaign: str, statuses: tuple[str, ...], output_format: str) -> None:
+def runs(
+    source: LedgerSource, campaign: str, statuses: tuple[str, ...], output_format: str
+) -> None:
     """List the runs of a campaign, relaunches and deviations from the plan included.
 
     Example: campaign runs digits-lr --status diverged --format csv
     """
+    from campaign.config_schema import held_deviations
+
     with source.open() as ledger:
         record = ledger.campaign(campaign)
         frame = ledger.runs(campaign, status=list(statuses) or None)
@@ -153,11 +153,14 @@ def runs(source: Any, campaign: str, statuses: tuple[str, ...], output_format: s
          "deviation": ", ".join(held_deviations(r.config, hold)) or None}
         for r in frame.itertuples()
     ]  # fmt: skip
-    click.echo(render(rows, output_format))
+    click.echo(render_rows(rows, output_format))
 
 
 def _missing(value: Any) -> bool:
-    return bool(pd.isna(value))
+    """None, NaN or pandas' NA (a frame cell with no value)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return True
+    return type(value).__name__ in ("NAType", "NaTType")
 
 
 def _value(value: Any) -> Any:
@@ -172,12 +175,14 @@ def _value(value: Any) -> Any:
 @click.option("--reason", required=True, help="Why the run is relaunched (recorded).")
 @output_options
 @click.pass_obj
-def relaunch(source: Any, run_id: str, sets: tuple[str, ...], reason: str,
+def relaunch(source: LedgerSource, run_id: str, sets: tuple[str, ...], reason: str,
              output_format: str) -> None:  # fmt: skip
     """Plan a new run (new id) that repeats RUN_ID with changes; the old run stays as it is.
 
     Example: campaign relaunch 01jd... --set loop.microbatch=1 --reason "OOM in validation"
     """
+    from campaign import plan as planning
+
     changes = dict(_parse_set(item) for item in sets)
     if not reason.strip():
         raise LedgerInputError("--reason must say why the run is relaunched")
@@ -192,7 +197,7 @@ def relaunch(source: Any, run_id: str, sets: tuple[str, ...], reason: str,
     row = {"run_id": new_id, "relaunch_of": run_id, "variant": old.variant, "seed": old.seed,
            "changes": ", ".join(f"{k}={v!r}" for k, v in changes.items()) or None,
            "deviation": ", ".join(deviations) or None}  # fmt: skip
-    click.echo(render([row], output_format, document=row))
+    click.echo(render_rows([row], output_format, document=row))
     if deviations:
         click.echo(f"campaign: warning: relaunch changes held {', '.join(deviations)}: "
                    "the report marks it as a deviation from the plan", err=True)  # fmt: skip
@@ -213,7 +218,7 @@ def _parse_set(item: str) -> tuple[str, Any]:
 @click.argument("campaign")
 @click.argument("text")
 @click.pass_obj
-def note(source: Any, campaign: str, text: str) -> None:
+def note(source: LedgerSource, campaign: str, text: str) -> None:
     """Add a timestamped note (a decision, an observation) to a campaign.
 
     Example: campaign note digits-lr "control kept: 2e-4 diverged on seed 1"
@@ -227,7 +232,7 @@ def note(source: Any, campaign: str, text: str) -> None:
 @click.argument("campaign")
 @output_options
 @click.pass_obj
-def notes(source: Any, campaign: str, output_format: str) -> None:
+def notes(source: LedgerSource, campaign: str, output_format: str) -> None:
     """List a campaign's notes, oldest first.
 
     Example: campaign notes digits-lr --format json
@@ -235,4 +240,4 @@ def notes(source: Any, campaign: str, output_format: str) -> None:
     with source.open() as ledger:
         frame = ledger.notes(campaign)
     rows = [{"at": r.at.isoformat(), "text": r.text} for r in frame.itertuples()]
-    click.echo(render(rows, output_format))
+    click.echo(render_rows(rows, output_format))

@@ -4,18 +4,11 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
 
 import click
 
-from campaign.report.archive import ArchiveError, verify_archive, write_archive
-from campaign.report.balance import balance_sheet
-from campaign.report.render import FORMATS, render, write
-
-
-def register(main: click.Group) -> None:
-    for command in (report, archive, verify_archive_command):
-        main.add_command(command)
+from campaign.cli.source import LedgerSource
+from campaign.report.formats import FORMATS
 
 
 @click.command()
@@ -27,7 +20,7 @@ def register(main: click.Group) -> None:
               help="File to write (default CAMPAIGN-report.EXT here); - for stdout "
               "(not parquet).")  # fmt: skip
 @click.pass_obj
-def report(source: Any, campaign: str, output_format: str, output: Path | None) -> None:
+def report(source: LedgerSource, campaign: str, output_format: str, output: Path | None) -> None:
     """Write the campaign's balance sheet: every run on its line, none omitted.
 
     Per variant: runs planned/completed/diverged/failed/other and the validation
@@ -36,6 +29,9 @@ def report(source: Any, campaign: str, output_format: str, output: Path | None) 
 
     Example: campaign report digits-lr --format html --output digits-lr.html
     """
+    from campaign.report.balance import balance_sheet
+    from campaign.report.render import render, write
+
     with source.open() as ledger:
         sheet = balance_sheet(ledger, campaign)
     if output is not None and str(output) == "-":
@@ -53,7 +49,7 @@ def report(source: Any, campaign: str, output_format: str, output: Path | None) 
 @click.option("--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="The .tar.gz to write (default CAMPAIGN-archive.tar.gz here).")  # fmt: skip
 @click.pass_obj
-def archive(source: Any, campaign: str, output: Path | None) -> None:
+def archive(source: LedgerSource, campaign: str, output: Path | None) -> None:
     """Pack everything the campaign leaves into one .tar.gz with a manifest of SHA-256s.
 
     Spec, configs, environments, raw metrics, events, predictions, final artifacts,
@@ -61,6 +57,8 @@ def archive(source: Any, campaign: str, output: Path | None) -> None:
 
     Example: campaign archive digits-lr --output digits-lr.tar.gz
     """
+    from campaign.report.archive import ArchiveError, write_archive
+
     path = output or Path(f"{campaign}-archive.tar.gz")
     with source.open() as ledger:
         try:
@@ -79,6 +77,8 @@ def verify_archive_command(path: Path) -> None:
 
     Example: campaign verify-archive digits-lr-archive.tar.gz
     """
+    from campaign.report.archive import ArchiveError, verify_archive
+
     try:
         verified = verify_archive(path)
     except ArchiveError as error:

@@ -1,4 +1,4 @@
-"""Rendering of listings for the command line: ``--format table|json|csv`` (DESIGN.md §11).
+"""Listings on the command line: ``--format table|json|csv`` (DESIGN.md §11).
 
 ``json`` prints one JSON document on stdout and nothing else there; messages
 always go to stderr.
@@ -31,7 +31,7 @@ def output_options(command: _F) -> _F:
     )(command)
 
 
-def render(rows: Sequence[Mapping[str, Any]], output_format: str, document: Any = None) -> str:
+def render_rows(rows: Sequence[Mapping[str, Any]], output_format: str, document: Any = None) -> str:
     """Rows as an aligned table, CSV, or JSON (``document`` overrides the JSON body)."""
     if output_format == "json":
         return json.dumps(rows if document is None else document, indent=2, default=str)

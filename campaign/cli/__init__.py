@@ -1,0 +1,114 @@
+"""The ``campaign`` command line: a lazy click group over one module per command group.
+
+Commands parse, call one library function and print. A command's module is
+imported only when that command runs (click's documented lazy-group pattern),
+and the group's help is written from the table below without importing any of
+them, so ``campaign --help`` and the commands that only read the ledger never
+import torch.
+
+Exit codes (DESIGN.md §11): 0 success; 1 the checked thing failed; 2 bad
+usage or bad input; 3 ledger problem. Errors print one line on stderr, never
+a traceback for a user mistake.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from campaign.cli.errors import exit_code_for
+from campaign.cli.source import DEFAULT_URL, ENV_VAR, LedgerSource, add_ledger_option
+
+# name -> (module:attribute, one line of help). The help is repeated here so that the
+# group's help lists every command without importing their modules.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "plan": ("campaign.cli.plan:plan", "Plan the campaign in SPEC: every (variant, seed) becomes a planned run."),
+    "show": ("campaign.cli.plan:show", "The campaign's question, frozen spec hash, held quantities and variants."),
+    "runs": ("campaign.cli.plan:runs", "List a campaign's runs: id, variant, seed, status, stop, lineage."),
+    "relaunch": ("campaign.cli.plan:relaunch", "Plan a new run from an ended one, with changes and a reason."),
+    "note": ("campaign.cli.plan:note", "Add a timestamped note to a campaign."),
+    "notes": ("campaign.cli.plan:notes", "List a campaign's notes."),
+    "inspect": ("campaign.cli.pilot:inspect", "Examples as the loss sees them, a data summary and the data gate."),
+    "pilot": ("campaign.cli.pilot:pilot", "One recorded pass through every phase of the loop on the worst case."),
+    "size": ("campaign.cli.pilot:size", "The sizing sheet from the latest pilot: memory, time, rental fit."),
+    "doctor": ("campaign.cli.pilot:doctor", "The software stack, the ledger's revision, runs whose heartbeat stopped."),
+    "launch": ("campaign.cli.launch:launch", "Execute a campaign's planned runs on workers that claim them."),
+    "worker": ("campaign.cli.launch:worker", "Run one plain worker: claim runs of CAMPAIGN until none is left."),
+    "status": ("campaign.cli.launch:status", "Where a campaign stands: done, running, left, ETA."),
+    "run": ("campaign.cli.run:run", "Execute one planned run in this process (what a worker calls)."),
+    "resume": ("campaign.cli.run:resume", "Continue an interrupted or lost run from its last verified checkpoint."),
+    "replay": ("campaign.cli.run:replay", "Reload a run's final artifact and replay the control inputs."),
+    "report": ("campaign.cli.report:report", "Write the campaign's balance sheet: every run on its line."),
+    "archive": ("campaign.cli.report:archive", "Pack everything the campaign leaves into one .tar.gz with SHA-256s."),
+    "verify-archive": ("campaign.cli.report:verify_archive_command", "Check every member of an archive against its manifest."),
+    "demo": ("campaign.cli.demo:demo", "The main job on the embedded SQLite ledger: plan, pilot, launch, report."),
+    "campaigns": ("campaign.cli.ledger:campaigns", "List the campaigns in the ledger with their number of runs."),
+    "db": ("campaign.cli.ledger:db", "Ledger schema: show the revision, upgrade an older ledger."),
+}  # fmt: skip
+
+
+class LazyGroup(click.Group):
+    """Imports a command's module when the command is used; lists commands from ``COMMANDS``.
+
+    Every command (and every subcommand of a nested group) also accepts the
+    global ``--ledger`` after its name, so ``campaign status X --ledger URL``
+    works like ``campaign --ledger URL status X``. Project errors become one
+    stderr line and the contract's exit code.
+    """
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in COMMANDS:
+            return None
+        module_name, _, attribute = COMMANDS[name][0].partition(":")
+        __import__(module_name)
+        command = getattr(sys.modules[module_name], attribute)
+        add_ledger_option(command)
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, COMMANDS[name][1]) for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.ClickException, click.Abort):
+            raise
+        except Exception as error:
+            code = exit_code_for(error)
+            if code is None:
+                raise
+            prefix = "ledger error: " if code == 3 else ""
+            click.echo(f"campaign: {prefix}{error}", err=True)
+            ctx.exit(code)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--ledger",
+    "ledger_url",
+    envvar=ENV_VAR,
+    default=DEFAULT_URL,
+    show_default=True,
+    metavar="URL",
+    help=f"Ledger database: sqlite:///PATH or postgresql://USER@HOST/DB (env {ENV_VAR}); "
+    "also accepted after the subcommand.",
+)
+@click.version_option(package_name="campaign")
+@click.pass_context
+def main(ctx: click.Context, ledger_url: str) -> None:
+    """Run PyTorch training-experiment campaigns with the discipline of a careful lab.
+
+    Example: campaign --ledger sqlite:///campaign.db db current
+    """
+    ctx.obj = LedgerSource(ledger_url)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,32 @@
+"""The exit code for a project error (DESIGN.md §11), without importing the modules that
+define the errors: an error of a module that was never imported cannot have been raised,
+so each class is looked up only in modules already loaded."""
+
+from __future__ import annotations
+
+import sys
+
+EXIT_CHECK_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_LEDGER = 3
+
+# (module, class name, exit code), the most specific first.
+ERRORS: tuple[tuple[str, str, int], ...] = (
+    ("campaign.ledger.errors", "LedgerError", EXIT_LEDGER),
+    ("campaign.ledger.errors", "LedgerInputError", EXIT_BAD_INPUT),
+    ("campaign.spec", "SpecError", EXIT_BAD_INPUT),
+    ("campaign.loop.errors", "RunSetupFailed", EXIT_CHECK_FAILED),
+    ("campaign.loop.errors", "CheckpointError", EXIT_CHECK_FAILED),
+    ("campaign.loop.errors", "LoopError", EXIT_BAD_INPUT),
+    ("campaign.loop.errors", "TaskContractError", EXIT_BAD_INPUT),
+)
+
+
+def exit_code_for(error: BaseException) -> int | None:
+    """The contract's exit code for ``error``; None when it is not one of the project's."""
+    for module_name, class_name, code in ERRORS:
+        module = sys.modules.get(module_name)
+        kind = getattr(module, class_name, None) if module is not None else None
+        if kind is not None and isinstance(error, kind):
+            return code
+    return None

@@ -1,0 +1,281 @@
+"""Launch commands (thin): launch, worker, status."""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from campaign.cli.options import artifacts_option
+from campaign.cli.output import output_options, render_rows
+from campaign.cli.source import LedgerSource
+from campaign.launch.defaults import DEFAULT_HEARTBEAT_S, DEFAULT_LEASE_S
+
+EXECUTORS = ("local", "ray", "slurm")
+
+
+def _worker_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Options shared by `launch` and `worker`: heartbeat, lease, resume, pilot gate."""
+    decorators = [
+        artifacts_option,
+        click.option("--heartbeat-s", type=click.FloatRange(min=0.05), default=DEFAULT_HEARTBEAT_S,
+                     show_default=True, help="Seconds between a running run's heartbeats."),
+        click.option("--lease-s", type=click.FloatRange(min=0.1), default=DEFAULT_LEASE_S,
+                     show_default=True,
+                     help="Heartbeat age after which a running run is declared lost."),
+        click.option("--resume-lost", is_flag=True,
+                     help="Also continue lost runs from their last verified checkpoint."),
+        click.option("--resume-interrupted", is_flag=True,
+                     help="Also continue interrupted runs from their last verified checkpoint."),
+        click.option("--skip-pilot", is_flag=True,
+                     help="Launch without a passing pilot (needs --reason; recorded)."),
+        click.option("--reason", default=None, help="Why the pilot is skipped (recorded)."),
+        click.option("--no-replay-check", is_flag=True,
+                     help="Skip reloading each final artifact in a fresh process."),
+    ]  # fmt: skip
+    return functools.reduce(lambda c, d: d(c), reversed(decorators), command)
+
+
+def _options(campaign: str, artifacts: Path, **kw: Any) -> Any:
+    from campaign.launch.worker import WorkerOptions
+
+    resume = tuple(s for s in ("lost", "interrupted") if kw.get(f"resume_{s}"))
+    try:
+        return WorkerOptions(
+            campaign=campaign, artifacts=artifacts, device=kw.get("device", "cpu"),
+            heartbeat_s=kw["heartbeat_s"], lease_s=kw["lease_s"], resume=resume,
+            threads=kw.get("threads"), max_runs=kw.get("max_runs"),
+            replay_in_subprocess=not kw["no_replay_check"],
+        )  # fmt: skip
+    except ValueError as error:
+        raise click.UsageError(str(error)) from None
+
+
+def _skip_reason(skip_pilot: bool, reason: str | None) -> str | None:
+    """The recorded reason to skip the pilot gate (None: the gate applies)."""
+    if skip_pilot and not (reason and reason.strip()):
+        raise click.UsageError("--skip-pilot needs --reason TEXT (it is recorded in the ledger)")
+    if reason and not skip_pilot:
+        raise click.UsageError("--reason goes with --skip-pilot")
+    return reason if skip_pilot else None
+
+
+def _say_gate(decision: Any) -> None:
+    for warning in decision.stack_warnings:
+        click.echo(f"campaign: warning: stack differs from the pilot's: {warning}", err=True)
+
+
+def _gate(ledger: Any, campaign: str, skip_pilot: bool, reason: str | None, who: str) -> None:
+    from campaign.launch.gate import GateClosed, open_gate
+
+    skip_reason = _skip_reason(skip_pilot, reason)
+    try:
+        decision = open_gate(ledger, campaign, skip_reason=skip_reason, who=who)
+    except GateClosed as closed:
+        click.echo(f"campaign: {closed}", err=True)
+        raise click.exceptions.Exit(1) from None
+    _say_gate(decision)
+
+
+@click.command()
+@click.argument("campaign")
+@click.option(
+    "--workers",
+    type=click.IntRange(1),
+    default=None,
+    help="Worker processes (default: one per device; 1 on cpu).",
+)
+@click.option(
+    "--devices",
+    default="cpu",
+    show_default=True,
+    help="cpu, cuda (all visible) or a list: cuda:0,cuda:1.",
+)
+@click.option("--executor", type=click.Choice(EXECUTORS), default="local", show_default=True)
+@click.option(
+    "--address",
+    default=None,
+    help="ray: the cluster address (default: start a private local instance).",
+)
+@click.option(
+    "--gpus-per-run",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="ray: GPUs each run's task asks for (default: 1 with cuda devices, else 0).",
+)
+@click.option(
+    "--schedule-timeout-s",
+    type=click.FloatRange(min=1),
+    default=600,
+    show_default=True,
+    help="ray/slurm: give up when no run could start within this time.",
+)
+@click.option(
+    "--slurm-folder",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="slurm: folder for submitit's job files (default: ARTIFACTS/slurm).",
+)
+@click.option("--slurm-partition", default=None, help="slurm: partition to submit to.")
+@click.option(
+    "--slurm-time-min",
+    type=click.IntRange(1),
+    default=60,
+    show_default=True,
+    help="slurm: time limit of each job in minutes.",
+)
+@click.option(
+    "--slurm-local",
+    is_flag=True,
+    help="slurm: simulate the cluster with submitit's local executor on this machine.",
+)
+@click.option(
+    "--max-requeues",
+    type=click.IntRange(0),
+    default=3,
+    show_default=True,
+    help="slurm: how often a preempted or timed-out run may be requeued.",
+)
+@click.option(
+    "--grace-s",
+    type=click.FloatRange(min=1),
+    default=300,
+    show_default=True,
+    help="After SIGTERM, how long workers get to checkpoint before they are killed.",
+)
+@_worker_options
+@output_options
+@click.pass_obj
+def launch(source: LedgerSource, campaign: str, workers: int | None, devices: str, executor: str,
+           address: str | None, gpus_per_run: float | None, schedule_timeout_s: float,
+           slurm_folder: Path | None, slurm_partition: str | None, slurm_time_min: int,
+           slurm_local: bool, max_requeues: int, grace_s: float, skip_pilot: bool,
+           reason: str | None, artifacts: Path, output_format: str, **kw: Any) -> None:  # fmt: skip
+    """Execute a campaign's planned runs on workers that claim them from the ledger.
+
+    Refuses (exit 1) without a passing pilot for the frozen spec unless
+    --skip-pilot --reason TEXT (recorded). Exit code 0 when every run ended and none
+    failed, ran out of memory, or was interrupted or lost; 1 otherwise; diverged runs
+    are results. SIGTERM/SIGINT: running runs checkpoint and end interrupted.
+
+    Example: campaign launch digits-lr --workers 4 --devices cpu
+    """
+    from campaign.launch.gate import GateClosed
+    from campaign.launch.placement import PlacementError
+    from campaign.launch.policy import LaunchRefused, LaunchRequest, launch_campaign
+
+    request = LaunchRequest(
+        options=_options(campaign, artifacts, **kw), executor=executor, workers=workers,
+        devices=devices, skip_reason=_skip_reason(skip_pilot, reason), address=address,
+        gpus_per_run=gpus_per_run, schedule_timeout_s=schedule_timeout_s,
+        slurm_folder=slurm_folder, slurm_partition=slurm_partition,
+        slurm_time_min=slurm_time_min, slurm_local=slurm_local, max_requeues=max_requeues,
+        grace_s=grace_s,
+    )  # fmt: skip
+    with source.open() as ledger:
+        try:
+            outcome = launch_campaign(ledger, source.url, request)
+        except LaunchRefused as error:
+            raise click.UsageError(str(error)) from None
+        except GateClosed as closed:
+            click.echo(f"campaign: {closed}", err=True)
+            raise click.exceptions.Exit(1) from None
+        except PlacementError as error:
+            click.echo(f"campaign: {error}", err=True)
+            raise click.exceptions.Exit(2) from None
+    _say_gate(outcome.gate)
+    if output_format == "json":
+        click.echo(json.dumps(outcome.snapshot.document(), indent=2))
+    if outcome.interrupted:
+        click.echo(
+            f"campaign: launch interrupted; resume with `campaign launch {campaign} "
+            "--resume-interrupted`",
+            err=True,
+        )
+    if outcome.unfinished:
+        what = ", ".join(f"{n} {s}" for s, n in outcome.attention.items()) or "runs left"
+        click.echo(f"campaign: {campaign}: {what}", err=True)
+        raise click.exceptions.Exit(1)
+
+
+@click.command()
+@click.argument("campaign")
+@click.option("--device", default="cpu", show_default=True, help="torch device: cpu, cuda:0 ...")
+@click.option(
+    "--threads",
+    type=click.IntRange(1),
+    default=None,
+    help="torch CPU threads of this worker (default: torch's choice).",
+)
+@click.option("--max-runs", type=click.IntRange(1), default=None, help="Stop after this many runs.")
+@click.option(
+    "--launched",
+    is_flag=True,
+    hidden=True,
+    help="Started by `campaign launch`, which already checked the pilot gate.",
+)
+@_worker_options
+@click.pass_obj
+def worker(source: LedgerSource, campaign: str, skip_pilot: bool, reason: str | None,
+           artifacts: Path,
+           launched: bool, **kw: Any) -> None:  # fmt: skip
+    """Run one plain worker: claim runs of CAMPAIGN from the ledger until none is left.
+
+    Start one on each machine that shares a PostgreSQL ledger, no engine needed.
+    Exit code 0 when the work ran out, 1 when stopped by SIGTERM/SIGINT (its run
+    ended interrupted), 3 when its lease was taken away (another worker owns its run).
+
+    Example: campaign --ledger postgresql://me@db/lab worker digits-lr --device cuda:0
+    """
+    from campaign.launch.worker import run_worker
+    from campaign.ledger.locality import check_single_host
+
+    options = _options(campaign, artifacts, **kw)
+    with source.open() as ledger:
+        ledger.campaign(campaign)
+        check_single_host(ledger, options.lease_s)
+        if not launched or skip_pilot:
+            _gate(ledger, campaign, skip_pilot, reason, who="worker")
+
+        def tell(outcome: Any) -> None:
+            click.echo(
+                f"run {outcome.run_id}: {outcome.status} ({outcome.cause}) at update "
+                f"{outcome.step}",
+                err=True,
+            )
+
+        report = run_worker(ledger, options, on_outcome=None if launched else tell)
+    if report.stopped_by_signal:
+        raise click.exceptions.Exit(1)
+
+
+@click.command()
+@click.argument("campaign")
+@output_options
+@click.pass_obj
+def status(source: LedgerSource, campaign: str, output_format: str) -> None:
+    """Where a campaign stands, from the ledger: done, running (update counter), left, ETA.
+
+    Example: campaign status digits-lr --format json
+    """
+    from campaign.launch.progress import format_duration, take_snapshot
+
+    with source.open() as ledger:
+        snapshot = take_snapshot(ledger, campaign)
+    if output_format == "json":
+        click.echo(json.dumps(snapshot.document(), indent=2))
+        return
+    click.echo(snapshot.summary(), err=output_format == "csv")
+    rows = [
+        {"run_id": r.run_id, "variant": r.variant, "seed": r.seed, "worker": r.worker,
+         "update": r.step, "updates": r.updates, "heartbeat_age_s": r.heartbeat_age_s}
+        for r in snapshot.running
+    ]  # fmt: skip
+    if rows or output_format == "csv":
+        click.echo(render_rows(rows, output_format))
+    if output_format == "table":
+        click.echo(f"ETA {format_duration(snapshot.eta_s)}")

@@ -1,0 +1,186 @@
+"""Pilot commands (thin): inspect, pilot, size, doctor."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from campaign.cli.options import artifacts_option, device_option
+from campaign.cli.output import output_options, render_rows
+from campaign.cli.source import LedgerSource
+
+
+@click.command()
+@click.argument("campaign")
+@click.option("--n", "count", default=4, show_default=True, help="How many examples to show.")
+@click.option("--split", default="train", show_default=True, type=click.Choice(["train", "val"]))
+@output_options
+@click.pass_obj
+def inspect(
+    source: LedgerSource, campaign: str, count: int, split: str, output_format: str
+) -> None:
+    """Show examples as the loss receives them, a summary of the split, and the data gate.
+
+    Uses the control's config. Exit code 1 when the data gate fails.
+
+    Example: campaign inspect digits-lr --n 4 --split val
+    """
+    from campaign.pilot.inspect import inspect_campaign
+
+    with source.open() as ledger:
+        document = inspect_campaign(ledger, campaign, split, count)
+    if output_format == "json":
+        click.echo(json.dumps(document, indent=2, default=str))
+    else:
+        for example in document["examples"]:
+            click.echo(f"--- {example['id']}")
+            for key, value in example.items():
+                if key != "id":
+                    text = str(value)
+                    click.echo(f"{key}:" + (f"\n{text}" if "\n" in text else f" {text}"))
+        summary = [{"summary": k, "value": v} for k, v in document["summary"].items()]
+        click.echo("")
+        click.echo(render_rows(summary, output_format))
+        click.echo("")
+        click.echo(render_rows(document["data_gate"], output_format))
+    if not document["passed"]:
+        failed = ", ".join(g["check"] for g in document["data_gate"] if g["verdict"] != "pass")
+        click.echo(f"campaign: data gate failed ({failed})", err=True)
+        raise click.exceptions.Exit(1)
+
+
+@click.command()
+@click.argument("campaign")
+@artifacts_option
+@device_option
+@click.option(
+    "--overfit-examples",
+    default=8,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Training examples the overfit gate must learn.",
+)
+@click.option(
+    "--overfit-steps",
+    default=60,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Updates the overfit gate may take.",
+)
+@click.option(
+    "--overfit-factor",
+    default=5.0,
+    show_default=True,
+    type=click.FloatRange(1),
+    help="By how much the overfit loss must fall.",
+)
+@output_options
+@click.pass_obj
+def pilot(source: LedgerSource, campaign: str, artifacts: Path, device: str,
+          overfit_examples: int, overfit_steps: int, overfit_factor: float,
+          output_format: str) -> None:  # fmt: skip
+    """One recorded pass through every phase on the campaign's worst case; exit 1 on a failure.
+
+    Example: campaign pilot digits-lr --device cpu
+    """
+    from campaign.pilot.gates import PilotOptions, run_pilot
+
+    options = PilotOptions(overfit_examples, overfit_steps, overfit_factor)
+    with source.open() as ledger:
+        report = run_pilot(ledger, campaign, artifacts=artifacts, device=device, options=options)
+    rows = [
+        {"phase": r.phase, "verdict": r.verdict,
+         "duration_s": None if r.duration_s is None else round(r.duration_s, 4),
+         "allocated_peak": r.allocated_peak, "reserved_peak": r.reserved_peak,
+         "rss_peak": r.rss_peak, "detail": r.detail}
+        for r in report.records
+    ]  # fmt: skip
+    document = {"campaign": campaign, "pilot_id": report.pilot_id, "variant": report.variant,
+                "passed": report.passed, "phases": rows}  # fmt: skip
+    click.echo(render_rows(rows, output_format, document=document))
+    verdict = "passed" if report.passed else "FAILED"
+    click.echo(
+        f"campaign: pilot {report.pilot_id} of {campaign!r} (variant {report.variant}) {verdict}",
+        err=True,
+    )
+    if not report.passed:
+        raise click.exceptions.Exit(1)
+
+
+@click.command()
+@click.argument("campaign")
+@click.option(
+    "--device",
+    "target",
+    default=None,
+    help="The device type being sized for (default: the pilot's).",
+)
+@click.option(
+    "--reserve",
+    default=0.2,
+    show_default=True,
+    type=click.FloatRange(0, 10),
+    help="Evaluation/export reserve, as a fraction of the compute time.",
+)
+@output_options
+@click.pass_obj
+def size(source: LedgerSource, campaign: str, target: str | None, reserve: float,
+         output_format: str) -> None:  # fmt: skip
+    """The sizing sheet from the latest pilot: memory per phase, time, and the rental that fits.
+
+    Example: campaign size digits-lr --reserve 0.25
+    """
+    from campaign.pilot.sizing import sizing_sheet
+
+    with source.open() as ledger:
+        sheet = sizing_sheet(ledger, campaign, target=target, reserve=reserve)
+    if output_format == "json":
+        click.echo(json.dumps(sheet.document(), indent=2, default=str))
+    else:
+        header = [{"item": k, "value": v} for k, v in sheet.header.items()]
+        click.echo(render_rows(header, output_format))
+        click.echo("")
+        click.echo(render_rows(sheet.phases, output_format))
+    if sheet.warning:
+        click.echo(f"campaign: warning: {sheet.warning}", err=True)
+
+
+@click.command()
+@click.option(
+    "--stale-after",
+    default=600,
+    show_default=True,
+    type=click.FloatRange(min=0.1),
+    help="Seconds without a heartbeat after which a running run is declared lost.",
+)
+@click.option("--dry-run", is_flag=True, help="List heartbeat-stale runs without marking them.")
+@output_options
+@click.pass_obj
+def doctor(source: LedgerSource, stale_after: float, dry_run: bool, output_format: str) -> None:
+    """The software stack, the ledger's revision, and runs whose heartbeat stopped.
+
+    Running runs whose heartbeat is older than --stale-after (on the database's clock)
+    are declared lost (stop cause heartbeat_lost, with an event); continue them with
+    `campaign resume RUN_ID` or `campaign launch CAMPAIGN --resume-lost`.
+
+    Example: campaign doctor --stale-after 120 --format json
+    """
+    from campaign.doctor import examine
+
+    document = examine(source.url, stale_after_s=stale_after, dry_run=dry_run)
+    stale = document["stale_runs"]
+    if stale and not dry_run:
+        click.echo(
+            f"campaign: {len(stale)} run(s) declared lost; continue them with "
+            "`campaign resume RUN_ID` or `campaign launch CAMPAIGN --resume-lost`",
+            err=True,
+        )
+    if output_format == "json":
+        click.echo(json.dumps(document, indent=2, default=str))
+        return
+    items = {**document["stack"], **{f"ledger {k}": v for k, v in document["ledger"].items()}}
+    click.echo(render_rows([{"item": k, "value": v} for k, v in items.items()], output_format))
+    click.echo("")
+    click.echo(render_rows(stale, output_format) if stale else "no running run without a heartbeat")

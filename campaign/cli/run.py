@@ -1,0 +1,89 @@
+"""Run commands: run, resume, replay (thin: parse, call the loop, print)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from campaign.cli.options import artifacts_option, device_option
+from campaign.cli.output import output_options
+from campaign.cli.source import LedgerSource
+
+
+def _execute(
+    source: LedgerSource, run_id: str, artifacts: Path, device: str, *, expect: str
+) -> None:
+    """Run or resume ``run_id`` in this process; exit 1 unless it completed or stopped."""
+    from campaign.loop.train import execute
+
+    with source.open() as ledger:
+        status = ledger.run(run_id).status
+        if expect == "planned" and status != "planned":
+            hint = " (use `campaign resume`)" if status in ("interrupted", "lost") else ""
+            raise click.UsageError(f"run {run_id} is {status}, not planned{hint}")
+        if expect == "resumable" and status not in ("interrupted", "lost"):
+            raise click.UsageError(
+                f"run {run_id} is {status}: only interrupted or lost runs resume"
+            )
+        outcome = execute(ledger, run_id, artifacts=artifacts, device=device)
+    click.echo(
+        f"run {outcome.run_id}: {outcome.status} ({outcome.cause}) at update "
+        f"{outcome.step}: {outcome.detail}",
+        err=True,
+    )
+    if outcome.status not in ("completed", "stopped"):
+        raise click.exceptions.Exit(1)
+
+
+@click.command()
+@click.argument("run_id")
+@artifacts_option
+@device_option
+@click.pass_obj
+def run(source: LedgerSource, run_id: str, artifacts: Path, device: str) -> None:
+    """Execute one planned run in this process (what a worker calls).
+
+    Exit code 0 when it completes (or stops by its rules), 1 when it diverges, fails
+    (in setup too), runs out of memory or is interrupted.
+
+    Example: campaign run 01jd8x3m5k2q9w7c4v6b1n0r8t --device cpu
+    """
+    _execute(source, run_id, artifacts, device, expect="planned")
+
+
+@click.command()
+@click.argument("run_id")
+@artifacts_option
+@device_option
+@click.pass_obj
+def resume(source: LedgerSource, run_id: str, artifacts: Path, device: str) -> None:
+    """Continue an interrupted or lost run from its last verified checkpoint (same id, new segment).
+
+    Example: campaign resume 01jd8x3m5k2q9w7c4v6b1n0r8t
+    """
+    _execute(source, run_id, artifacts, device, expect="resumable")
+
+
+@click.command()
+@click.argument("run_id")
+@output_options
+@click.pass_obj
+def replay(source: LedgerSource, run_id: str, output_format: str) -> None:
+    """Reload a run's final artifact in this process and replay the task's control inputs.
+
+    Exit code 0 when the outputs are identical to those recorded at export, 1 otherwise.
+
+    Example: campaign replay 01jd8x3m5k2q9w7c4v6b1n0r8t --format json
+    """
+    from campaign.loop.replay import replay as replay_final
+
+    with source.open() as ledger:
+        result = replay_final(ledger, run_id)
+    if output_format == "json":
+        click.echo(json.dumps(result, default=str))
+    word = "identical" if result["identical"] else "DIFFER"
+    click.echo(f"run {run_id}: control outputs {word} after reload", err=True)
+    if not result["identical"]:
+        raise click.exceptions.Exit(1)

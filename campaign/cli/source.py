@@ -1,0 +1,57 @@
+"""Where the ledger comes from: ``--ledger URL`` (before or after the subcommand), else
+``CAMPAIGN_LEDGER``, else ``sqlite:///campaign.db`` in the working directory."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from campaign.ledger.location import DEFAULT_URL, ENV_VAR
+
+if TYPE_CHECKING:
+    from campaign.ledger import Ledger
+
+__all__ = ["DEFAULT_URL", "ENV_VAR", "LedgerSource", "add_ledger_option"]
+
+
+class LedgerSource:
+    """The ledger URL chosen on the command line; opened only by commands that need it."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def open(self, *, create: bool = False, check: bool = True) -> Ledger:
+        """Open the ledger; only ``plan``, ``demo`` and ``db upgrade`` may create one."""
+        from campaign.ledger import Ledger
+
+        return Ledger.open(self.url, create=create, check=check)
+
+
+def _take_ledger(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    if value is not None:
+        ctx.ensure_object(LedgerSource).url = value
+
+
+def add_ledger_option(command: click.Command) -> None:
+    """Let ``command`` (and a group's subcommands) take the global ``--ledger`` after its name."""
+    if not any(param.name == "ledger_after" for param in command.params):
+        command.params.append(
+            click.Option(
+                ["--ledger", "ledger_after"],
+                metavar="URL",
+                expose_value=False,
+                callback=_take_ledger,
+                help="The ledger (same as the global --ledger given before the command).",
+            )
+        )
+    if isinstance(command, click.Group):
+        for subcommand in command.commands.values():
+            add_ledger_option(subcommand)
+
+
+def ledger_source(value: Any) -> LedgerSource:
+    """The source object of a command context (commands receive it through ``pass_obj``)."""
+    if not isinstance(value, LedgerSource):
+        raise click.UsageError("the ledger source is missing (run through `campaign`)")
+    return value

@@ -1,0 +1,28 @@
+"""``campaign doctor``: the software stack, the ledger's revision, and runs whose heartbeat
+stopped, declared lost (or, in a dry run, listed by the same rule the sweep applies)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from campaign.ledger import migrate
+from campaign.ledger.store import Ledger
+from campaign.stack import environment
+
+
+def examine(url: str, *, stale_after_s: float, dry_run: bool) -> dict[str, Any]:
+    """The doctor's document: ``stack``, ``ledger`` (revision state) and ``stale_runs``."""
+    Ledger.open(url, check=False).close()  # a missing SQLite file: NoLedger, nothing created
+    state = migrate.describe_url(url)
+    stale: list[dict[str, Any]] = []
+    if state["revision"] == state["head"]:
+        with Ledger.open(url) as ledger:
+            names = dict(ledger.campaigns()[["id", "name"]].itertuples(index=False))
+            action = "would be declared lost" if dry_run else "declared lost"
+            stale = [
+                {"campaign": names.get(lost.campaign_id), "run_id": lost.run_id,
+                 "worker": lost.worker, "silent_s": round(lost.silent_s, 1), "action": action}
+                for lost in ledger.mark_lost(stale_after_s, dry_run=dry_run)
+            ]  # fmt: skip
+    stack = environment(None)
+    return {"stack": stack, "ledger": state, "stale_runs": stale}

@@ -1,0 +1,116 @@
+"""How a campaign is launched: where its workers may run, the pilot gate, and which executor
+places them. ``campaign launch`` parses its options into a :class:`LaunchRequest` and calls
+:func:`launch_campaign`; everything it decides lives here, not in the command."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from campaign.launch.gate import GateDecision, open_gate
+from campaign.launch.local import DeviceError, LocalLauncher, plan_slots
+from campaign.launch.progress import ProgressDisplay, Snapshot
+from campaign.launch.worker import WorkerOptions
+from campaign.ledger import Ledger
+from campaign.ledger.locality import check_single_host
+
+EXECUTORS = ("local", "ray", "slurm")  # the command line offers the same choice
+# A run that ended in one of these needs attention; diverged is a result, not an accident.
+NEEDS_ATTENTION = ("failed", "oom", "interrupted", "lost")
+
+
+class LaunchRefused(ValueError):
+    """The launch as asked cannot work (bad devices, an executor that cannot see the ledger)."""
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    """Everything ``campaign launch`` was asked, executor options included."""
+
+    options: WorkerOptions
+    executor: str = "local"
+    workers: int | None = None
+    devices: str = "cpu"
+    skip_reason: str | None = None
+    address: str | None = None
+    gpus_per_run: float | None = None
+    schedule_timeout_s: float = 600
+    slurm_folder: Path | None = None
+    slurm_partition: str | None = None
+    slurm_time_min: int = 60
+    slurm_local: bool = False
+    max_requeues: int = 3
+    grace_s: float = 300
+
+
+@dataclass(frozen=True)
+class LaunchOutcome:
+    gate: GateDecision
+    snapshot: Snapshot
+    interrupted: bool
+
+    @property
+    def attention(self) -> dict[str, int]:
+        """Runs that ended in a way that needs a look (failed, oom, interrupted, lost)."""
+        counts = self.snapshot.counts
+        return {status: counts[status] for status in NEEDS_ATTENTION if counts.get(status)}
+
+    @property
+    def unfinished(self) -> bool:
+        return bool(self.attention or self.snapshot.left or self.snapshot.counts.get("running"))
+
+
+def launch_campaign(
+    ledger: Ledger, url: str, request: LaunchRequest, display: ProgressDisplay | None = None
+) -> LaunchOutcome:
+    """Check where workers may run and the pilot gate, then place workers with the executor.
+
+    Raises :class:`LaunchRefused` for a launch that cannot work and
+    :class:`~campaign.launch.gate.GateClosed` without a passing pilot (or a
+    recorded decision to skip it).
+    """
+    campaign, options = request.options.campaign, request.options
+    ledger.campaign(campaign)
+    if request.executor not in EXECUTORS:
+        raise LaunchRefused(f"unknown executor {request.executor!r}: {', '.join(EXECUTORS)}")
+    if request.executor != "ray" or request.address is None:
+        check_single_host(ledger, options.lease_s)
+    elif ledger.dialect == "sqlite":
+        raise LaunchRefused(
+            "--executor ray --address: workers on other hosts cannot share a SQLite ledger; "
+            "use a PostgreSQL ledger (--ledger postgresql://USER@HOST/DB)"
+        )
+    who = f"launch --executor {request.executor}"
+    gate = open_gate(ledger, campaign, skip_reason=request.skip_reason, who=who)
+    display = display or ProgressDisplay()
+    if request.executor == "local":
+        try:
+            slots = plan_slots(request.devices, request.workers)
+        except DeviceError as error:
+            raise LaunchRefused(str(error)) from None
+        launcher = LocalLauncher(url, options, slots, display=display, grace_s=request.grace_s)
+        result = launcher.run(ledger)
+        return LaunchOutcome(gate, result.snapshot, result.interrupted)
+    return LaunchOutcome(gate, _on_engine(url, request, display), False)
+
+
+def _on_engine(url: str, request: LaunchRequest, display: ProgressDisplay) -> Any:
+    """Launch on Ray or SLURM (imported only when asked for: both are optional extras)."""
+    if request.executor == "ray":
+        from campaign.launch.ray_executor import RayOptions, launch_on_ray
+
+        ray_options = RayOptions(
+            address=request.address, workers=request.workers, devices=request.devices,
+            gpus_per_run=request.gpus_per_run, schedule_timeout_s=request.schedule_timeout_s,
+        )  # fmt: skip
+        return launch_on_ray(url, request.options, ray_options, display)
+    from campaign.launch.slurm_executor import SlurmOptions, launch_on_slurm
+
+    slurm_options = SlurmOptions(
+        folder=request.slurm_folder or request.options.artifacts / "slurm",
+        partition=request.slurm_partition, time_min=request.slurm_time_min,
+        max_requeues=request.max_requeues, gpus_per_run=int(request.gpus_per_run or 0),
+        parallel=request.workers, local=request.slurm_local,
+    )  # fmt: skip
+    return launch_on_slurm(url, request.options, slurm_options, display)

@@ -1,0 +1,60 @@
+"""Files a run writes beside the ledger (predictions, tracebacks, checkpoints, the final
+artifact), each recorded as an artifact row with its SHA-256 and size.
+
+Files are written under a temporary name and renamed into place, so a crash
+never leaves a file that looks complete; the row is added only once the file
+is whole, so every artifact row names a file whose hash was taken from disk.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from campaign.ledger import Ledger
+from campaign.loop.checkpoint import file_sha256
+
+
+def record_file(
+    ledger: Ledger,
+    run_id: str,
+    kind: str,
+    path: Path,
+    step: int,
+    *,
+    lease: str | None,
+    sha256: str | None = None,
+) -> int:
+    """Add the artifact row of a file already written (its hash taken now unless given)."""
+    digest = sha256 if sha256 is not None else file_sha256(path)
+    return ledger.add_artifact(
+        run_id, kind, str(path), digest, path.stat().st_size, step, lease=lease
+    )
+
+
+def write_predictions(path: Path, records: Sequence[dict[str, Any]]) -> Path:
+    """Validation predictions as Parquet (id, prediction, target), written atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    frame = pd.DataFrame.from_records(
+        [
+            {"id": r["id"], "prediction": str(r["prediction"]), "target": str(r["target"])}
+            for r in records
+        ],
+        columns=["id", "prediction", "target"],
+    )
+    temporary = path.with_suffix(".partial")
+    frame.to_parquet(temporary, index=False)
+    os.replace(temporary, path)
+    return path
+
+
+def write_traceback(path: Path) -> Path:
+    """The exception being handled, as text (called from an ``except`` block)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(traceback.format_exc())
+    return path

@@ -1,0 +1,52 @@
+"""Signals a run answers: SIGTERM/SIGINT (and a scheduler's preemption signal) end it cleanly.
+
+The handler only remembers the signal; the loop finishes the current update,
+checkpoints and ends the run ``interrupted`` (cause ``interrupted`` or
+``preempted``). Handlers are installed only in the main thread (Python's rule)
+and restored when the run is cleaned up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+
+class SignalLatch:
+    """Remembers the last stop signal received while installed."""
+
+    def __init__(self, preempt_signals: Sequence[int] = ()) -> None:
+        self.preempt_signals = tuple(preempt_signals)
+        self.received: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def handler(signum: int, _frame: Any) -> None:
+            self.received = signum
+
+        for signum in (signal.SIGTERM, signal.SIGINT, *self.preempt_signals):
+            self._previous[signum] = signal.signal(signum, handler)
+
+    def request(self, signum: int) -> None:
+        """Act as if ``signum`` had arrived (a worker that received it between runs)."""
+        self.received = signum
+
+    @property
+    def preempted(self) -> bool:
+        return self.received is not None and self.received in self.preempt_signals
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.received).name if self.received is not None else ""
+
+    def restore(self) -> None:
+        for signum, previous in self._previous.items():
+            with contextlib.suppress(ValueError, TypeError):
+                signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+        self._previous.clear()

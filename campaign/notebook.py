@@ -1,0 +1,26 @@
+"""The notebook's ``Ledger``: the ledger's reads and writes plus the report's conveniences.
+
+``campaign.ledger`` imports nothing else of ours (DESIGN.md §9), so the
+balance sheet, which is report code, is added one layer above it: ``from
+campaign import Ledger`` gives this class.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from campaign import ledger
+
+if TYPE_CHECKING:
+    from campaign.report.balance import BalanceSheet
+
+
+class Ledger(ledger.Ledger):
+    """A campaign ledger with ``balance(campaign)``, the frames ``campaign report`` exports."""
+
+    def balance(self, campaign: str) -> BalanceSheet:
+        """The campaign's balance sheet (``.runs``, ``.variants``, ``.deltas``, ``.phases``,
+        ``.notes`` DataFrames)."""
+        from campaign.report.balance import balance_sheet  # pandas work, only when asked
+
+        return balance_sheet(self, campaign)

@@ -1,0 +1,76 @@
+"""The software stack of this process: what a run records, what launch and doctor compare.
+
+Kept out of the training loop: the launch gate, the pilot and ``doctor`` describe
+or compare stacks without training. torch is imported when a stack is described
+(its version, CUDA and devices are part of it), never when this module loads.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata as metadata
+import platform
+import socket
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+# What must match between the pilot's machine and a launching one for the pilot to speak for it.
+STACK_KEYS = ("torch", "cuda", "cudnn", "devices", "python")
+PACKAGES = ("campaign", "numpy", "safetensors", "sqlalchemy", "pandas", "scikit-learn")
+
+
+def environment(task_reference: str | None) -> dict[str, Any]:
+    """The software stack of this process, recorded with every run and pilot."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    devices = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    stack: dict[str, Any] = {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if cuda else None,
+        "devices": devices if cuda else ["cpu"],
+        "python": platform.python_version(),
+        "host": socket.gethostname(),
+        "packages": {name: package_version(name) for name in PACKAGES},
+    }
+    if task_reference is not None:
+        stack["task"] = task_reference
+        stack["git_revision"] = git_revision(task_reference)
+    return stack
+
+
+def package_version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def git_revision(task_reference: str) -> str | None:
+    """The git revision of the task's code, when it lives in a repository (else None)."""
+    try:
+        module = importlib.import_module(task_reference.partition(":")[0])
+        folder = Path(module.__file__ or ".").resolve().parent
+        done = subprocess.run(
+            ["git", "-C", str(folder), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
+    except (ImportError, OSError, subprocess.SubprocessError):
+        return None  # no git, no module file: the revision is unknown
+    return (done.stdout.strip() or None) if done.returncode == 0 else None
+
+
+def stack_differences(pilot: Mapping[str, Any] | None, current: Mapping[str, Any]) -> list[str]:
+    """What differs between the pilot's software stack and this one (for a launch to warn)."""
+    if not pilot:
+        return ["no stack recorded with the pilot"]
+    return [
+        f"{key}: pilot {pilot.get(key)!r}, now {current.get(key)!r}"
+        for key in STACK_KEYS
+        if pilot.get(key) != current.get(key)
+    ]
