@@ -8,7 +8,6 @@ live under ``task`` and are the task's business.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -91,19 +90,3 @@ def widen_integers(nested: dict[str, Any]) -> dict[str, Any]:
         if isinstance(value, int) and not isinstance(value, bool):
             nested[section][field] = float(value)
     return nested
-
-
-def held_deviations(config: Mapping[str, Any], hold: Mapping[str, Any]) -> list[str]:
-    """The held keys whose value in ``config`` differs from the spec's [hold] (a relaunch that
-    changed them is a deviation from the plan, marked in listings and reports)."""
-    return [k for k, v in hold.items() if config_value(config, k) != v]
-
-
-def config_value(config: Mapping[str, Any], dotted: str) -> Any:
-    """The value at a dotted key of a nested config; None when absent."""
-    node: Any = config
-    for part in dotted.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            return None
-        node = node[part]
-    return node

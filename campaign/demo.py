@@ -10,7 +10,6 @@ Everything lands in one folder: the SQLite ledger, the artifacts, the report.
 from __future__ import annotations
 
 import copy
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,9 +20,8 @@ from campaign.launch.local import LocalLauncher, plan_slots
 from campaign.launch.progress import ProgressDisplay, Snapshot
 from campaign.launch.worker import WorkerOptions
 from campaign.ledger import Ledger
-from campaign.loop.task import build_task
-from campaign.pilot.data_gate import check_data, passed
 from campaign.pilot.gates import run_pilot
+from campaign.pilot.inspect import inspect_campaign
 from campaign.plan import make_plan, record_plan
 from campaign.report.balance import balance_sheet
 from campaign.report.render import write
@@ -82,11 +80,9 @@ def run_demo(
                                                                      "<demo>")))  # fmt: skip
         say(f"planned {record.name!r}: {len(record.run_ids)} runs"
             + ("" if created else " (already planned here)"))  # fmt: skip
-        control = ledger.runs(NAME)
-        config = control[control["is_control"]]["config"].iloc[0]
-        findings = check_data(build_task(record.task, json.loads(json.dumps(config))), config)
-        say(f"inspect: data gate {'passed' if passed(findings) else 'FAILED'} "
-            f"({len(findings)} checks)")  # fmt: skip
+        inspection = inspect_campaign(ledger, NAME, "train", 0)
+        say(f"inspect: data gate {'passed' if inspection['passed'] else 'FAILED'} "
+            f"({len(inspection['data_gate'])} checks)")  # fmt: skip
         pilot = run_pilot(ledger, NAME, artifacts=artifacts / "pilot", device="cpu")
         say(f"pilot {pilot.pilot_id}: {'passed' if pilot.passed else 'FAILED'} on the worst case "
             f"({pilot.variant})")  # fmt: skip

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from campaign.config_schema import held_deviations
+from campaign.config_keys import held_deviations
 from campaign.ledger import CampaignRecord, Ledger, LedgerInputError, NewRun, NewVariant, NotFound
 from campaign.ledger.canonical import canonical_json, sha256_text
 from campaign.spec import ResolvedSpec, SpecError, resolve_config

@@ -94,3 +94,16 @@ def postgresql_ledger(postgresql_url: str) -> Iterator[Ledger]:
     """A ledger at head on PostgreSQL only (the engine that several machines share)."""
     with Ledger.open(postgresql_url, create=True) as opened:
         yield opened
+
+
+# Set by `make test` (and so by CI): every optional capability the suite can exercise is
+# installed there, so a missing one is a failure, never a silent skip.
+REQUIRE_ALL = bool(os.environ.get("CAMPAIGN_REQUIRE_ALL"))
+
+
+def require(module: str, extra: str) -> object:
+    """Import an optional engine for a test module: skipped by capability where it is not
+    installed, an error where the suite was told everything is there."""
+    if REQUIRE_ALL:
+        return __import__(module)
+    return pytest.importorskip(module, reason=f"capability: the {extra} extra is not installed")

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import pickle
 import random
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from campaign.ledger import Ledger
 from campaign.loop import checkpoint as ckpt
 from campaign.loop.errors import LoopError
 from campaign.loop.train import execute
+from tests import checkpoint_writer
 from tests.loop_helpers import plan_loop
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -106,24 +106,23 @@ def test_a_resume_refuses_a_checkpoint_changed_after_recording(
 
 @pytest.mark.slow
 def test_kill_9_while_saving_never_leaves_a_torn_checkpoint(tmp_path: Path) -> None:
+    # Writers are forked from one fork server that imported torch once: each attempt is a
+    # real process killed with SIGKILL, without paying a torch import per attempt.
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["tests.checkpoint_writer"])
     rng = random.Random(1234)
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     torn_writes = 0
     for attempt in range(30):
         folder = tmp_path / f"attempt-{attempt}"
         folder.mkdir()
-        writer = subprocess.Popen(
-            [sys.executable, "-m", "tests.checkpoint_writer", str(folder)],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert writer.stdout is not None
-        writer.stdout.readline()  # the first checkpoint is complete
+        receive, send = context.Pipe(duplex=False)
+        writer = context.Process(target=checkpoint_writer.main, args=(str(folder), send))
+        writer.start()
+        assert receive.poll(120), "the writer never finished its first checkpoint"
         time.sleep(rng.uniform(0.0, 0.15))
-        writer.send_signal(signal.SIGKILL)
-        writer.wait()
+        os.kill(writer.pid, signal.SIGKILL)
+        writer.join()
+        assert writer.exitcode == -signal.SIGKILL
         torn_writes += len(list(folder.glob(".step-*.partial")))  # killed mid-write
         finished = sorted(folder.glob("step-*.safetensors"))
         newest = finished[-1]

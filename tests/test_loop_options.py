@@ -106,7 +106,9 @@ def test_a_lost_run_resumes_and_its_replayed_steps_are_compared(
     assert died.returncode == -9 and marker.exists()
     with Ledger.open(sqlite_url, create=True) as ledger:
         assert ledger.run(run_id).status == "running"  # nobody said anything
-        ledger.finish(run_id, "lost", StopRecord("heartbeat_lost", None, None, "test: no heartbeat"))
+        ledger.finish(
+            run_id, "lost", StopRecord("heartbeat_lost", None, None, "test: no heartbeat")
+        )
         outcome = execute(ledger, run_id, artifacts=tmp_path / "a", replay_in_subprocess=False)
         assert outcome.status == "completed"
         events = ledger.events("loop", run_id=run_id)

@@ -69,6 +69,11 @@ def test_upgrade_downgrade_upgrade_round_trip(ledger_url: str) -> None:
         assert len(ledger.metrics("digits-lr")) == 50
 
 
+def test_head_revision_read_from_the_files_is_alembics_head() -> None:
+    """Commands read the head from the revision files (no Alembic import): same answer."""
+    assert migrate.head_revision() == migrate._script().get_current_head()
+
+
 def test_models_match_migrations(ledger_url: str) -> None:
     """``alembic check`` in a test: the models and the revisions must not drift apart."""
     engine = _engine(ledger_url)

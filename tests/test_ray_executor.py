@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 
 from campaign.ledger import Ledger
+from tests.conftest import require
 from tests.launch_helpers import event_counts, last_step, run, start, wait_for
 from tests.loop_helpers import plan_quick
 
-pytest.importorskip("ray", reason="capability: the ray extra is not installed")
+require("ray", "ray")
 SKIP = ("--skip-pilot", "--reason", "ray test")
 
 

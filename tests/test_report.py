@@ -10,11 +10,11 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
+from campaign import Ledger as NotebookLedger
 from campaign.cli import main
 from campaign.ledger import Ledger
 from campaign.loop.train import execute
 from campaign.plan import make_plan, record_plan
-from campaign import Ledger as NotebookLedger
 from campaign.report.balance import balance_sheet
 from campaign.spec import resolve_spec
 from tests.helpers import plan_campaign

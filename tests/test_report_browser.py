@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -13,13 +12,14 @@ from PIL import Image
 from campaign.ledger import Ledger
 from campaign.report.balance import balance_sheet
 from campaign.report.render import write
+from tests.conftest import REQUIRE_ALL
 from tests.helpers import plan_campaign
 
 HOSTILE = "<script>alert(1)</script>"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 if CHROMIUM is None:
-    if os.environ.get("CAMPAIGN_REQUIRE_CHROMIUM"):  # set by .ci/run, which installs it
-        raise RuntimeError("CAMPAIGN_REQUIRE_CHROMIUM is set but chromium is not installed")
+    if REQUIRE_ALL:  # set by `make test`, which installs it
+        raise RuntimeError("CAMPAIGN_REQUIRE_ALL is set but chromium is not installed")
     pytest.skip("capability: no chromium on this machine", allow_module_level=True)
 
 

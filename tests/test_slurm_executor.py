@@ -15,10 +15,11 @@ from campaign.launch.placement import options_document
 from campaign.launch.worker import WorkerOptions
 from campaign.ledger import Ledger
 from campaign.loop.train import execute
+from tests.conftest import require
 from tests.launch_helpers import ROOT, last_step, losses, run, wait_for
 from tests.loop_helpers import plan_quick
 
-submitit = pytest.importorskip("submitit", reason="capability: the slurm extra is not installed")
+submitit = require("submitit", "slurm")
 SLOW = {"task": {"sleep_s": 0.02}, "hold": {"loop.checkpoint_every": 5}, "validation_every": 3}
 
 

@@ -139,19 +139,18 @@ def runs(
 
     Example: campaign runs digits-lr --status diverged --format csv
     """
-    from campaign.config_schema import held_deviations
+    from campaign.config_keys import held_deviations
 
     with source.open() as ledger:
         record = ledger.campaign(campaign)
-        frame = ledger.runs(campaign, status=list(statuses) or None)
+        listed = ledger.run_rows(campaign, status=list(statuses) or None)
     hold = record.spec_document.get("hold", {})
     rows = [
-        {"run_id": r.run_id, "variant": r.variant, "seed": int(r.seed), "status": r.status,
-         "stop_cause": _value(r.stop_cause),
-         "stop_step": None if _missing(r.stop_step) else int(r.stop_step),
-         "relaunch_of": _value(r.relaunch_of),
-         "deviation": ", ".join(held_deviations(r.config, hold)) or None}
-        for r in frame.itertuples()
+        {"run_id": r["run_id"], "variant": r["variant"], "seed": r["seed"],
+         "status": r["status"], "stop_cause": r["stop_cause"], "stop_step": r["stop_step"],
+         "relaunch_of": r["relaunch_of"],
+         "deviation": ", ".join(held_deviations(r["config"], hold)) or None}
+        for r in listed
     ]  # fmt: skip
     click.echo(render_rows(rows, output_format))
 

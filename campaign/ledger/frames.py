@@ -1,4 +1,4 @@
-"""Reads that go straight to pandas.
+"""Reads that go straight to pandas (imported when the first frame is built).
 
 Queries run on the driver connection (DB-API cursor, ``fetchall``, one
 ``DataFrame`` construction): going through a SQLAlchemy ``Connection`` costs
@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 from sqlalchemy import Engine
 
 from campaign.ledger.dialects import placeholder
 from campaign.ledger.engine import translated
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 TIME_COLUMNS = frozenset({"created_at", "started_at", "ended_at", "heartbeat_at", "at"})
 JSON_COLUMNS = frozenset({"config", "environment", "overrides", "inputs"})
@@ -26,10 +28,28 @@ NULLABLE_INT_COLUMNS = frozenset(
 )
 
 
+def query_rows(
+    engine: Engine, sql: str, params: Sequence[Any] = (), what: str = "reading"
+) -> list[dict[str, Any]]:
+    """Run ``sql`` into plain dicts (JSON columns decoded, no pandas): for listings that a
+    command prints at once, where importing pandas would cost more than the query."""
+    sql = sql.replace("?", placeholder(engine.dialect.name))
+    with translated(engine.url, what), engine.connect() as conn:
+        result = conn.exec_driver_sql(sql, tuple(params))
+        rows = [dict(row._mapping) for row in result]
+    for row in rows:
+        for column in JSON_COLUMNS.intersection(row):
+            if isinstance(row[column], str):
+                row[column] = json.loads(row[column])
+    return rows
+
+
 def query_frame(
     engine: Engine, sql: str, params: Sequence[Any] = (), what: str = "reading"
 ) -> pd.DataFrame:
     """Run ``sql`` (``?`` markers) on the driver connection into a DataFrame."""
+    import pandas as pd  # pandas only when a frame is built: commands start faster
+
     sql = sql.replace("?", placeholder(engine.dialect.name))
     with translated(engine.url, what), engine.connect() as conn:
         raw = conn.connection.driver_connection
@@ -48,6 +68,8 @@ def query_frame(
 
 def _normalise(frame: pd.DataFrame) -> pd.DataFrame:
     """Same dtypes on both engines: UTC timestamps, decoded JSON documents."""
+    import pandas as pd  # pandas only when a frame is built: commands start faster
+
     for column in frame.columns:
         if column in TIME_COLUMNS:
             frame[column] = pd.to_datetime(frame[column], utc=True, format="ISO8601")
@@ -73,6 +95,8 @@ def latest_segment_only(frame: pd.DataFrame) -> pd.DataFrame:
     stay in the ledger, and readers take the newest by default. Only runs
     with several segments need the work.
     """
+    import pandas as pd  # pandas only when a frame is built: commands start faster
+
     if frame.empty:
         return frame
     multi = frame.groupby("run_id", sort=False)["segment_id"].nunique()
@@ -88,6 +112,8 @@ def latest_segment_only(frame: pd.DataFrame) -> pd.DataFrame:
 
 def flatten_config(configs: pd.Series) -> pd.DataFrame:
     """One column per dotted config key (``config.optimizer.lr``) for comparisons."""
+    import pandas as pd  # pandas only when a frame is built: commands start faster
+
     flat = pd.json_normalize(list(configs), sep=".")
     flat.columns = [f"config.{c}" for c in flat.columns]
     flat.index = configs.index

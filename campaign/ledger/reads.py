@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import pandas as pd
 from sqlalchemy import Connection, Engine, select
 
 from campaign.ledger import frames, migrate
@@ -30,6 +29,9 @@ from campaign.ledger.records import (
     run_record,
 )
 from campaign.ledger.vocabulary import RUN_STATUSES
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 _T = TypeVar("_T")
 campaigns_t = Campaign.__table__
@@ -111,6 +113,12 @@ class LedgerReader(Closing):
 
     def runs(self, campaign: str, status: str | Sequence[str] | None = None) -> pd.DataFrame:
         """One row per run of ``campaign`` (config and environment decoded to dicts)."""
+        query, params = self._runs_query(campaign, status)
+        return frames.query_frame(self.engine, query, params, f"reading runs of {campaign!r}")
+
+    def _runs_query(
+        self, campaign: str, status: str | Sequence[str] | None
+    ) -> tuple[str, list[Any]]:
         campaign_id = self._read(lambda c: self._campaign_id(c, campaign), "reading runs")
         query = (
             f"SELECT {_RUN_COLUMNS} FROM runs r JOIN campaigns c ON c.id = r.campaign_id "
@@ -126,9 +134,14 @@ class LedgerReader(Closing):
                 )
             query += f" AND r.status IN {frames.in_list(statuses)}"
             params += statuses
-        return frames.query_frame(
-            self.engine, query + " ORDER BY r.id", params, f"reading runs of {campaign!r}"
-        )
+        return query + " ORDER BY r.id", params
+
+    def run_rows(
+        self, campaign: str, status: str | Sequence[str] | None = None
+    ) -> list[dict[str, Any]]:
+        """:meth:`runs` as plain dicts, without pandas (what a listing prints at once)."""
+        query, params = self._runs_query(campaign, status)
+        return frames.query_rows(self.engine, query, params, f"reading runs of {campaign!r}")
 
     def metrics(
         self,
@@ -192,6 +205,8 @@ class LedgerReader(Closing):
             f"reading the comparison of {campaign!r}",
         )
         table = table.rename(columns={f"latest_{i}": key for i, key in enumerate(keys)})
+        import pandas as pd
+
         config = frames.flatten_config(table.pop("config"))
         return pd.concat([table, config], axis=1)
 
@@ -220,14 +235,14 @@ class LedgerReader(Closing):
         """The highest step logged under ``key`` for each run (one index seek per run)."""
         if not run_ids:
             return {}
-        frame = frames.query_frame(
+        rows = frames.query_rows(
             self.engine,
             "SELECT r.id AS run_id, (SELECT MAX(m.step) FROM metrics m WHERE m.run_id = r.id "
             f"AND m.key = ?) AS step FROM runs r WHERE r.id IN {frames.in_list(run_ids)}",
             [key, *run_ids],
             "reading progress",
         )
-        return {str(row.run_id): int(row.step) for row in frame.itertuples() if pd.notna(row.step)}
+        return {str(row["run_id"]): int(row["step"]) for row in rows if row["step"] is not None}
 
     def progress_rows(self, campaign: str) -> tuple[datetime, list[dict[str, Any]]]:
         """The database's clock and one plain row per run (no DataFrame): what a progress

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from campaign.config_schema import held_deviations
+from campaign.config_keys import held_deviations
 from campaign.ledger import Ledger
 
 COUNTED = ("completed", "diverged", "failed")
