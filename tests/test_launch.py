@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import signal
 from pathlib import Path
 
 import pytest
 
 from campaign.ledger import Ledger
-from campaign.ledger.locality import filesystem_type
-from tests.launch_helpers import event_counts, last_step, run, start, wait_for
+from campaign.ledger.locality import filesystem_type, network_refusal
+from tests.launch_helpers import ROOT, event_counts, last_step, run, start, wait_for
 from tests.loop_helpers import plan_quick
 
 SKIP = ("--skip-pilot", "--reason", "launcher test")
@@ -98,6 +99,41 @@ def test_sigterm_to_launch_interrupts_running_runs(
     assert (again["start_step"] > 0).all()  # continued from a checkpoint, not from scratch
 
 
+def test_a_worker_killed_under_launch_loses_its_run_at_once_and_is_replaced(
+    sqlite_ledger: Ledger, sqlite_url: str, tmp_path: Path
+) -> None:
+    """The launcher sees its worker process die: the run is declared lost at once (not after
+    a lease of 600 s) and a new worker takes the remaining run."""
+    ledger = sqlite_ledger
+    plan_quick(ledger, "reaped", runs=2, updates=40, task={"sleep_s": 0.02})
+    artifacts = str(tmp_path / "artifacts")
+    launch = start(sqlite_url, "launch", "reaped", "--workers", "1", "--lease-s", "600",
+                   "--artifacts", artifacts, "--no-replay-check", *SKIP)  # fmt: skip
+    victim: list[str] = []
+
+    def a_run_past_update_3() -> bool:
+        for row in ledger.runs("reaped", status="running").itertuples():
+            if last_step(ledger, row.run_id) >= 3:
+                victim[:] = [row.run_id, row.worker]
+                return True
+        return False
+
+    wait_for(a_run_past_update_3, 120, "a run past update 3")
+    run_id, worker = victim
+    os.kill(int(worker.split(":")[1]), signal.SIGKILL)
+    _, stderr = launch.communicate(timeout=180)
+    assert launch.returncode == 1 and "1 lost" in stderr, stderr[-2000:]
+    runs = ledger.runs("reaped").set_index("run_id")
+    assert (runs.loc[run_id, "status"], runs.loc[run_id, "stop_cause"]) == (
+        "lost",
+        "heartbeat_lost",
+    )
+    assert "process ended without ending the run" in lost["stop_detail"]
+    other = runs.drop(index=run_id).iloc[0]
+    assert other["status"] == "completed"
+    assert other["worker"] != worker  # a replacement worker ran it
+
+
 def test_sqlite_ledger_refused_when_another_host_holds_a_live_run(
     sqlite_url: str, tmp_path: Path
 ) -> None:
@@ -122,6 +158,16 @@ def test_filesystem_type_of_a_path_from_proc_mounts() -> None:
     assert filesystem_type(Path("/mnt/lab/ledger.db"), mounts) == "nfs4"
     assert filesystem_type(Path("/mnt/lab/local/ledger.db"), mounts) == "xfs"
     assert filesystem_type(Path("/mnt/laboratory/ledger.db"), mounts) == "ext4"
+
+
+def test_sqlite_ledger_on_a_network_filesystem_is_refused() -> None:
+    mounts = "/dev/sda1 / ext4 rw 0 0\nserver:/export /mnt/lab nfs4 rw,relatime 0 0\n"
+    refusal = network_refusal(Path("/mnt/lab/campaign.db"), mounts)
+    assert refusal is not None
+    assert "network filesystem (nfs4)" in refusal and "PostgreSQL" in refusal
+    assert network_refusal(Path("/home/me/campaign.db"), mounts) is None
+    # This machine's own filesystem, read from its /proc/mounts, is local: nothing refused.
+    assert network_refusal(ROOT / "campaign.db", Path("/proc/mounts").read_text()) is None
 
 
 def test_status_reads_the_campaign_from_the_ledger(ledger: Ledger, ledger_url: str) -> None:

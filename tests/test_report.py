@@ -128,7 +128,12 @@ def test_every_export_format_holds_every_run(
 
     html = outputs["html"].read_text()
     assert HOSTILE not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
-    assert "<script" not in html.lower() and "http://" not in html and "https://" not in html
+    assert "<script" not in html.lower()
+    # No script may run and nothing may be fetched, whatever a string slipped past escaping.
+    assert (
+        '<meta http-equiv="Content-Security-Policy"\n      content="default-src \'none\'; '
+        "img-src data:; style-src 'unsafe-inline'\">" in html
+    ) and "http://" not in html and "https://" not in html
     assert html.count("data:image/png;base64,") >= 1  # the curves, embedded
     markdown = outputs["md"].read_text()
     assert HOSTILE not in markdown and "&lt;script&gt;" in markdown
@@ -151,5 +156,11 @@ def test_a_hostile_variant_name_from_the_api_is_text_in_every_format(
     html = render(sheet, "html")
     assert HOSTILE not in html and html.count("&lt;script&gt;alert(1)&lt;/script&gt;") >= 2
     assert "<script" not in html.lower()
+    # No script may run and nothing may be fetched, whatever a string slipped past escaping.
+    assert (
+        '<meta http-equiv="Content-Security-Policy"\n      content="default-src \'none\'; '
+        "img-src data:; style-src 'unsafe-inline'\">" in html
+    )
     assert HOSTILE not in render(sheet, "md")
-    assert HOSTILE in json.loads(render(sheet, "json"))["runs"][0]["variant"] + HOSTILE
+    # JSON carries the name verbatim, as a string value (json.loads undoes only JSON escaping).
+    assert {r["variant"] for r in json.loads(render(sheet, "json"))["runs"]} == {HOSTILE, "other"}

@@ -44,6 +44,17 @@ def filesystem_type(path: Path, mounts: str) -> str | None:
     return kind
 
 
+def network_refusal(path: Path, mounts: str) -> str | None:
+    """Why a SQLite ledger at ``path`` must not be used, given /proc/mounts; None when local."""
+    kind = filesystem_type(path, mounts)
+    if kind not in NETWORK_FILESYSTEMS:
+        return None
+    return (
+        f"SQLite ledger {path} lives on a network filesystem ({kind}): SQLite's locks "
+        f"are not reliable there; {SHARE_HINT}"
+    )
+
+
 def check_single_host(ledger: Ledger, lease_s: float) -> None:
     """Refuse a SQLite ledger on a network filesystem or with live runs of another host."""
     if ledger.dialect != "sqlite":
@@ -52,13 +63,9 @@ def check_single_host(ledger: Ledger, lease_s: float) -> None:
     if path is None:
         return
     mounts = Path("/proc/mounts")
-    if mounts.exists():
-        kind = filesystem_type(path, mounts.read_text())
-        if kind in NETWORK_FILESYSTEMS:
-            raise SQLiteNotShareable(
-                f"SQLite ledger {path} lives on a network filesystem ({kind}): SQLite's locks "
-                f"are not reliable there; {SHARE_HINT}"
-            )
+    refusal = network_refusal(path, mounts.read_text()) if mounts.exists() else None
+    if refusal is not None:
+        raise SQLiteNotShareable(refusal)
     here = socket.gethostname()
     with ledger.engine.connect() as conn:
         rows = live_runs(conn, lease_s)
@@ -71,4 +78,4 @@ def check_single_host(ledger: Ledger, lease_s: float) -> None:
             )
 
 
-__all__ = ["SQLiteNotShareable", "check_single_host", "filesystem_type"]
+__all__ = ["SQLiteNotShareable", "check_single_host", "filesystem_type", "network_refusal"]
