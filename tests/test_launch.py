@@ -124,10 +124,8 @@ def test_a_worker_killed_under_launch_loses_its_run_at_once_and_is_replaced(
     _, stderr = launch.communicate(timeout=180)
     assert launch.returncode == 1 and "1 lost" in stderr, stderr[-2000:]
     runs = ledger.runs("reaped").set_index("run_id")
-    assert (runs.loc[run_id, "status"], runs.loc[run_id, "stop_cause"]) == (
-        "lost",
-        "heartbeat_lost",
-    )
+    lost = runs.loc[run_id]
+    assert (lost["status"], lost["stop_cause"]) == ("lost", "heartbeat_lost")
     assert "process ended without ending the run" in lost["stop_detail"]
     other = runs.drop(index=run_id).iloc[0]
     assert other["status"] == "completed"
