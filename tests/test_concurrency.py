@@ -18,6 +18,9 @@ from tests.workers import open_fresh, write_metrics
 
 PROCESSES = 8
 POINTS = 20_000
+# One point per transaction: 8 x 5,000 contending write transactions, a read-then-write
+# every 250 points (20 per process, as many as the batched test's 20,000 / 1,000).
+SINGLE_POINTS = 5_000
 CONTEXT = mp.get_context("spawn")
 
 
@@ -44,10 +47,10 @@ def _run_writers(url: str, batch_size: int, read_every: int, points: int) -> lis
     return [c.run_id for c in claims]
 
 
-def _assert_every_point_stored(url: str, run_ids: list[str]) -> None:
-    assert execute(url, "SELECT COUNT(*) FROM metrics")[0][0] == PROCESSES * POINTS
+def _assert_every_point_stored(url: str, run_ids: list[str], points: int = POINTS) -> None:
+    assert execute(url, "SELECT COUNT(*) FROM metrics")[0][0] == PROCESSES * points
     per_run = dict(execute(url, "SELECT run_id, COUNT(*) FROM metrics GROUP BY run_id"))
-    assert per_run == dict.fromkeys(run_ids, POINTS)
+    assert per_run == dict.fromkeys(run_ids, points)
 
 
 @pytest.mark.slow
@@ -59,8 +62,8 @@ def test_eight_processes_batched_writes(ledger_url: str) -> None:
 @pytest.mark.slow
 def test_eight_processes_one_row_per_transaction_with_reads(ledger_url: str) -> None:
     """Every point its own transaction, reads interleaved: no "database is locked" surfaces."""
-    run_ids = _run_writers(ledger_url, batch_size=1, read_every=1_000, points=POINTS)
-    _assert_every_point_stored(ledger_url, run_ids)
+    run_ids = _run_writers(ledger_url, batch_size=1, read_every=250, points=SINGLE_POINTS)
+    _assert_every_point_stored(ledger_url, run_ids, SINGLE_POINTS)
 
 
 @pytest.mark.slow

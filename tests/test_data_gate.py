@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -91,3 +92,14 @@ def test_inspect_exits_1_when_the_gate_fails(sqlite_url: str) -> None:
     assert "groups_disjoint" in result.stdout and "FAIL" in result.stdout
     assert "data gate failed (groups_disjoint)" in result.stderr
     assert "target: label " in result.stdout  # the examples are shown as the loss sees them
+
+
+def test_digits_read_without_scikit_learn_equal_load_digits() -> None:
+    from sklearn.datasets import load_digits
+
+    from campaign.tasks.digits import TARGET_NAMES, load_digits_file
+
+    pixels, targets = load_digits_file()
+    reference = load_digits()
+    assert np.array_equal(pixels, reference.data) and np.array_equal(targets, reference.target)
+    assert np.array_equal(TARGET_NAMES, reference.target_names)

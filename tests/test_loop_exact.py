@@ -11,6 +11,7 @@ import torch
 
 from campaign.ledger import Ledger
 from campaign.loop.engine import accumulate
+from campaign.loop.train import execute
 from campaign.tasks.arithmetic import IGNORE, ArithmeticTask
 from tests.loop_helpers import plan_loop
 
@@ -102,7 +103,9 @@ def test_resume_after_sigterm_is_exact(sqlite_url: str, tmp_path: Path) -> None:
             config={"task.fault": "sigterm", "task.at": 11, "task.marker": str(marker)},
         )[0]
     artifacts = str(tmp_path / "artifacts")
-    assert _cli(sqlite_url, "run", plain, "--artifacts", artifacts).returncode == 0
+    with Ledger.open(sqlite_url) as ledger:  # the reference: uninterrupted, in this process
+        reference = execute(ledger, plain, artifacts=Path(artifacts), replay_in_subprocess=False)
+    assert reference.status == "completed"
     interrupted = _cli(sqlite_url, "run", cut, "--artifacts", artifacts)
     assert interrupted.returncode == 1 and "interrupted" in interrupted.stderr
     assert marker.exists()

@@ -1,0 +1,19 @@
+"""Run by the fresh-process tests: answers with what a fresh process sees, then exits as asked."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import tests.fresh_state as state
+
+if __name__ == "__main__":
+    print(json.dumps({
+        "pid": os.getpid(), "cwd": os.getcwd(), "argv": sys.argv[1:],
+        "variable": os.environ.get("PROBE_VARIABLE"), "counter": state.COUNTER,
+        "torch_loaded": "torch" in sys.modules,
+    }))  # fmt: skip
+    if "--fail" in sys.argv:
+        print("first line\nthe reason it failed", file=sys.stderr)
+        sys.exit(3)
