@@ -112,6 +112,8 @@ def test_a_worker_killed_under_launch_loses_its_run_at_once_and_is_replaced(
     victim: list[str] = []
 
     def a_run_past_update_3() -> bool:
+        if launch.poll() is not None:
+            raise AssertionError(f"launch ended early: {launch.communicate()[1][-2000:]}")
         for row in ledger.runs("reaped", status="running").itertuples():
             if last_step(ledger, row.run_id) >= 3:
                 victim[:] = [row.run_id, row.worker]
