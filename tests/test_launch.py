@@ -105,7 +105,9 @@ def test_a_worker_killed_under_launch_loses_its_run_at_once_and_is_replaced(
     """The launcher sees its worker process die: the run is declared lost at once (not after
     a lease of 600 s) and a new worker takes the remaining run."""
     ledger = sqlite_ledger
-    plan_quick(ledger, "reaped", runs=2, updates=40, task={"sleep_s": 0.02})
+    # A checkpoint every 5 updates flushes the metrics: the run's progress is seen while it runs.
+    plan_quick(ledger, "reaped", runs=2, updates=60, task={"sleep_s": 0.02},
+               hold={"loop.checkpoint_every": 5})  # fmt: skip
     artifacts = str(tmp_path / "artifacts")
     launch = start(sqlite_url, "launch", "reaped", "--workers", "1", "--lease-s", "600",
                    "--artifacts", artifacts, "--no-replay-check", *SKIP)  # fmt: skip
