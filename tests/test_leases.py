@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import signal
+import time
 from pathlib import Path
 
 import pandas as pd
+import psycopg
+import pytest
 
 from campaign.ledger import Ledger
 from campaign.loop.train import execute
@@ -24,8 +27,8 @@ def _reference(ledger: Ledger, tmp_path: Path, updates: int) -> pd.Series:
     return losses(ledger, run_id)
 
 
-def _declared_lost(ledger: Ledger, run_id: str) -> bool:
-    ledger.mark_lost(1.5)
+def _declared_lost(ledger: Ledger, run_id: str, limit_s: float = 1.5) -> bool:
+    ledger.mark_lost(limit_s)
     return ledger.run(run_id).status == "lost"
 
 
@@ -115,3 +118,26 @@ def test_stale_worker_woken_after_reclaim_writes_nothing_and_exits(
     assert (record.status, record.stop_step) == ("completed", 30)
     finals = ledger.artifacts("stale")
     assert len(finals[finals["kind"] == "final"]) == 1
+
+
+def test_a_paused_transaction_never_blocks_the_sweep(
+    postgresql_ledger: Ledger, postgresql_url: str
+) -> None:
+    """A worker paused inside a transaction holds its run's row: the sweep skips the run
+    instead of waiting, and takes it once the server has ended the paused session (the
+    ledger's sessions are ended after 10 s idle in a transaction)."""
+    ledger = postgresql_ledger
+    with ledger.engine.connect() as conn:
+        limit = conn.exec_driver_sql("SHOW idle_in_transaction_session_timeout").scalar()
+    assert limit == "10s"
+    (run_id,) = plan_quick(ledger, "paused", runs=1)
+    ledger.claim_next("paused", "host:1:cpu")
+    paused = psycopg.connect(postgresql_url.replace("+psycopg", ""))
+    paused.execute("SET idle_in_transaction_session_timeout = '1s'")  # the worker's, shortened
+    paused.execute("SELECT id FROM runs WHERE id = %s FOR UPDATE", (run_id,))  # mid-write
+    began = time.monotonic()
+    assert ledger.mark_lost(0.001) == []  # skipped, not waited for
+    assert time.monotonic() - began < 5, "the sweep waited behind the paused transaction"
+    wait_for(lambda: _declared_lost(ledger, run_id, 0.001), 30, "the run to be declared lost")
+    with pytest.raises(psycopg.errors.IdleInTransactionSessionTimeout):
+        paused.execute("SELECT 1")  # the server ended the paused session

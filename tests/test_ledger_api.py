@@ -6,6 +6,7 @@ import math
 import threading
 import time
 
+import pandas as pd
 import pytest
 
 from campaign.ledger import (
@@ -284,3 +285,23 @@ def test_runs_frame_with_some_documents_missing(ledger: Ledger) -> None:
     runs = ledger.runs("digits-lr").set_index("run_id")
     assert runs.loc[claim.run_id, "environment"] == {"torch": "2.13.0"}
     assert runs["environment"].map(lambda v: v is None or isinstance(v, dict)).all()
+
+
+def test_run_rows_are_the_runs_frame_without_pandas(ledger: Ledger) -> None:
+    """What `campaign runs` prints comes from plain rows: same values and types as the frame."""
+    plan_campaign(ledger, seeds=2)
+    claim = ledger.claim_next("digits-lr", "w1")
+    ledger.finish(claim.run_id, "failed", StopRecord("exception", 3, "forward", "boom"))
+    frame = ledger.runs("digits-lr")
+    rows = ledger.run_rows("digits-lr")
+    assert [r["run_id"] for r in rows] == list(frame["run_id"])
+    for row, expected in zip(rows, frame.to_dict("records"), strict=True):
+        for column in ("variant", "seed", "status", "stop_cause", "stop_step", "relaunch_of"):
+            value = expected[column]
+            assert row[column] == (None if pd.isna(value) else value), column
+        assert row["config"] == expected["config"]
+        assert isinstance(row["is_control"], bool) and row["is_control"] == expected["is_control"]
+        assert row["created_at"] == expected["created_at"].to_pydatetime()
+        assert row["created_at"].tzinfo is not None
+    failed = ledger.run_rows("digits-lr", status="failed")
+    assert [(r["run_id"], r["stop_step"]) for r in failed] == [(claim.run_id, 3)]

@@ -134,3 +134,17 @@ def test_older_ledger_refused_by_newer_code_until_upgrade(ledger_url: str, tmp_p
     assert "Traceback" not in older.stderr
     assert "DELETE" not in older.stderr
     assert _snapshot(ledger_url) == before
+
+
+def test_revision_assignments_are_read_in_every_form_alembic_writes() -> None:
+    source = (
+        'revision: str = "0003"\n'
+        "down_revision = '0002'\n"
+        "branch_labels = None\n"
+        "other_down: tuple = ('a', 'b')\n"
+        "computed = make()\n"
+    )
+    assert migrate._assignments(source) == [
+        ("revision", "0003"), ("down_revision", "0002"), ("branch_labels", None),
+        ("other_down", ("a", "b")),
+    ]  # fmt: skip

@@ -47,6 +47,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "campaigns": ("campaign.cli.ledger:campaigns", "List the campaigns in the ledger with their number of runs."),
     "db": ("campaign.cli.ledger:db", "Ledger schema: show the revision, upgrade an older ledger."),
 }  # fmt: skip
+# Commands that never open the ledger: they do not take --ledger after their name.
+WITHOUT_LEDGER = frozenset({"demo", "verify-archive"})
 
 
 class LazyGroup(click.Group):
@@ -67,7 +69,8 @@ class LazyGroup(click.Group):
         module_name, _, attribute = COMMANDS[name][0].partition(":")
         __import__(module_name)
         command = getattr(sys.modules[module_name], attribute)
-        add_ledger_option(command)
+        if name not in WITHOUT_LEDGER:
+            add_ledger_option(command)
         return command
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:

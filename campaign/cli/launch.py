@@ -178,7 +178,7 @@ def launch(source: LedgerSource, campaign: str, workers: int | None, devices: st
     )  # fmt: skip
     with source.open() as ledger:
         try:
-            outcome = launch_campaign(ledger, source.url, request)
+            outcome = launch_campaign(ledger, source.url, request, on_gate=_say_gate)
         except LaunchRefused as error:
             raise click.UsageError(str(error)) from None
         except GateClosed as closed:
@@ -187,7 +187,6 @@ def launch(source: LedgerSource, campaign: str, workers: int | None, devices: st
         except PlacementError as error:
             click.echo(f"campaign: {error}", err=True)
             raise click.exceptions.Exit(2) from None
-    _say_gate(outcome.gate)
     if output_format == "json":
         click.echo(json.dumps(outcome.snapshot.document(), indent=2))
     if outcome.interrupted:

@@ -4,6 +4,7 @@ places them. ``campaign launch`` parses its options into a :class:`LaunchRequest
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,11 +63,16 @@ class LaunchOutcome:
 
 
 def launch_campaign(
-    ledger: Ledger, url: str, request: LaunchRequest, display: ProgressDisplay | None = None
+    ledger: Ledger,
+    url: str,
+    request: LaunchRequest,
+    display: ProgressDisplay | None = None,
+    on_gate: Callable[[GateDecision], None] | None = None,
 ) -> LaunchOutcome:
     """Check where workers may run and the pilot gate, then place workers with the executor.
 
-    Raises :class:`LaunchRefused` for a launch that cannot work and
+    ``on_gate`` hears the gate's decision (and its stack warnings) before any
+    worker starts. Raises :class:`LaunchRefused` for a launch that cannot work and
     :class:`~campaign.launch.gate.GateClosed` without a passing pilot (or a
     recorded decision to skip it).
     """
@@ -83,6 +89,8 @@ def launch_campaign(
         )
     who = f"launch --executor {request.executor}"
     gate = open_gate(ledger, campaign, skip_reason=request.skip_reason, who=who)
+    if on_gate is not None:  # said before any worker starts: a launch may take hours
+        on_gate(gate)
     display = display or ProgressDisplay()
     if request.executor == "local":
         try:

@@ -36,6 +36,7 @@ from campaign.ledger.errors import (
 
 SQLITE_BUSY_TIMEOUT_S = 60.0
 POSTGRES_CONNECT_TIMEOUT_S = 5
+IDLE_IN_TRANSACTION_S = 10
 MAX_ATTEMPTS = 6
 REFUSAL_PREFIX = "campaign ledger refused"
 
@@ -88,6 +89,10 @@ def create_ledger_engine(url: URL) -> Engine:
         connect_args={
             "connect_timeout": POSTGRES_CONNECT_TIMEOUT_S,
             "application_name": "campaign",
+            # Our transactions never wait on anything but the database: one left open by a
+            # process that was paused or hung (SIGSTOP, a debugger, a frozen VM) would hold
+            # its row locks forever. The server ends such a session and frees the locks.
+            "options": f"-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_S * 1000}",
         },
     )
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine
@@ -31,8 +32,9 @@ NULLABLE_INT_COLUMNS = frozenset(
 def query_rows(
     engine: Engine, sql: str, params: Sequence[Any] = (), what: str = "reading"
 ) -> list[dict[str, Any]]:
-    """Run ``sql`` into plain dicts (JSON columns decoded, no pandas): for listings that a
-    command prints at once, where importing pandas would cost more than the query."""
+    """Run ``sql`` into plain dicts, without pandas, typed as :func:`query_frame` types them
+    (JSON decoded, UTC datetimes, booleans): for listings a command prints at once, where
+    importing pandas would cost more than the query."""
     sql = sql.replace("?", placeholder(engine.dialect.name))
     with translated(engine.url, what), engine.connect() as conn:
         result = conn.exec_driver_sql(sql, tuple(params))
@@ -41,7 +43,19 @@ def query_rows(
         for column in JSON_COLUMNS.intersection(row):
             if isinstance(row[column], str):
                 row[column] = json.loads(row[column])
+        for column in TIME_COLUMNS.intersection(row):
+            row[column] = _utc(row[column])
+        if "is_control" in row:
+            row["is_control"] = bool(row["is_control"])
     return rows
+
+
+def _utc(value: Any) -> datetime | None:
+    """A timestamp as an aware UTC datetime (SQLite hands back naive text, written in UTC)."""
+    if value is None:
+        return None
+    moment = datetime.fromisoformat(value) if isinstance(value, str) else value
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
 
 
 def query_frame(

@@ -51,6 +51,9 @@ STALE_RUNNING = (
     .where(runs.c.status == RUNNING, _STALE)
     .order_by(runs.c.id)
 )
+# The sweep skips a run whose row another transaction holds (a paused worker mid-write): it
+# never waits behind it, and the next sweep, after the server ended that session, takes it.
+STALE_RUNNING_TO_MARK = STALE_RUNNING.with_for_update(skip_locked=True)
 LIVE_RUNNING = select(runs.c.id, runs.c.worker).where(
     runs.c.status == RUNNING,
     runs.c.heartbeat_at >= bindparam("p_cutoff", type_=DateTime(timezone=True)),
@@ -139,7 +142,8 @@ def mark_stale_lost_without_commit(
     dead = list(dead_workers)
     now, cutoff = _cutoff(conn, stale_after_s)
     lost: list[LostRun] = []
-    for row in conn.execute(STALE_RUNNING, {"p_cutoff": cutoff, "p_dead": dead}).all():
+    stale = STALE_RUNNING if dry_run else STALE_RUNNING_TO_MARK
+    for row in conn.execute(stale, {"p_cutoff": cutoff, "p_dead": dead}).all():
         if campaign_id is not None and row.campaign_id != campaign_id:
             continue
         heartbeat = row.heartbeat_at

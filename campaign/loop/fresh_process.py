@@ -91,8 +91,14 @@ class PreloadedInterpreter:
                 line = server.stdout.readline() if ready else ""
             except (BrokenPipeError, OSError):
                 line = ""
-            if not line:  # timed out or died: nothing of it may linger
+            except BaseException:  # interrupted mid-request: its answer must not be read later
                 self.close()
+                raise
+            if not line:  # timed out or died: nothing of it may linger
+                ended = server.poll()
+                self.close()
+                if ended is not None:
+                    raise FreshProcessFailed(f"the preloaded interpreter exited ({ended})")
                 raise FreshProcessFailed(f"the fresh process gave no answer within {timeout_s:g} s")
         answer = json.loads(line)
         return int(answer["returncode"]), answer["stdout"], answer["stderr"]

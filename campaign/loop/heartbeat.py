@@ -3,16 +3,19 @@
 A thread, not a call in the loop: a long update (or a long validation) must
 not look like a dead worker. A refused heartbeat means the lease is gone (the
 run was declared lost, perhaps reclaimed by another worker): the loop is told
-to stop and write nothing more. A database that cannot be reached is retried
-at the next beat; if it stays away past the limit, others declare the run
-lost. Anything else raised by a beat is a defect: the thread stops and the
-loop re-raises it at its next check instead of the error being swallowed.
+to stop and write nothing more. A database that cannot be reached (or a busy
+connection pool) is retried at the next beat; if it stays away past the limit,
+others declare the run lost. Anything else raised by a beat is a defect: the
+thread stops and the loop re-raises it at its next check instead of the error
+being swallowed.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+
+from sqlalchemy.exc import SQLAlchemyError
 
 from campaign.ledger import LedgerError, RefusedWrite
 
@@ -38,8 +41,8 @@ class Heartbeat:
                 held = self._beat()
             except RefusedWrite:
                 held = False
-            except LedgerError:
-                continue  # unreachable for now: the next beat tries again
+            except (LedgerError, SQLAlchemyError):
+                continue  # unreachable or the pool exhausted for now: the next beat tries again
             except BaseException as error:  # a defect: hand it to the loop, do not hide it
                 self.failure = error
                 return

@@ -185,6 +185,7 @@ class RunLoop:
         seed_everything(int(self.config["seed"]))
         task = build_task(self.task_reference, self.record.config_document)
         self.trainer = Trainer(task, self.config, self.device, self.replica)
+        self.rules = StopRules(self.config)  # the wall-time clock starts once the run is built
         if resume_from:
             self._restore(resume_from)
         self.metrics = (
