@@ -17,10 +17,11 @@ from campaign.ledger import Ledger
 from campaign.loop.replay import replay_artifact
 from tests.launch_helpers import ROOT, run
 
-pytestmark = pytest.mark.slow
+# One module-scoped demo for every test here: keep them on one xdist worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("demo")]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # session: once per xdist worker, whatever runs in between
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("demo") / "demo"
     done = run("sqlite:///unused-by-demo.db", "demo", "--dir", str(folder), "--updates", "40",
