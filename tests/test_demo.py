@@ -10,8 +10,10 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from click.testing import CliRunner, Result
 from nbclient import NotebookClient
 
+from campaign.cli import main
 from campaign.launch.gate import pilot_passed
 from campaign.ledger import Ledger
 from campaign.loop.replay import replay_artifact
@@ -47,13 +49,18 @@ def test_demo_plans_pilots_launches_and_reports(demo: Path) -> None:
     assert not (ROOT / "unused-by-demo.db").exists()  # the demo keeps to its own folder
 
 
+def _cli(url: str, *args: str) -> Result:
+    """The command line in this process (no process boundary is under test here)."""
+    return CliRunner().invoke(main, ["--ledger", url, *args])
+
+
 def test_archive_round_trip(demo: Path, tmp_path: Path) -> None:
     url = f"sqlite:///{demo / 'campaign.db'}"
     archive = tmp_path / "digits-lr.tar.gz"
-    packed = run(url, "archive", "digits-lr", "--output", str(archive))
-    assert packed.returncode == 0, packed.stderr
-    checked = run(url, "verify-archive", str(archive))
-    assert checked.returncode == 0 and "every SHA-256 verified" in checked.stderr
+    packed = _cli(url, "archive", "digits-lr", "--output", str(archive))
+    assert packed.exit_code == 0, packed.output
+    checked = _cli(url, "verify-archive", str(archive))
+    assert checked.exit_code == 0 and "every SHA-256 verified" in checked.stderr
 
     with tarfile.open(archive, "r:gz") as tar:
         names = tar.getnames()
@@ -76,8 +83,8 @@ def test_archive_round_trip(demo: Path, tmp_path: Path) -> None:
     data = bytearray(archive.read_bytes())
     data[len(data) // 2] ^= 0xFF
     damaged.write_bytes(bytes(data))
-    refused = run(url, "verify-archive", str(damaged))
-    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    refused = _cli(url, "verify-archive", str(damaged))
+    assert refused.exit_code == 1 and "Traceback" not in refused.stderr
     assert refused.stderr.count("\n") == 1
 
     # A member changed and the archive re-packed without a new manifest: named.
@@ -91,8 +98,8 @@ def test_archive_round_trip(demo: Path, tmp_path: Path) -> None:
             info.size = len(content)
             tar.addfile(info, io.BytesIO(content))
     tampered.write_bytes(gzip.compress(buffer.getvalue()))
-    refused = run(url, "verify-archive", str(tampered))
-    assert refused.returncode == 1 and f"{target} does not match" in refused.stderr
+    refused = _cli(url, "verify-archive", str(tampered))
+    assert refused.exit_code == 1 and f"{target} does not match" in refused.stderr
 
 
 def test_ledger_tour_notebook_runs_against_the_demo_ledger(demo: Path) -> None:

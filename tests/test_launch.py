@@ -7,7 +7,9 @@ import signal
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from campaign.cli import main
 from campaign.ledger import Ledger
 from campaign.ledger.locality import filesystem_type, network_refusal
 from tests.launch_helpers import ROOT, event_counts, last_step, run, start, wait_for
@@ -50,12 +52,15 @@ def test_workers_execute_every_run_exactly_once(
 def test_launch_refuses_without_a_passing_pilot(sqlite_ledger: Ledger, sqlite_url: str) -> None:
     ledger, ledger_url = sqlite_ledger, sqlite_url
     plan_quick(ledger, "gated", runs=2)
-    refused = run(ledger_url, "launch", "gated")
-    assert refused.returncode == 1
+    # Refused before any worker starts: the command line in this process is enough.
+    refused = CliRunner().invoke(main, ["--ledger", ledger_url, "launch", "gated"])
+    assert refused.exit_code == 1
     assert "no passing pilot" in refused.stderr and "--skip-pilot --reason" in refused.stderr
     assert "Traceback" not in refused.stderr
-    no_reason = run(ledger_url, "launch", "gated", "--skip-pilot")
-    assert no_reason.returncode == 2 and "--reason" in no_reason.stderr
+    no_reason = CliRunner().invoke(
+        main, ["--ledger", ledger_url, "launch", "gated", "--skip-pilot"]
+    )
+    assert no_reason.exit_code == 2 and "--reason" in no_reason.stderr
     assert set(ledger.runs("gated")["status"]) == {"planned"}  # nothing started
     assert "pilot_skipped" not in set(ledger.events("gated")["kind"])
 
