@@ -11,6 +11,7 @@ from pathlib import Path
 import nbformat
 import pytest
 from click.testing import CliRunner, Result
+from filelock import FileLock
 from nbclient import NotebookClient
 
 from campaign.cli import main
@@ -19,18 +20,22 @@ from campaign.ledger import Ledger
 from campaign.loop.replay import replay_artifact
 from tests.launch_helpers import ROOT, run
 
-# One module-scoped demo for every test here: keep them on one xdist worker.
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("demo")]
+pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="session")  # session: once per xdist worker, whatever runs in between
+@pytest.fixture(scope="session")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("demo") / "demo"
-    done = run("sqlite:///unused-by-demo.db", "demo", "--dir", str(folder), "--updates", "40",
-               "--seeds", "2", timeout=600)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    for line in ("data gate passed", "pilot 1: passed", "report:"):
-        assert line in done.stderr
+    """One demo for the whole run, whichever xdist worker asks first (the others wait for it
+    under a file lock and read the same folder)."""
+    shared = tmp_path_factory.getbasetemp().parent  # common to every worker of this run
+    folder = shared / "demo"
+    with FileLock(str(shared / "demo.lock")):
+        if not (folder / "digits-lr-report.html").exists():
+            done = run("sqlite:///unused-by-demo.db", "demo", "--dir", str(folder), "--updates",
+                       "40", "--seeds", "2", timeout=600)  # fmt: skip
+            assert done.returncode == 0, done.stderr[-3000:]
+            for line in ("data gate passed", "pilot 1: passed", "report:"):
+                assert line in done.stderr
     return folder
 
 
