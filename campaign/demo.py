@@ -20,8 +20,8 @@ from campaign.launch.local import LocalLauncher, plan_slots
 from campaign.launch.progress import ProgressDisplay, Snapshot
 from campaign.launch.worker import WorkerOptions
 from campaign.ledger import Ledger
-from campaign.pilot.gates import run_pilot
 from campaign.pilot.inspect import inspect_campaign
+from campaign.pilot.phase_gates import run_pilot
 from campaign.plan import make_plan, record_plan
 from campaign.report.balance import balance_sheet
 from campaign.report.render import write

@@ -42,7 +42,7 @@ def test_fp16_run_with_grad_scaler_on_cuda(sqlite_url: str, tmp_path: Path) -> N
 
 
 def test_pilot_on_cuda_stores_allocated_and_reserved_apart(sqlite_url: str, tmp_path: Path) -> None:
-    from campaign.pilot.gates import run_pilot
+    from campaign.pilot.phase_gates import run_pilot
 
     with Ledger.open(sqlite_url, create=True) as ledger:
         plan_loop(ledger)

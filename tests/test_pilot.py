@@ -14,7 +14,7 @@ from campaign.launch.gate import pilot_passed
 from campaign.ledger import Ledger
 from campaign.loop.task import Task
 from campaign.pilot import sizing
-from campaign.pilot.gates import Pilot, PilotSession
+from campaign.pilot.phase_gates import Pilot, PilotSession
 from tests.loop_helpers import plan_loop
 
 PHASES = [
@@ -127,7 +127,7 @@ def test_an_export_that_does_not_reproduce(ledger: Ledger, tmp_path: Path) -> No
 
 def test_overfit_gate_fails_when_nothing_can_be_learned(ledger: Ledger, tmp_path: Path) -> None:
     config = _config(ledger)
-    from campaign.pilot.gates import PilotOptions
+    from campaign.pilot.phase_gates import PilotOptions
 
     result = _pilot(
         "campaign.tasks.digits:build",

@@ -85,7 +85,7 @@ def pilot(source: LedgerSource, campaign: str, artifacts: Path, device: str,
 
     Example: campaign pilot digits-lr --device cpu
     """
-    from campaign.pilot.gates import PilotOptions, run_pilot
+    from campaign.pilot.phase_gates import PilotOptions, run_pilot
 
     options = PilotOptions(overfit_examples, overfit_steps, overfit_factor)
     with source.open() as ledger:
