@@ -29,10 +29,12 @@ demo: $(VENV)/.installed
 lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check .
 
+# The environment's bin first on PATH, as an activated venv has it (tests run the installed
+# console script).
 test: $(VENV)/.installed-test lint
 	scripts/test-services
-	CAMPAIGN_REQUIRE_ALL=1 CAMPAIGN_TEST_POSTGRES=$(CAMPAIGN_TEST_POSTGRES) \
-		$(PYTHON) -m pytest --durations=25
+	PATH="$(abspath $(VENV))/bin:$$PATH" CAMPAIGN_REQUIRE_ALL=1 \
+		CAMPAIGN_TEST_POSTGRES=$(CAMPAIGN_TEST_POSTGRES) $(PYTHON) -m pytest --durations=25
 
 clean:
 	rm -rf $(VENV) campaign-demo campaign-artifacts
