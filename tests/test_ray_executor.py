@@ -28,8 +28,8 @@ def test_ray_runs_a_campaign_and_a_retried_task_never_runs_a_run_twice(
                              hold={"loop.checkpoint_every": 5}, validation_every=3)  # fmt: skip
         launch = start(
             postgresql_url, "launch", "on-ray", "--executor", "ray", "--workers", "2",
-            "--artifacts", str(tmp_path / "artifacts"), "--heartbeat-s", "0.3",
-            "--lease-s", "1.5", "--no-replay-check", *SKIP,
+            "--artifacts", str(tmp_path / "artifacts"), "--heartbeat-s", "0.5",
+            "--lease-s", "5", "--no-replay-check", *SKIP,
         )  # fmt: skip
         victim: list[str] = []
 
