@@ -13,9 +13,7 @@ import click
 from campaign.cli.options import artifacts_option
 from campaign.cli.output import output_options, render_rows
 from campaign.cli.source import LedgerSource
-from campaign.launch.defaults import DEFAULT_HEARTBEAT_S, DEFAULT_LEASE_S
-
-EXECUTORS = ("local", "ray", "slurm")
+from campaign.launch.defaults import DEFAULT_HEARTBEAT_S, DEFAULT_LEASE_S, EXECUTORS
 
 
 def _worker_options(command: Callable[..., Any]) -> Callable[..., Any]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import tomllib
 from typing import Any
 
@@ -153,18 +152,6 @@ def runs(
         for r in listed
     ]  # fmt: skip
     click.echo(render_rows(rows, output_format))
-
-
-def _missing(value: Any) -> bool:
-    """None, NaN or pandas' NA (a frame cell with no value)."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return True
-    return type(value).__name__ in ("NAType", "NaTType")
-
-
-def _value(value: Any) -> Any:
-    """A frame cell as a plain value: missing (None, NaN, NA) becomes None."""
-    return None if _missing(value) else value
 
 
 @click.command()

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 
@@ -29,8 +29,13 @@ class LedgerSource:
 
 
 def _take_ledger(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
-    if value is not None:
-        ctx.ensure_object(LedgerSource).url = value
+    if value is None:
+        return
+    source = ctx.find_object(LedgerSource)
+    if source is None:
+        ctx.obj = LedgerSource(value)
+    else:
+        source.url = value
 
 
 def add_ledger_option(command: click.Command) -> None:
@@ -48,10 +53,3 @@ def add_ledger_option(command: click.Command) -> None:
     if isinstance(command, click.Group):
         for subcommand in command.commands.values():
             add_ledger_option(subcommand)
-
-
-def ledger_source(value: Any) -> LedgerSource:
-    """The source object of a command context (commands receive it through ``pass_obj``)."""
-    if not isinstance(value, LedgerSource):
-        raise click.UsageError("the ledger source is missing (run through `campaign`)")
-    return value

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from campaign.launch.defaults import EXECUTORS
 from campaign.launch.gate import GateDecision, open_gate
 from campaign.launch.local import DeviceError, LocalLauncher, plan_slots
 from campaign.launch.progress import ProgressDisplay, Snapshot
@@ -16,7 +17,6 @@ from campaign.launch.worker import WorkerOptions
 from campaign.ledger import Ledger
 from campaign.ledger.locality import check_single_host
 
-EXECUTORS = ("local", "ray", "slurm")  # the command line offers the same choice
 # A run that ended in one of these needs attention; diverged is a result, not an accident.
 NEEDS_ATTENTION = ("failed", "oom", "interrupted", "lost")
 

@@ -17,6 +17,7 @@ from sqlalchemy import Engine
 
 from campaign.ledger.dialects import placeholder
 from campaign.ledger.engine import translated
+from campaign.ledger.records import as_utc
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -54,8 +55,8 @@ def _utc(value: Any) -> datetime | None:
     """A timestamp as an aware UTC datetime (SQLite hands back naive text, written in UTC)."""
     if value is None:
         return None
-    moment = datetime.fromisoformat(value) if isinstance(value, str) else value
-    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+    moment = as_utc(datetime.fromisoformat(value) if isinstance(value, str) else value)
+    return moment.astimezone(UTC) if moment is not None else None
 
 
 def query_frame(

@@ -11,9 +11,12 @@ from __future__ import annotations
 import statistics
 from collections import Counter
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from campaign.loop.task import Task
+
+if TYPE_CHECKING:
+    from campaign.ledger.reads import LedgerReader
 
 
 def examples(task: Task, split: str, count: int) -> list[dict[str, Any]]:
@@ -58,7 +61,7 @@ def summary(task: Task, split: str, config: Mapping[str, Any]) -> dict[str, Any]
     return result
 
 
-def inspect_campaign(ledger: Any, campaign: str, split: str, count: int) -> dict[str, Any]:
+def inspect_campaign(ledger: LedgerReader, campaign: str, split: str, count: int) -> dict[str, Any]:
     """What ``campaign inspect`` shows, with the control's config: examples, a summary of the
     split and the data gate's findings (``passed`` says whether every check held)."""
     from campaign.loop.task import build_task

@@ -12,9 +12,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
+
+if TYPE_CHECKING:
+    from campaign.ledger.reads import LedgerReader
 
 RENTAL_DAYS = (3, 7, 30)
 
@@ -109,7 +112,7 @@ class SizingSheet:
 
 
 def sizing_sheet(
-    ledger: Any, campaign: str, *, target: str | None = None, reserve: float = 0.2
+    ledger: LedgerReader, campaign: str, *, target: str | None = None, reserve: float = 0.2
 ) -> SizingSheet:
     """The sizing sheet of ``campaign`` from its latest pilot's measurements."""
     from campaign.ledger.errors import LedgerInputError
