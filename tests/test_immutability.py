@@ -118,20 +118,35 @@ def test_terminal_stop_fields_are_final(seeded: dict) -> None:
 @pytest.mark.parametrize(
     ("state", "target"),
     [("planned", "completed"), ("planned", "interrupted"), ("interrupted", "completed"),
-     ("running", "planned"), ("interrupted", "planned")],
+     ("running", "planned"), ("interrupted", "planned"), ("running", "withdrawn"),
+     ("interrupted", "withdrawn"), ("completed", "withdrawn")],
 )  # fmt: skip
 def test_illegal_transitions(seeded: dict, state: str, target: str) -> None:
     """Each change satisfies every CHECK constraint (a stop cause exactly when the target is an
     end status), so what refuses it is the transition trigger itself."""
     url = seeded["url"]
     run_id = seeded[state]
-    cause = None if target in ("planned", "running") else "exception"
+    cause = None if target in ("planned", "running", "withdrawn") else "exception"
     message = _refused(
         url, "UPDATE runs SET status = ?, stop_cause = ? WHERE id = ?", (target, cause, run_id)
     )
     assert "campaign ledger refused" in message  # the trigger's words (a CHECK names itself)
-    assert "transition not allowed" in message or f"cannot go from {state} to {target}" in message
+    assert any(words in message for words in (
+        "transition not allowed", f"cannot go from {state} to {target}", "final"))
     assert execute(url, "SELECT status FROM runs WHERE id = ?", (run_id,)) == [(state,)]
+
+
+def test_withdrawn_only_from_planned_and_final(seeded: dict) -> None:
+    """planned -> withdrawn is the one way in (no stop cause: it never ran); it is never left."""
+    url, run_id = seeded["url"], seeded["planned"]
+    _refused(url, "UPDATE runs SET status = 'withdrawn', stop_cause = 'exception' WHERE id = ?",
+             (run_id,))  # fmt: skip
+    execute(url, "UPDATE runs SET status = 'withdrawn', stop_detail = 'by mistake' WHERE id = ?",
+            (run_id,))  # fmt: skip
+    for target in ("running", "planned"):
+        message = _refused(url, "UPDATE runs SET status = ? WHERE id = ?", (target, run_id))
+        assert "final" in message or "transition not allowed" in message
+    assert "final" in _refused(url, "UPDATE runs SET stop_detail = 'x' WHERE id = ?", (run_id,))
 
 
 def test_ended_run_needs_a_stop_cause(seeded: dict) -> None:

@@ -10,7 +10,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect
 
-from campaign.ledger import Ledger, StopRecord, migrate
+from campaign.ledger import Ledger, LedgerError, StopRecord, migrate
 from campaign.ledger.engine import create_ledger_engine, parse_url
 from campaign.ledger.migrate import head_revision
 from campaign.ledger.models import Base
@@ -40,13 +40,14 @@ def _seed(ledger: Ledger) -> None:
 
 def _snapshot(url: str) -> dict[str, list[str]]:
     """Every row of every table, in the columns that revision 0001 knows (later revisions
-    only add columns: ``lease_token`` of 0002, ``author`` of the simulated 9001)."""
+    only add columns: ``lease_token`` of 0002, ``training_s`` of 0003, ``author`` of the
+    simulated 9001)."""
     engine = _engine(url)
     try:
         columns = {t: [c["name"] for c in inspect(engine).get_columns(t)] for t in TABLES}
     finally:
         engine.dispose()
-    later = ("author", "lease_token")
+    later = ("author", "lease_token", "training_s")
     known = {t: [c for c in cols if c not in later] for t, cols in columns.items()}
     return {
         t: sorted(map(repr, execute(url, f"SELECT {', '.join(known[t])} FROM {t}"))) for t in TABLES
@@ -104,6 +105,12 @@ def test_checked_in_ledger_of_revision_0001_upgrades_and_works(tmp_path: Path) -
         assert len(ledger.metrics("digits-lr", keys=["train/loss"])) == 50
         claim = ledger.claim_next("digits-lr", "after-upgrade")
         assert claim is not None
+        # 0003 loosened the status check in place: the old ledger takes the new status.
+        left = ledger.runs("digits-lr", status=["planned"])["run_id"].iloc[0]
+        ledger.withdraw(left, "planned by mistake")
+        assert ledger.run(left).status == "withdrawn"
+        with pytest.raises(LedgerError, match="final"):
+            ledger.start(left, "after-upgrade")
 
 
 @pytest.mark.slow

@@ -73,7 +73,8 @@ class Snapshot:
     def summary(self) -> str:
         """Done / running / left, with the end states counted."""
         ended = ", ".join(
-            f"{s} {self.counts[s]}" for s in RUN_STATUSES if s in ENDED_STATUSES and self.counts[s]
+            f"{s} {self.counts[s]}" for s in RUN_STATUSES
+            if s in ENDED_STATUSES | TERMINAL_STATUSES and self.counts[s]
         )
         done = f"{self.campaign}: {self.done}/{self.total} done" + (f" ({ended})" if ended else "")
         return f"{done}, {len(self.running)} running, {self.left} left"

@@ -100,7 +100,7 @@ class Run(Base):
         ),
         # A run that has ended has a stop cause; a planned or running one has none.
         CheckConstraint(
-            "(status IN ('planned', 'running')) = (stop_cause IS NULL)", name="stop_cause_iff_ended"
+            "(status IN ('planned', 'running', 'withdrawn')) = (stop_cause IS NULL)", name="stop_cause_iff_ended"
         ),
         CheckConstraint(
             "relaunch_of IS NULL OR relaunch_reason IS NOT NULL", name="relaunch_has_reason"
@@ -150,6 +150,8 @@ class Segment(Base):
     ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     resumed_from: Mapped[int | None] = mapped_column(ForeignKey("artifacts.id"))
     lease_token: Mapped[str | None] = mapped_column(String(64))
+    # Seconds in updates and validation; the rest of the segment's wall time is overhead.
+    training_s: Mapped[float | None] = mapped_column(Float)
 
 
 class Metric(Base):

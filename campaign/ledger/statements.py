@@ -74,7 +74,8 @@ END_RUN = (
 END_OPEN_SEGMENTS = (
     update(segments)
     .where(segments.c.run_id == bindparam("p_run_id"), segments.c.ended_at.is_(None))
-    .values(ended_at=utcnow(), end_step=bindparam("p_end_step"))
+    .values(ended_at=utcnow(), end_step=bindparam("p_end_step"),
+            training_s=bindparam("p_training_s"))
 )
 # A leased end or heartbeat also checks the token: a worker whose run was
 # declared lost or reclaimed changes nothing.

@@ -57,7 +57,9 @@ from campaign.ledger.records import (
 )
 from campaign.ledger.rules import check_end, check_plan, transition_refusal
 from campaign.ledger.vocabulary import (
+    PLANNED,
     RUNNING,
+    WITHDRAWN,
     can_transition,
 )
 
@@ -243,14 +245,21 @@ class Ledger(LedgerReader):
         return self._write(work, f"starting run {run_id}")
 
     def finish(
-        self, run_id: str, status: str, stop: StopRecord, *, lease: str | None = None
+        self,
+        run_id: str,
+        status: str,
+        stop: StopRecord,
+        *,
+        lease: str | None = None,
+        training_s: float | None = None,
     ) -> None:
         """End a running run: status, stop cause/step/phase/detail and event, one transaction.
 
         ``status`` must be an end status whose causes include ``stop.cause``
         (e.g. ``diverged`` with ``loss_explosion``); open segments are closed.
         With ``lease``, the end is refused (:class:`LeaseLost`) unless the run
-        is still running under that lease.
+        is still running under that lease. ``training_s``: the seconds the
+        segment spent in updates and validation (the rest was overhead).
         """
         check_end(run_id, status, stop)
 
@@ -267,7 +276,8 @@ class Ledger(LedgerReader):
             ).rowcount  # fmt: skip
             if changed != 1:
                 raise IllegalTransition(f"run {run_id} changed status while it was being ended")
-            conn.execute(sql.END_OPEN_SEGMENTS, {"p_run_id": run_id, "p_end_step": stop.step})
+            conn.execute(sql.END_OPEN_SEGMENTS, {"p_run_id": run_id, "p_end_step": stop.step,
+                                                 "p_training_s": training_s})  # fmt: skip
             where = f" at step {stop.step}" if stop.step is not None else ""
             phase = f" ({stop.phase})" if stop.phase else ""
             detail = f"{row.status} -> {status}: {stop.cause}{where}{phase}"
@@ -330,15 +340,33 @@ class Ledger(LedgerReader):
 
         self._write(work, f"recording the environment of run {run_id}")
 
-    def end_segment(self, segment_id: int, end_step: int) -> None:
-        def work(conn: Connection) -> None:
-            conn.execute(
-                update(segments_t)
-                .where(segments_t.c.id == segment_id, segments_t.c.ended_at.is_(None))
-                .values(end_step=end_step, ended_at=utcnow())
-            )
+    def withdraw(self, run_id: str, reason: str) -> None:
+        """Withdraw a planned run that will never execute (planned by mistake).
 
-        self._write(work, f"ending segment {segment_id}")
+        It keeps its line (status ``withdrawn``, the reason in ``stop_detail``
+        and a ``withdrawn`` event), is never claimed and counts in no
+        statistic. A run that left ``planned`` cannot be withdrawn.
+        """
+        if not (reason and reason.strip()):
+            raise LedgerInputError(f"withdrawing run {run_id} needs a reason")
+
+        def work(conn: Connection) -> None:
+            row = _run_row(conn, run_id, self.url)
+            if row.status != PLANNED:
+                raise LedgerInputError(
+                    f"run {run_id} is {row.status}: only a planned run can be withdrawn"
+                    + (" (relaunch or let it end instead)" if row.status == RUNNING else "")
+                )
+            changed = conn.execute(
+                update(runs_t)
+                .where(runs_t.c.id == run_id, runs_t.c.status == PLANNED)
+                .values(status=WITHDRAWN, stop_detail=reason.strip(), ended_at=utcnow())
+            ).rowcount
+            if changed != 1:
+                raise IllegalTransition(f"run {run_id} was claimed while it was being withdrawn")
+            _event(conn, row.campaign_id, run_id, WITHDRAWN, f"planned -> withdrawn: {reason.strip()}")
+
+        self._write(work, f"withdrawing run {run_id}")
 
     def metric_writer(
         self,

@@ -23,10 +23,14 @@ RUN_STATUSES: Final = (
     "oom",
     "interrupted",
     "lost",
+    "withdrawn",
 )
-TERMINAL_STATUSES: Final = frozenset({"completed", "diverged", "stopped", "failed", "oom"})
+WITHDRAWN: Final = "withdrawn"
+# Where a run that ran can end (a withdrawn run never ran).
+FINISHED_STATUSES: Final = frozenset({"completed", "diverged", "stopped", "failed", "oom"})
+TERMINAL_STATUSES: Final = FINISHED_STATUSES | {WITHDRAWN}
 RESUMABLE_STATUSES: Final = frozenset({"interrupted", "lost"})
-ENDED_STATUSES: Final = TERMINAL_STATUSES | RESUMABLE_STATUSES
+ENDED_STATUSES: Final = FINISHED_STATUSES | RESUMABLE_STATUSES
 
 STOP_CAUSES: Final = (
     "budget_reached",
@@ -56,7 +60,7 @@ CAUSES_BY_STATUS: Final[dict[str, frozenset[str]]] = {
 }
 
 TRANSITIONS: Final[dict[str, frozenset[str]]] = {
-    "planned": frozenset({"running"}),
+    "planned": frozenset({"running", "withdrawn"}),
     "running": ENDED_STATUSES,
     "interrupted": frozenset({"running"}),
     "lost": frozenset({"running"}),
