@@ -21,3 +21,26 @@ def config_value(config: Mapping[str, Any], dotted: str) -> Any:
             return None
         node = node[part]
     return node
+
+
+def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Every leaf of a nested config under its dotted key (``{"optimizer.lr": 0.001, ...}``)."""
+    leaves: dict[str, Any] = {}
+    for key, value in config.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            leaves.update(flatten(value, dotted + "."))
+        else:
+            leaves[dotted] = value
+    return leaves
+
+
+def config_changes(original: Mapping[str, Any], other: Mapping[str, Any]) -> dict[str, list[Any]]:
+    """Every dotted key whose value differs: key -> [original's value, other's value]. A key
+    present on one side only shows None on the other. Sorted by key."""
+    before, after = flatten(original), flatten(other)
+    return {
+        key: [before.get(key), after.get(key)]
+        for key in sorted(before.keys() | after.keys())
+        if before.get(key) != after.get(key)
+    }

@@ -199,6 +199,11 @@ def _variants(spec: SpecDocument, where: str) -> list[tuple[str, str, dict[str, 
         for combination in itertools.product(*(axes[k] for k in keys)):
             name = "_".join(f"{k.rsplit('.', 1)[-1]}-{_format(v)}" for k, v in
                             zip(keys, combination, strict=True))  # fmt: skip
+            if not re.fullmatch(NAME_PATTERN, name):
+                raise SpecError(
+                    f"{where}: grid.axes: the variant name {name!r} made from the axis values "
+                    f"is not a name: {PATTERN_WORDS[NAME_PATTERN]} (use [[grid.variants]])"
+                )
             found.append((name, f"grid.axes ({name})", dict(zip(keys, combination, strict=True))))
     if not found:
         raise SpecError(
@@ -210,7 +215,8 @@ def _variants(spec: SpecDocument, where: str) -> list[tuple[str, str, dict[str, 
             raise SpecError(f"{where}: grid.variants: variant name {name!r} appears twice")
     if spec.grid.control not in names:
         close = difflib.get_close_matches(spec.grid.control, names, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else f" (variants: {', '.join(names)})"
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        hint = f" ({hint}variants: {', '.join(names)})"
         raise SpecError(f"{where}: grid.control: {spec.grid.control!r} is not a variant{hint}")
     for name, path, overrides in found:
         for key in overrides:
@@ -378,11 +384,13 @@ def _quote(key: str) -> str:
 
 
 def _format(value: Any) -> str:
-    """Axis values in variant names: 1e-4 rather than 0.0001."""
+    """Axis values in variant names, one way for every float: the shortest mantissa and a
+    plain exponent (1e-3, 3e-4, 2.5e-4, 5e1), so names sort and read alike whatever the
+    magnitude; integers and words as written."""
     if isinstance(value, float):
-        if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e5):
-            mantissa, exponent = f"{value:.6e}".split("e")
-            mantissa = mantissa.rstrip("0").rstrip(".")
-            return f"{mantissa}e{int(exponent)}"
-        return repr(value) if not math.isfinite(value) else f"{value:g}"
+        if value == 0 or not math.isfinite(value):
+            return f"{value:g}"
+        mantissa, exponent = f"{value:.6e}".split("e")
+        mantissa = mantissa.rstrip("0").rstrip(".")
+        return f"{mantissa}e{int(exponent)}"
     return str(value).lower() if isinstance(value, bool) else str(value)

@@ -48,7 +48,8 @@ BAD_SPECS = [
      "grid.variants[1].set.\"loop.microbatch\": variant 'lr-5e-5' changes loop.microbatch, "
      "which is held"),
     ("control-unknown", [('control = "lr-1e-4"', 'control = "lr-1e4"')],
-     "grid.control: 'lr-1e4' is not a variant (did you mean 'lr-1e-4'?)"),
+     "grid.control: 'lr-1e4' is not a variant (did you mean 'lr-1e-4'? variants: lr-1e-4, "
+     "lr-5e-5, lr-2e-4)"),
     ("duplicate-variant", [('name = "lr-2e-4"', 'name = "lr-5e-5"')],
      "variant name 'lr-5e-5' appears twice"),
     ("no-seeds", [("seeds = [0, 1, 2]", "seeds = []")], "grid.seeds: expected"),

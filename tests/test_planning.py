@@ -96,16 +96,36 @@ def test_same_name_identical_spec_is_a_noop_different_spec_refused(
     assert execute(ledger_url, "SELECT COUNT(*) FROM runs") == [(9,)]
 
 
+def test_axis_names_are_formatted_one_way_and_the_control_hint_lists_them(
+    tmp_path: Path,
+) -> None:
+    spec = tmp_path / "axes.toml"
+    head = SPEC.read_text().split("[grid]")[0]
+    axes = '[grid.axes]\n"optimizer.lr" = [1e-3, 3e-4, 3e-3, 50.0, 2.5e-4]\n'
+    spec.write_text(head + '[grid]\nseeds = [0]\ncontrol = "lr-1e-3"\n' + axes)
+    names = [v.name for v in load_spec(spec).variants]
+    assert names == ["lr-1e-3", "lr-3e-4", "lr-3e-3", "lr-5e1", "lr-2.5e-4"]
+    spec.write_text(head + '[grid]\nseeds = [0]\ncontrol = "lr-0.001"\n' + axes)
+    with pytest.raises(SpecError) as refused:
+        load_spec(spec)
+    assert "grid.control: 'lr-0.001' is not a variant" in str(refused.value)
+    assert "variants: lr-1e-3, lr-3e-4, lr-3e-3, lr-5e1, lr-2.5e-4" in str(refused.value)
+    words = '[grid.axes]\n"task.note" = ["a b"]\n'
+    spec.write_text(head + '[grid]\nseeds = [0]\ncontrol = "note-a b"\n' + words)
+    with pytest.raises(SpecError, match="grid.axes: the variant name 'note-a b'"):
+        load_spec(spec)
+
+
 def test_axes_expand_to_the_product(tmp_path: Path) -> None:
     spec = tmp_path / "axes.toml"
     text = SPEC.read_text().split("[grid]")[0] + (
-        '[grid]\nseeds = [0]\ncontrol = "lr-1e-4_weight_decay-0.01"\n'
+        '[grid]\nseeds = [0]\ncontrol = "lr-1e-4_weight_decay-1e-2"\n'
         '[grid.axes]\n"optimizer.lr" = [1e-4, 5e-5, 2e-4]\n"optimizer.weight_decay" = [0.01, 0.1]\n'
     )
     spec.write_text(text.replace('"optimizer.weight_decay" = 0.01\n', ""))
     resolved = load_spec(spec)
     names = [v.name for v in resolved.variants]
-    assert len(names) == 6 and "lr-5e-5_weight_decay-0.1" in names
+    assert len(names) == 6 and "lr-5e-5_weight_decay-1e-1" in names
     assert resolved.control.config["optimizer"] == {**resolved.control.config["optimizer"],
                                                    "lr": 1e-4, "weight_decay": 0.01}  # fmt: skip
 

@@ -25,9 +25,10 @@ from campaign.cli.source import DEFAULT_URL, ENV_VAR, LedgerSource, add_ledger_o
 # group's help lists every command without importing their modules.
 COMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("campaign.cli.plan:plan", "Plan the campaign in SPEC: every (variant, seed) becomes a planned run."),
-    "show": ("campaign.cli.plan:show", "The campaign's question, frozen spec hash, held quantities and variants."),
+    "show": ("campaign.cli.show:show", "A campaign's question, spec hash and variants; or one run's full config."),
     "runs": ("campaign.cli.plan:runs", "List a campaign's runs: id, variant, seed, status, stop, lineage."),
     "relaunch": ("campaign.cli.plan:relaunch", "Plan a new run from an ended one, with changes and a reason."),
+    "withdraw": ("campaign.cli.plan:withdraw", "Withdraw a planned run that must never execute (with a reason)."),
     "note": ("campaign.cli.plan:note", "Add a timestamped note to a campaign."),
     "notes": ("campaign.cli.plan:notes", "List a campaign's notes."),
     "inspect": ("campaign.cli.pilot:inspect", "Examples as the loss sees them, a data summary and the data gate."),

@@ -1,4 +1,4 @@
-"""Planning commands: plan, show, runs, relaunch, note, notes (thin: parse, call, print)."""
+"""Planning commands: plan, runs, relaunch, withdraw, note, notes (thin: parse, call, print)."""
 
 from __future__ import annotations
 
@@ -82,51 +82,6 @@ def _run_ids_in_plan_order(ledger: Any, name: str, the_plan: Any) -> list[str | 
 
 @click.command()
 @click.argument("campaign")
-@output_options
-@click.pass_obj
-def show(source: LedgerSource, campaign: str, output_format: str) -> None:
-    """Show a campaign: its question, frozen spec hash, variants, accounting and run counts.
-
-    Example: campaign show digits-lr
-    """
-    with source.open() as ledger:
-        record = ledger.campaign(campaign)
-        frame = ledger.runs(campaign)
-        note_count = len(ledger.notes(campaign))
-    spec = record.spec_document
-    hold = spec.get("hold", {})
-    counts = frame.groupby(["variant", "status"]).size().unstack(fill_value=0)
-    variants = []
-    for name in dict.fromkeys(frame["variant"]):
-        rows = frame[frame["variant"] == name]
-        config = rows.iloc[0]["config"]
-        budget = config["budget"]
-        variants.append({
-            "variant": name, "control": "yes" if bool(rows.iloc[0]["is_control"]) else "",
-            "runs": len(rows),
-            **{status: int(counts.loc[name].get(status, 0)) for status in RUN_STATUSES
-               if status in counts.columns},
-            "examples_per_update": budget.get("examples_per_update"),
-            "updates": budget.get("updates"), "examples_seen": budget.get("examples_seen"),
-        })  # fmt: skip
-    header = {
-        "campaign": record.name, "question": record.question, "task": record.task,
-        "spec_sha256": record.spec_sha256, "created_at": record.created_at.isoformat(),
-        "runs": len(frame), "notes": note_count,
-        "hold": ", ".join(f"{k}={v!r}" for k, v in sorted(hold.items())),
-    }  # fmt: skip
-    if output_format == "json":
-        click.echo(json.dumps({**header, "variants": variants}, indent=2, default=str))
-        return
-    if output_format == "table":
-        for key, value in header.items():
-            click.echo(f"{key + ':':<13} {value}")
-        click.echo("")
-    click.echo(render_rows(variants, output_format))
-
-
-@click.command()
-@click.argument("campaign")
 @click.option("--status", "statuses", multiple=True, type=click.Choice(RUN_STATUSES),
               help="Only runs in this status (repeatable).")  # fmt: skip
 @output_options
@@ -187,6 +142,25 @@ def relaunch(source: LedgerSource, run_id: str, sets: tuple[str, ...], reason: s
     if deviations:
         click.echo(f"campaign: warning: relaunch changes held {', '.join(deviations)}: "
                    "the report marks it as a deviation from the plan", err=True)  # fmt: skip
+
+
+@click.command()
+@click.argument("run_id")
+@click.option("--reason", required=True, help="Why the run will never execute (recorded).")
+@click.pass_obj
+def withdraw(source: LedgerSource, run_id: str, reason: str) -> None:
+    """Withdraw a planned run that must never execute (planned by mistake).
+
+    It keeps its line everywhere with status withdrawn and the reason, is never
+    claimed and counts in no statistic. A run that started cannot be withdrawn.
+
+    Example: campaign withdraw 01jd... --reason "microbatch 3 without accumulation 4"
+    """
+    if not reason.strip():
+        raise LedgerInputError("--reason must say why the run is withdrawn")
+    with source.open() as ledger:
+        ledger.withdraw(run_id, reason)
+    click.echo(f"campaign: run {run_id} withdrawn: {reason.strip()}", err=True)
 
 
 def _parse_set(item: str) -> tuple[str, Any]:

@@ -100,7 +100,8 @@ class Run(Base):
         ),
         # A run that has ended has a stop cause; a planned or running one has none.
         CheckConstraint(
-            "(status IN ('planned', 'running', 'withdrawn')) = (stop_cause IS NULL)", name="stop_cause_iff_ended"
+            "(status IN ('planned', 'running', 'withdrawn')) = (stop_cause IS NULL)",
+            name="stop_cause_iff_ended",
         ),
         CheckConstraint(
             "relaunch_of IS NULL OR relaunch_reason IS NOT NULL", name="relaunch_has_reason"

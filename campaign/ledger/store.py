@@ -364,7 +364,8 @@ class Ledger(LedgerReader):
             ).rowcount
             if changed != 1:
                 raise IllegalTransition(f"run {run_id} was claimed while it was being withdrawn")
-            _event(conn, row.campaign_id, run_id, WITHDRAWN, f"planned -> withdrawn: {reason.strip()}")
+            detail = f"planned -> withdrawn: {reason.strip()}"
+            _event(conn, row.campaign_id, run_id, WITHDRAWN, detail)
 
         self._write(work, f"withdrawing run {run_id}")
 

@@ -136,3 +136,21 @@ def environment_for(replica: Replica, address: str, port: int) -> dict[str, str]
         "LOCAL_RANK": str(replica.rank), "MASTER_ADDR": address, "MASTER_PORT": str(port),
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
     }  # fmt: skip
+
+
+class DiscardedMetrics:
+    """The metric writer of a non-zero replica: rank 0 logs the run's (global) values."""
+
+    def log(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    log_dict = log
+
+    def flush(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        return None
+
+    def pending_rows(self) -> list[list[Any]]:
+        return []

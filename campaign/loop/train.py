@@ -28,7 +28,8 @@ import contextlib
 import os
 import signal
 import socket
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -120,6 +121,7 @@ class RunLoop:
         self._pending: list[list[Any]] = []  # unflushed metric points of a resumed checkpoint
         self._batches: list[Batch] = []
         self._validated = False
+        self.training_s = 0.0  # updates and validation; the rest of the segment is overhead
 
     def _refuse_impossible(self, claim: Claim | None) -> None:
         loop, run_id = self.config["loop"], self.run_id
@@ -171,7 +173,7 @@ class RunLoop:
             if artifact:
                 detail += f" (traceback: artifact {artifact})"
             stop = StopRecord("exception", self.step, self.phase, detail)
-            self.ledger.finish(self.run_id, "failed", stop, lease=self.lease)
+            self.ledger.finish(self.run_id, "failed", stop, lease=self.lease, training_s=0.0)
             raise RunSetupFailed(f"run {self.run_id} failed in {self.phase}: {detail}") from error
 
     @property
@@ -191,7 +193,7 @@ class RunLoop:
         self.metrics = (
             self.ledger.metric_writer(self.run_id, self.segment_id, lease=self.lease)
             if self.writes
-            else DiscardedMetrics()
+            else dp.DiscardedMetrics()
         )
         for key, step, value, seen, wall in self._pending:
             self.metrics.log(key, step, float("nan") if value is None else value, seen, wall)
@@ -237,9 +239,9 @@ class RunLoop:
         every = int(self.config["validation"]["every"])
         checkpoint_every = self.config["loop"]["checkpoint_every"] or every
         while True:
-            stop = self._update()
+            stop = self._training(self._update)
             if stop is None and self.step % every == 0:
-                stop = self._validate()
+                stop = self._training(self._validate)
             if stop is not None:
                 return stop
             if self.step % checkpoint_every == 0:
@@ -261,8 +263,16 @@ class RunLoop:
                 )
             if stop is not None:
                 if stop.cause == "budget_reached" and self.step % every != 0:
-                    stop = self._validate() or stop  # always end with a validation point
+                    stop = self._training(self._validate) or stop  # end on a validation point
                 return replace(stop, phase=stop.phase or "update")
+
+    def _training(self, work: Callable[[], StopDecision | None]) -> StopDecision | None:
+        """Run ``work`` (an update or a validation), adding its seconds to the training time."""
+        started = time.perf_counter()
+        try:
+            return work()
+        finally:
+            self.training_s += time.perf_counter() - started
 
     def _agree(self, stop: StopDecision | None) -> StopDecision | None:
         """Every rank takes the same decision after each update (one small all-reduce): a
@@ -411,7 +421,8 @@ class RunLoop:
         )
         step = self.step if stop.step is None else stop.step
         ended = StopRecord(stop.cause, step, phase, detail)
-        self.ledger.finish(self.run_id, stop.status, ended, lease=self.lease)
+        self.ledger.finish(self.run_id, stop.status, ended, lease=self.lease,
+                           training_s=round(self.training_s, 4))  # fmt: skip
         self.heartbeat.stop()
         return RunOutcome(self.run_id, stop.status, stop.cause, self.step, detail)
 
@@ -468,24 +479,6 @@ class RunLoop:
     def cleanup(self) -> None:
         self.heartbeat.stop()
         self.signals.restore()
-
-
-class DiscardedMetrics:
-    """The metric writer of a non-zero replica: rank 0 logs the run's (global) values."""
-
-    def log(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-    log_dict = log
-
-    def flush(self) -> int:
-        return 0
-
-    def close(self) -> None:
-        return None
-
-    def pending_rows(self) -> list[list[Any]]:
-        return []
 
 
 def execute(ledger: Ledger, run_id: str, *, artifacts: Path, **options: Any) -> RunOutcome:

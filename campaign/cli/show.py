@@ -1,0 +1,110 @@
+"""``campaign show NAME_OR_RUN``: a campaign's header and variants, or one run's full config.
+
+A run id shows the run's whole resolved config (every dotted key) and its
+difference to the control run of the same seed, so a relaunch planned with a
+mistake (a microbatch changed, its accumulation forgotten) is seen before it
+spends anything.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from campaign.cli.output import output_options, render_rows
+from campaign.cli.source import LedgerSource
+from campaign.ledger.vocabulary import RUN_STATUSES
+
+
+@click.command()
+@click.argument("target", metavar="CAMPAIGN_OR_RUN_ID")
+@output_options
+@click.pass_obj
+def show(source: LedgerSource, target: str, output_format: str) -> None:
+    """Show a campaign (question, frozen spec hash, variants, accounting, run counts) or one
+    run (its full resolved config and its difference to the control run of its seed).
+
+    Examples: campaign show digits-lr · campaign show 01jd8w... --format json
+    """
+    from campaign.ledger.errors import NotFound
+
+    with source.open() as ledger:
+        try:
+            record = ledger.campaign(target)
+        except NotFound as missing:
+            try:
+                run = ledger.run(target)
+            except NotFound:
+                raise NotFound(f"{missing} (nor is it a run id)") from None
+            frame = ledger.runs(run.campaign)
+            _show_run(run, frame, output_format)
+            return
+        frame = ledger.runs(target)
+        note_count = len(ledger.notes(target))
+    _show_campaign(record, frame, note_count, output_format)
+
+
+def _show_run(run: Any, frame: Any, output_format: str) -> None:
+    from campaign.config_keys import config_changes, flatten
+
+    config = run.config_document
+    controls = frame[frame["is_control"] & frame["relaunch_of"].isna()]
+    same_seed = controls[controls["seed"] == run.seed]
+    control = (same_seed if len(same_seed) else controls).head(1)
+    control_id = control["run_id"].iloc[0] if len(control) else None
+    changes = {} if control_id in (None, run.id) else config_changes(
+        control["config"].iloc[0], config)  # fmt: skip
+    header = {"run_id": run.id, "campaign": run.campaign, "variant": run.variant,
+              "seed": run.seed, "status": run.status, "relaunch_of": run.relaunch_of,
+              "relaunch_reason": run.relaunch_reason, "config_sha256": run.config_sha256,
+              "control_run": control_id}  # fmt: skip
+    if output_format == "json":
+        document = {**header, "config": config, "changes_from_control": changes}
+        click.echo(json.dumps(document, indent=2, default=str))
+        return
+    rows = [{"key": key, "value": json.dumps(value), "control": (
+                json.dumps(changes[key][0]) if key in changes else "(same)")}
+            for key, value in flatten(config).items()]  # fmt: skip
+    if output_format == "table":
+        for key, value in header.items():
+            click.echo(f"{key + ':':<16} {'' if value is None else value}")
+        click.echo("")
+        different = ", ".join(changes) or "none"
+        click.echo(f"differs from the control run in: {different}")
+        click.echo("")
+    click.echo(render_rows(rows, output_format))
+
+
+def _show_campaign(record: Any, frame: Any, note_count: int, output_format: str) -> None:
+    spec = record.spec_document
+    hold = spec.get("hold", {})
+    counts = frame.groupby(["variant", "status"]).size().unstack(fill_value=0)
+    variants = []
+    for name in dict.fromkeys(frame["variant"]):
+        rows = frame[frame["variant"] == name]
+        originals = rows[rows["relaunch_of"].isna()]
+        budget = (originals if len(originals) else rows).iloc[0]["config"]["budget"]
+        variants.append({
+            "variant": name, "control": "yes" if bool(rows.iloc[0]["is_control"]) else "",
+            "runs": len(rows), "relaunches": len(rows) - len(originals),
+            **{status: int(counts.loc[name].get(status, 0)) for status in RUN_STATUSES
+               if status in counts.columns},
+            "examples_per_update": budget.get("examples_per_update"),
+            "updates": budget.get("updates"), "examples_seen": budget.get("examples_seen"),
+        })  # fmt: skip
+    header = {
+        "campaign": record.name, "question": record.question, "task": record.task,
+        "spec_sha256": record.spec_sha256, "created_at": record.created_at.isoformat(),
+        "runs": len(frame), "notes": note_count,
+        "hold": ", ".join(f"{k}={v!r}" for k, v in sorted(hold.items())),
+    }  # fmt: skip
+    if output_format == "json":
+        click.echo(json.dumps({**header, "variants": variants}, indent=2, default=str))
+        return
+    if output_format == "table":
+        for key, value in header.items():
+            click.echo(f"{key + ':':<13} {value}")
+        click.echo("")
+    click.echo(render_rows(variants, output_format))
