@@ -289,7 +289,7 @@ class LedgerReader(Closing):
         return self._campaign_frame(
             campaign,
             "SELECT s.id AS segment_id, s.run_id, s.ordinal, s.start_step, s.end_step, s.worker, "
-            "s.started_at, s.ended_at, s.resumed_from FROM segments s JOIN runs r "
+            "s.started_at, s.ended_at, s.resumed_from, s.training_s FROM segments s JOIN runs r "
             "ON r.id = s.run_id WHERE r.campaign_id = ? ORDER BY s.run_id, s.ordinal",
             "segments",
         )

@@ -1,31 +1,36 @@
-"""The balance sheet: every run on its line, per-variant counts and spread, deltas to the control.
+"""The balance sheet: every run on its line, variants counted by the rules, conclusions, flags.
 
-Nothing is omitted: diverged, failed, out-of-memory, interrupted, lost and
-still-planned runs keep their line and are counted, so the per-variant counts
-always add up to the runs planned. The validation metric is summarised over
-seeds as mean, standard deviation, min, max, n and every individual value
-(never only the best seed), and compared with the control seed by seed.
-Built from the ledger's reads only, as pandas DataFrames.
+Counting rules (DESIGN.md §8, contract): a variant's statistics are over its
+originally planned runs, one per seed. A planned seed without a value
+(diverged, failed, oom, lost, never run) is counted by its status and never
+dropped; withdrawn runs keep their line and count nowhere; relaunches are
+never pooled into a variant, each has its line in ``relaunches`` with its
+lineage and full config difference. Deltas against the control are seed by
+seed over original runs, and the conclusions pair them. Built from the
+ledger's reads only, as pandas DataFrames.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from campaign.config_keys import held_deviations
-from campaign.ledger import Ledger
+from campaign.ledger import LedgerReader
+from campaign.report.conclusions import VALUED, campaign_conclusion, conclusions, stop_words
+from campaign.report.flags import integrity_flags
+from campaign.report.relaunches import defining_keys, lineage, relaunch_table
+from campaign.report.timing import projected_seconds, run_times
 
 COUNTED = ("completed", "diverged", "failed")
 RUN_COLUMNS = (
-    "run_id", "variant", "is_control", "seed", "status", "stop_cause", "stop_step",
+    "run_id", "variant", "is_control", "seed", "original", "status", "stop_cause", "stop_step",
     "stop_phase", "stop_detail", "updates_planned", "updates_done", "examples_seen",
-    "final_metric", "final_metric_step", "best_metric", "best_metric_step", "wall_time_s",
-    "peak_allocated_bytes", "peak_rss_bytes", "relaunch_of", "relaunch_reason", "deviation",
+    "final_metric", "final_metric_step", "best_metric", "best_metric_step", "training_s",
+    "overhead_s", "wall_time_s", "projected_s", "peak_allocated_bytes", "peak_rss_bytes",
+    "relaunch_of", "relaunch_reason", "lineage", "deviation", "flags",
 )  # fmt: skip
 
 
@@ -36,19 +41,24 @@ class BalanceSheet:
     campaign: dict[str, Any]
     metric: str
     mode: str
+    conclusion: str
     runs: pd.DataFrame
     variants: pd.DataFrame
     deltas: pd.DataFrame
+    relaunches: pd.DataFrame
+    conclusions: pd.DataFrame
+    flags: pd.DataFrame
     phases: pd.DataFrame
     notes: pd.DataFrame
     curves: pd.DataFrame = field(repr=False)
 
     def frames(self) -> dict[str, pd.DataFrame]:
         return {"runs": self.runs, "variants": self.variants, "deltas": self.deltas,
-                "phases": self.phases, "notes": self.notes}  # fmt: skip
+                "relaunches": self.relaunches, "conclusions": self.conclusions,
+                "flags": self.flags, "phases": self.phases, "notes": self.notes}  # fmt: skip
 
 
-def balance_sheet(ledger: Ledger, campaign: str) -> BalanceSheet:
+def balance_sheet(ledger: LedgerReader, campaign: str) -> BalanceSheet:
     """Read ``campaign`` from the ledger and build its balance sheet."""
     record = ledger.campaign(campaign)
     spec = record.spec_document
@@ -56,16 +66,50 @@ def balance_sheet(ledger: Ledger, campaign: str) -> BalanceSheet:
     validation = _validation(spec, runs)
     metric, mode = validation["metric"], validation["mode"]
     curves = ledger.metrics(campaign, keys=["train/loss", metric])
-    table = _run_table(ledger, campaign, runs, curves, metric, mode, spec.get("hold", {}))
+    pilots, phases, events = (
+        ledger.pilots(campaign),
+        ledger.phases(campaign),
+        ledger.events(campaign),
+    )
+    keys = defining_keys(runs)
+    runs = runs.iloc[_run_order(runs, keys)].reset_index(drop=True)
+    table = _run_table(runs, curves, mode, metric, spec.get("hold", {}))
+    times = run_times(ledger.segments(campaign))
+    for column in ("training_s", "overhead_s", "wall_time_s"):
+        table[column] = table["run_id"].map(times[column])
+    table["projected_s"] = projected_seconds(runs, pilots, phases, record.spec_sha256)
+    peaks = _peaks(phases)
+    table["peak_allocated_bytes"] = table["run_id"].map(peaks["allocated"]).astype("Int64")
+    table["peak_rss_bytes"] = table["run_id"].map(peaks["rss"]).astype("Int64")
+    relaunches = relaunch_table(runs, dict(zip(table["run_id"], table["final_metric"],
+                                               strict=True)), keys)  # fmt: skip
+    context = table.assign(config=runs["config"], environment=runs["environment"],
+                           started_at=runs["started_at"])  # fmt: skip
+    flags = integrity_flags(context, events, pilots, record.spec_sha256, spec.get("hold", {}),
+                            relaunches)  # fmt: skip
+    kinds = flags.groupby("run_id")["kind"].agg(lambda k: ", ".join(dict.fromkeys(k)))
+    table["flags"] = table["run_id"].map(kinds)
+    table = table[list(RUN_COLUMNS)]
+    originals = table[table["original"] & (table["status"] != "withdrawn")]
+    variants = _variant_table(table)
+    deltas = _deltas(originals)
+    verdicts = conclusions(variants, deltas, originals, mode)
+    control = variants[variants["is_control"]]["variant"]
+    unfinished = int(originals["status"].isin(("planned", "running", "interrupted", "lost")).sum())
     return BalanceSheet(
         campaign={"name": record.name, "question": record.question, "task": record.task,
                   "spec_sha256": record.spec_sha256, "created_at": record.created_at},
         metric=metric,
         mode=mode,
+        conclusion=campaign_conclusion(record.question, control.iloc[0] if len(control) else None,
+                                       verdicts, metric, mode, unfinished, len(flags)),
         runs=table,
-        variants=_variant_table(table),
-        deltas=_deltas(table),
-        phases=_pilot_phases(ledger, campaign),
+        variants=variants,
+        deltas=deltas,
+        relaunches=relaunches,
+        conclusions=verdicts,
+        flags=flags,
+        phases=_pilot_phases(pilots, phases),
         notes=ledger.notes(campaign),
         curves=curves,
     )  # fmt: skip
@@ -78,26 +122,50 @@ def _validation(spec: dict[str, Any], runs: pd.DataFrame) -> dict[str, str]:
     return {"metric": found.get("metric", "val/loss"), "mode": found.get("mode", "min")}
 
 
+def _sortable(value: Any) -> tuple[int, Any]:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return (1, str(value))
+    return (0, float(value))
+
+
+def _run_order(runs: pd.DataFrame, keys: set[str]) -> list[int]:
+    """Control first, then variants by their defining keys' values (lr 3e-4 before 1e-3
+    before 3e-3, not as text); within a variant by seed, each original before its relaunches."""
+    from campaign.config_keys import config_value
+
+    first = runs[runs["relaunch_of"].isna()].drop_duplicates("variant").set_index("variant")
+    ordered = sorted(keys)
+    rank = {
+        name: (not bool(row["is_control"]),
+               tuple(_sortable(config_value(row["config"], k)) for k in ordered), name)
+        for name, row in first.iterrows()
+    }  # fmt: skip
+    chains = lineage(runs)
+    return sorted(range(len(runs)), key=lambda i: (
+        rank.get(runs["variant"].iat[i], (True, (), runs["variant"].iat[i])),
+        int(runs["seed"].iat[i]), len(chains[runs["run_id"].iat[i]]),
+        runs["created_at"].iat[i]))  # fmt: skip
+
+
 def _run_table(
-    ledger: Ledger,
-    campaign: str,
-    runs: pd.DataFrame,
-    curves: pd.DataFrame,
-    metric: str,
-    mode: str,
-    hold: dict[str, Any],
+    runs: pd.DataFrame, curves: pd.DataFrame, mode: str, metric: str, hold: dict[str, Any]
 ) -> pd.DataFrame:
     table = runs[["run_id", "variant", "is_control", "seed", "status", "stop_cause",
                   "stop_step", "stop_phase", "stop_detail", "relaunch_of",
                   "relaunch_reason"]].copy()  # fmt: skip
+    table["is_control"] = table["is_control"].astype(bool)
+    table["original"] = table["relaunch_of"].isna()
     # Runs recorded through the API (notebooks) may carry a partial config.
     budgets = [c.get("budget") or {} for c in runs["config"]]
     table["updates_planned"] = [int(b.get("updates") or 0) for b in budgets]
     table["deviation"] = [", ".join(held_deviations(c, hold)) or None for c in runs["config"]]
+    chains = lineage(runs)
+    table["lineage"] = [" -> ".join(chains[r]) if len(chains[r]) > 1 else None
+                        for r in table["run_id"]]  # fmt: skip
     loss = curves[curves["key"] == "train/loss"]
-    done = loss.groupby("run_id")["step"].max()
+    table["updates_done"] = table["run_id"].map(loss.groupby("run_id")["step"].max())
+    table["updates_done"] = table["updates_done"].fillna(0).astype(int)
     seen = loss.groupby("run_id")["examples_seen"].max()
-    table["updates_done"] = table["run_id"].map(done).fillna(0).astype(int)
     table["examples_seen"] = table["run_id"].map(seen).fillna(0).astype(int)
     points = curves[(curves["key"] == metric) & curves["value"].notna()].sort_values("step")
     final = points.groupby("run_id").last()
@@ -108,85 +176,79 @@ def _run_table(
     table["final_metric_step"] = table["run_id"].map(final["step"]).astype("Int64")
     table["best_metric"] = table["run_id"].map(best["value"])
     table["best_metric_step"] = table["run_id"].map(best["step"]).astype("Int64")
-    table["wall_time_s"] = table["run_id"].map(_wall_times(ledger, campaign))
-    peaks = _peaks(ledger, campaign)
-    table["peak_allocated_bytes"] = table["run_id"].map(peaks["allocated"]).astype("Int64")
-    table["peak_rss_bytes"] = table["run_id"].map(peaks["rss"]).astype("Int64")
     table["stop_step"] = table["stop_step"].astype("Int64")
-    return table[list(RUN_COLUMNS)].sort_values(["variant", "seed", "run_id"]).reset_index(
-        drop=True
-    )
+    return table
 
 
-def _wall_times(ledger: Ledger, campaign: str) -> pd.Series:
-    """Seconds spent running, summed over a run's segments (a resumed run's pause excluded)."""
-    segments = ledger.segments(campaign)
-    if segments.empty:
-        return pd.Series(dtype=float)
-    ended = segments.dropna(subset=["ended_at"])
-    seconds = (ended["ended_at"] - ended["started_at"]).dt.total_seconds()
-    return seconds.groupby(ended["run_id"]).sum().round(3)
-
-
-def _peaks(ledger: Ledger, campaign: str) -> dict[str, pd.Series]:
-    phases = ledger.phases(campaign)
-    phases = phases[phases["run_id"].notna()]
-    if phases.empty:
+def _peaks(phases: pd.DataFrame) -> dict[str, pd.Series]:
+    mine = phases[phases["run_id"].notna()] if len(phases) else phases
+    if mine.empty:
         return {"allocated": pd.Series(dtype=float), "rss": pd.Series(dtype=float)}
-    by_run = phases.groupby("run_id")
+    by_run = mine.groupby("run_id")
     return {"allocated": by_run["allocated_peak"].max(), "rss": by_run["rss_peak"].max()}
 
 
 def _variant_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per variant, over its original planned runs (one per seed); withdrawn and relaunched
+    runs are counted apart and never in the statistics."""
     rows = []
     for variant, group in runs.groupby("variant", sort=False):
-        values = group.dropna(subset=["final_metric"]).sort_values("seed")
-        numbers = values["final_metric"].astype(float)
-        counts = {status: int((group["status"] == status).sum()) for status in COUNTED}
+        originals = group[group["original"]]
+        withdrawn = originals[originals["status"] == "withdrawn"]
+        planned = originals[originals["status"] != "withdrawn"].sort_values("seed")
+        valued = planned[planned["status"].isin(VALUED) & planned["final_metric"].notna()]
+        numbers = valued["final_metric"].astype(float)
+        counts = {status: int((planned["status"] == status).sum()) for status in COUNTED}
         rows.append({
             "variant": variant,
             "is_control": bool(group["is_control"].iloc[0]),
-            "planned": len(group),
+            "planned": len(planned),
             **counts,
-            "other": len(group) - sum(counts.values()),
+            "other": len(planned) - sum(counts.values()),
+            "withdrawn": len(withdrawn),
+            "relaunches": int((~group["original"]).sum()),
             "n": len(numbers),
             "mean": float(numbers.mean()) if len(numbers) else None,
             "std": float(numbers.std(ddof=1)) if len(numbers) > 1 else None,
             "min": float(numbers.min()) if len(numbers) else None,
             "max": float(numbers.max()) if len(numbers) else None,
-            "values": json.dumps({str(int(s)): float(f"{v:.6g}") for s, v in
-                                  zip(values["seed"], numbers, strict=True)}),
+            "values": {str(int(s)): float(v) for s, v in zip(valued["seed"], numbers, strict=True)},
+            "missing": {str(int(r.seed)): _without_value(r) for r in planned.itertuples()
+                        if r.run_id not in set(valued["run_id"])},
         })  # fmt: skip
-    frame = pd.DataFrame(rows)
-    if frame.empty:
-        return frame
-    return frame.sort_values(["is_control", "variant"], ascending=[False, True]).reset_index(
-        drop=True
-    )
+    return pd.DataFrame(rows)
 
 
-def _deltas(runs: pd.DataFrame) -> pd.DataFrame:
-    """Each variant's final metric minus the control's, seed by seed (original runs only:
-    a relaunch answers for itself in the run table)."""
-    originals = runs[runs["relaunch_of"].isna()]
-    control = originals[originals["is_control"]].set_index("seed")["final_metric"]
+def _without_value(run: Any) -> str:
+    """Why a planned seed has no value, in words."""
+    if run.status == "planned":
+        return "planned: not run yet"
+    words = stop_words(run)
+    return f"{run.status}: {words}" if words else str(run.status)
+
+
+def _deltas(originals: pd.DataFrame) -> pd.DataFrame:
+    """Each variant's final metric minus the control's, seed by seed, original runs only (a
+    relaunch answers for itself in the relaunch table); a seed without a value has no delta."""
+    valued = originals[originals["status"].isin(VALUED)]
+    control = valued[valued["is_control"]].set_index("seed")["final_metric"]
+    mine = valued.set_index("run_id")["final_metric"]
     rows = []
     for r in originals[~originals["is_control"]].itertuples():
-        mine, base = r.final_metric, control.get(r.seed, np.nan)
-        delta = mine - base if pd.notna(mine) and pd.notna(base) else None
+        value, base = mine.get(r.run_id), control.get(r.seed)
+        value = None if value is None or pd.isna(value) else float(value)
+        base = None if base is None or pd.isna(base) else float(base)
+        delta = value - base if value is not None and base is not None else None
         rows.append({"variant": r.variant, "seed": int(r.seed), "run_id": r.run_id,
-                     "metric": mine, "control": base, "delta": delta})  # fmt: skip
+                     "metric": value, "control": base, "delta": delta})  # fmt: skip
     return pd.DataFrame(rows, columns=["variant", "seed", "run_id", "metric", "control", "delta"])
 
 
-def _pilot_phases(ledger: Ledger, campaign: str) -> pd.DataFrame:
+def _pilot_phases(pilots: pd.DataFrame, phases: pd.DataFrame) -> pd.DataFrame:
     """The latest pilot's measurement per phase (what each phase cost before launch)."""
-    pilots = ledger.pilots(campaign)
-    phases = ledger.phases(campaign)
+    columns = ["phase", "device", "duration_s", "allocated_peak", "baseline_allocated",
+               "reserved_peak", "rss", "rss_peak", "verdict", "detail"]  # fmt: skip
     if pilots.empty or phases.empty:
-        return pd.DataFrame(columns=["phase", "device", "duration_s", "allocated_peak",
-                                     "reserved_peak", "rss_peak", "verdict", "detail"])  # fmt: skip
+        return pd.DataFrame(columns=columns)
     latest = int(pilots["pilot_id"].iloc[-1])
-    mine = phases[phases["pilot_id"] == latest]
-    return mine[["phase", "device", "duration_s", "allocated_peak", "reserved_peak", "rss_peak",
-                 "verdict", "detail"]].reset_index(drop=True)  # fmt: skip
+    return phases[phases["pilot_id"] == latest][columns].reset_index(drop=True)

@@ -1,9 +1,13 @@
 """The report's figures (matplotlib, headless Agg backend), as PNG bytes.
 
-Every run is drawn: one panel per variant, one line per run (a diverged run
-to the step where it stopped, ending in a cross), validation points as dots
-on a second panel row. The pilot's phases get a memory chart (peak bytes per
-phase and device; CUDA allocated and reserved apart, CPU resident set).
+One chart per metric with every variant in it: the mean over the seeds that
+count (original runs with a value), a min-max band, and a thin line per
+seed, the control first and the variants in the run table's order (by their
+axis value). A diverged run is drawn to the step where it stopped but
+clipped to the healthy runs' range, with a marker where it left the range
+and a cross where it stopped, so one excursion to 1e6 cannot flatten every
+healthy curve. The pilot's memory chart shows what differs between phases
+(the peak above the lightest phase), not equal bars of process size.
 """
 
 from __future__ import annotations
@@ -16,108 +20,124 @@ import matplotlib
 matplotlib.use("Agg")  # headless: no display, no GUI toolkit
 
 import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 from matplotlib.collections import LineCollection
 
 from campaign.report.balance import BalanceSheet
+from campaign.report.conclusions import VALUED
 
 ENDED_BADLY = ("diverged", "failed", "oom", "lost", "interrupted")
-MANY = 12  # runs in a panel beyond which lines are drawn as one collection, without a legend
+MANY = 12  # seeds in a variant beyond which its lines are drawn as one collection
 
 
 def _png(figure: plt.Figure) -> bytes:
     buffer = io.BytesIO()
     figure.tight_layout()
-    figure.savefig(buffer, format="png", dpi=110)
+    figure.savefig(buffer, format="png", dpi=100)
     plt.close(figure)
     return buffer.getvalue()
 
 
-def loss_curves(sheet: BalanceSheet) -> bytes | None:
-    """Training loss (top) and the validation metric (bottom) per variant, every run drawn."""
-    curves = sheet.curves
-    if curves.empty:
+def metric_chart(sheet: BalanceSheet, key: str) -> bytes | None:
+    """Every variant's curves of ``key`` in one chart; None when no run logged it."""
+    points = sheet.curves[(sheet.curves["key"] == key) & sheet.curves["value"].notna()]
+    if points.empty:
         return None
-    variants = list(sheet.variants["variant"]) if len(sheet.variants) else []
-    figure, axes = plt.subplots(2, max(1, len(variants)), squeeze=False, sharey="row", sharex=True,
-                                figsize=(4.2 * max(1, len(variants)), 6.4))  # fmt: skip
-    status = sheet.runs.set_index("run_id")["status"]
-    seeds = sheet.runs.set_index("run_id")["seed"]
-    # One pass over the points (not one scan per run): a thousand runs stay quick.
-    series = {key: frame for key, frame in curves.groupby(["run_id", "key"], sort=False)}
-    for column, variant in enumerate(variants):
-        top, bottom = axes[0][column], axes[1][column]
-        mine = sheet.runs[sheet.runs["variant"] == variant]["run_id"]
-        if len(mine) > MANY:
-            _draw_many(top, bottom, mine, series, status, sheet.metric)
+    runs = sheet.runs[sheet.runs["status"] != "withdrawn"]
+    counted = runs[runs["original"] & runs["status"].isin(VALUED)]
+    series = {r: f.sort_values("step") for r, f in points.groupby("run_id", sort=False)}
+    healthy = points[points["run_id"].isin(counted["run_id"])]["value"]
+    low, high = _range(healthy if len(healthy) else points["value"])
+    logarithmic = key.endswith("loss") and low > 0 and high / low > 20
+    figure, axis = plt.subplots(figsize=(9.5, 4.2))
+    colours = plt.get_cmap("tab10")
+    for index, variant in enumerate(dict.fromkeys(runs["variant"])):
+        colour = colours(index % 10)
+        mine = runs[runs["variant"] == variant]
+        lines = [series[r] for r in mine["run_id"] if r in series]
+        _seed_lines(axis, lines, colour, len(mine) > MANY)
+        for row in mine.itertuples():
+            if row.run_id in series and row.status in ENDED_BADLY:
+                _clipped_end(axis, series[row.run_id], low, high, colour)
+        good = [series[r] for r in counted[counted["variant"] == variant]["run_id"] if r in series]
+        if good:
+            table = pd.concat([s.set_index("step")["value"] for s in good], axis=1)
+            axis.fill_between(table.index, table.min(axis=1), table.max(axis=1), color=colour,
+                              alpha=0.15, linewidth=0)  # fmt: skip
+            label = f"{variant}{' (control)' if mine['is_control'].iloc[0] else ''}"
+            axis.plot(table.index, table.mean(axis=1), color=colour, linewidth=2.2,
+                      label=f"{label}: mean of {table.shape[1]}")  # fmt: skip
         else:
-            _draw_each(top, bottom, mine, series, status, seeds, sheet.metric)
-        top.set_title(str(variant))
-        if _positive(curves, "train/loss"):
-            top.set_yscale("log")
-        top.set_xlabel("update")
-        bottom.set_xlabel("update")
-        if len(mine) <= MANY:  # beyond that a legend hides the curves; the run table names them
-            top.legend(fontsize=7)
-    axes[0][0].set_ylabel("train/loss")
-    axes[1][0].set_ylabel(sheet.metric)
-    figure.suptitle(f"{sheet.campaign['name']}: every run, diverged ones to their stop (x)")
+            axis.plot([], [], color=colour, linewidth=2.2, label=f"{variant}: no valid run")
+    margin = (high - low) * 0.05 or abs(high) * 0.05 or 0.05
+    if logarithmic:
+        axis.set_yscale("log")
+        axis.set_ylim(low / 1.3, high * 1.3)
+    else:
+        axis.set_ylim(low - margin, high + margin)
+    axis.set_xlabel("update")
+    axis.set_ylabel(key)
+    axis.set_title(f"{key}: mean over counted seeds, min-max band, thin line per seed; "
+                   "^ left the range, x stopped", fontsize=9)  # fmt: skip
+    axis.legend(fontsize=8, loc="best")
+    axis.grid(alpha=0.3)
     return _png(figure)
 
 
-def _draw_each(top: Any, bottom: Any, runs: pd.Series, series: dict[Any, pd.DataFrame],
-               status: pd.Series, seeds: pd.Series, metric: str) -> None:  # fmt: skip
-    """A few runs: one labelled line each."""
-    for run_id in runs:
-        label = f"seed {seeds[run_id]} ({status[run_id]})"
-        loss = series.get((run_id, "train/loss"))
-        if loss is not None:
-            (line,) = top.plot(loss["step"], loss["value"], linewidth=1, label=label)
-            if status[run_id] in ENDED_BADLY:
-                _cross(top, loss, line.get_color())
-        points = series.get((run_id, metric))
-        if points is not None:
-            bottom.plot(points["step"], points["value"], marker="o", markersize=3,
-                        linewidth=0.8, label=label)  # fmt: skip
+def _range(values: pd.Series) -> tuple[float, float]:
+    finite = values[np.isfinite(values)]
+    if finite.empty:
+        return 0.0, 1.0
+    return float(finite.min()), float(finite.max())
 
 
-def _draw_many(top: Any, bottom: Any, runs: pd.Series, series: dict[Any, pd.DataFrame],
-               status: pd.Series, metric: str) -> None:  # fmt: skip
-    """Many runs: every line still drawn, as one collection per panel (fast at 1,000 runs)."""
-    for axis, key in ((top, "train/loss"), (bottom, metric)):
-        lines = [series[(r, key)][["step", "value"]].dropna().to_numpy()
-                 for r in runs if (r, key) in series]  # fmt: skip
-        if lines:
-            axis.add_collection(LineCollection(lines, linewidths=0.6, alpha=0.5))
-            axis.autoscale_view()
-    for run_id in runs:
-        loss = series.get((run_id, "train/loss"))
-        if loss is not None and status[run_id] in ENDED_BADLY:
-            _cross(top, loss, "crimson")
+def _seed_lines(axis: Any, lines: list[pd.DataFrame], colour: Any, many: bool) -> None:
+    arrays = [s[["step", "value"]].to_numpy(dtype=float) for s in lines]
+    if many:  # one collection: fast at a thousand runs
+        axis.add_collection(LineCollection(arrays, colors=[colour], linewidths=0.5, alpha=0.3))
+        return
+    for array in arrays:
+        axis.plot(array[:, 0], array[:, 1], color=colour, linewidth=0.7, alpha=0.45)
 
 
-def _cross(axis: Any, loss: pd.DataFrame, color: Any) -> None:
-    last = loss.dropna(subset=["value"]).tail(1)
-    axis.plot(last["step"], last["value"], marker="x", markersize=9, color=color)
+def _clipped_end(axis: Any, series: pd.DataFrame, low: float, high: float, colour: Any) -> None:
+    """Markers for a run that ended badly: where it left the healthy range, where it stopped."""
+    values = series["value"].to_numpy(dtype=float)
+    steps = series["step"].to_numpy()
+    outside = np.flatnonzero((values < low) | (values > high) | ~np.isfinite(values))
+    if len(outside):
+        first = outside[0]
+        edge = high if not values[first] < low else low
+        axis.plot(steps[first], edge, marker="^" if edge == high else "v", color=colour,
+                  markersize=9, markeredgecolor="black")  # fmt: skip
+    last = np.clip(values[-1], low, high) if np.isfinite(values[-1]) else high
+    axis.plot(steps[-1], last, marker="x", color=colour, markersize=10, markeredgewidth=2)
 
 
-def _positive(curves: pd.DataFrame, key: str) -> bool:
-    values = curves[curves["key"] == key]["value"].dropna()
-    return bool(len(values)) and bool((values > 0).all())
-
-
-def phase_memory(sheet: BalanceSheet) -> bytes | None:
-    """Peak memory per pilot phase (bytes), one bar group per phase."""
+def phase_memory(sheet: BalanceSheet) -> tuple[bytes | None, str]:
+    """What each pilot phase adds to memory; (None, why) when there is nothing to show."""
     phases = sheet.phases
     if phases.empty:
-        return None
-    columns = [c for c in ("allocated_peak", "reserved_peak", "rss_peak")
-               if phases[c].notna().any()]  # fmt: skip
-    if not columns:
-        return None
-    table = phases.groupby("phase", sort=False)[columns].max() / 2**20
-    figure, axis = plt.subplots(figsize=(7.5, 3.6))
-    table.plot.bar(ax=axis, rot=30)
-    axis.set_ylabel("MiB (peak)")
-    axis.set_title("pilot: peak memory per phase")
-    return _png(figure)
+        return None, "no pilot has run yet: `campaign pilot CAMPAIGN` measures every phase"
+    series: dict[str, pd.Series] = {}
+    if phases["allocated_peak"].notna().any():
+        added = phases["allocated_peak"] - phases["baseline_allocated"].fillna(0)
+        series["CUDA allocated above the phase's baseline"] = added.groupby(phases["phase"]).max()
+    if phases["rss_peak"].notna().any():
+        peak = phases.groupby("phase")["rss_peak"].max()
+        series[f"RSS peak above the lightest phase ({peak.min() / 2**20:.0f} MiB)"] = (
+            peak - peak.min()
+        )
+    if not series:
+        return None, "the pilot recorded no memory counters"
+    table = pd.DataFrame(series).reindex(list(dict.fromkeys(phases["phase"]))) / 2**20
+    if float(table.abs().max().max()) < 1:
+        return None, "every phase peaked within 1 MiB of the others: memory is not a constraint"
+    figure, axis = plt.subplots(figsize=(8, 3.4))
+    table.plot.barh(ax=axis)
+    axis.invert_yaxis()
+    axis.set_xlabel("MiB")
+    axis.set_title("pilot: what each phase adds to memory", fontsize=10)
+    axis.legend(fontsize=8)
+    return _png(figure), ""

@@ -1,19 +1,19 @@
 """Exports of a balance sheet: HTML, Markdown, CSV, Parquet, JSON.
 
 - HTML: one self-contained file (CSS inline, figures embedded as data: URIs,
-  no script, no network fetch), printable; every string from the ledger goes
-  through Jinja2's autoescape, so a variant named ``<script>`` is text.
-- Markdown: GitHub-flavoured tables (pipes and angle brackets in user text
-  escaped), figures left out (a forge would not show embedded images).
+  no script, no network fetch), printable; the conclusion and the integrity
+  flags first; every string from the ledger goes through Jinja2's
+  autoescape, so a variant named ``<script>`` is text. The run table fits
+  1,400 px: the long fields sit in an expandable row.
+- Markdown: see :mod:`campaign.report.markdown`.
 - CSV and Parquet: the run table, one line per run.
-- JSON: everything (campaign, run table, variants, deltas, pilot phases, notes).
+- JSON: everything (the contract names of DESIGN.md §8).
 """
 
 from __future__ import annotations
 
 import base64
 import json
-import math
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -22,46 +22,17 @@ import jinja2
 import pandas as pd
 
 from campaign.report.balance import BalanceSheet
+from campaign.report.humane import cell
+from campaign.report.markdown import markdown
+from campaign.report.template import TEMPLATE
 
-_TEMPLATE = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined).from_string(
-    """<!doctype html>
-<html lang="en"><head><meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy"
-      content="default-src 'none'; img-src data:; style-src 'unsafe-inline'">
-<title>{{ campaign.name }} — balance sheet</title>
-<style>
-body { font: 14px/1.45 system-ui, sans-serif; margin: 2em; color: #111; }
-table { border-collapse: collapse; margin: 0.6em 0 1.6em; font-size: 12px; }
-th, td { border: 1px solid #bbb; padding: 3px 6px; text-align: left; vertical-align: top; }
-th { background: #eee; }
-tr.diverged td, tr.failed td, tr.oom td { background: #fdecea; }
-tr.interrupted td, tr.lost td, tr.stopped td { background: #fff6e0; }
-img { max-width: 100%; }
-.meta { color: #555; }
-@media print { body { margin: 0.5cm; } img { page-break-inside: avoid; } }
-</style></head><body>
-<h1>{{ campaign.name }}</h1>
-<p>{{ campaign.question }}</p>
-<p class="meta">task {{ campaign.task }} · spec sha256 {{ campaign.spec_sha256 }} ·
-metric {{ metric }} ({{ mode }}) · generated {{ generated }}</p>
-<h2>Variants</h2>
-{{ variants }}
-<h2>Deltas against the control, seed by seed</h2>
-{{ deltas }}
-<h2>Every run</h2>
-{{ runs }}
-{% if curves %}<h2>Curves</h2>
-<img alt="loss and {{ metric }} curves of every run"
-     src="data:image/png;base64,{{ curves }}">{% endif %}
-<h2>Pilot: phases</h2>
-{{ phases }}
-{% if memory %}<img alt="peak memory per pilot phase"
-     src="data:image/png;base64,{{ memory }}">{% endif %}
-<h2>Notes</h2>
-{{ notes }}
-</body></html>
-"""
-)
+# The run table's visible columns; every other field is in the row's details.
+RUN_SUMMARY = ("run", "variant", "seed", "status", "stop", "updates", "final_metric",
+               "best_metric", "training_s", "overhead_s", "peak", "flags")  # fmt: skip
+RUN_DETAILS = ("run_id", "stop_detail", "stop_phase", "examples_seen", "final_metric_step",
+               "best_metric_step", "wall_time_s", "projected_s", "peak_allocated_bytes",
+               "peak_rss_bytes", "relaunch_of", "relaunch_reason", "lineage",
+               "deviation")  # fmt: skip
 
 
 def write(sheet: BalanceSheet, output_format: str, path: Path) -> Path:
@@ -69,7 +40,7 @@ def write(sheet: BalanceSheet, output_format: str, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.partial")
     if output_format == "parquet":
-        sheet.runs.to_parquet(temporary, index=False)
+        _flat(sheet.runs).to_parquet(temporary, index=False)
     else:
         temporary.write_text(render(sheet, output_format), encoding="utf-8")
     temporary.replace(path)
@@ -82,87 +53,87 @@ def render(sheet: BalanceSheet, output_format: str) -> str:
     if output_format == "md":
         return markdown(sheet)
     if output_format == "csv":
-        return sheet.runs.to_csv(index=False)
+        return _flat(sheet.runs).to_csv(index=False)
     if output_format == "json":
         return json.dumps(document(sheet), indent=2, default=str)
     raise ValueError(f"unknown report format {output_format!r}")
 
 
-def html(sheet: BalanceSheet) -> str:
-    def table(frame: pd.DataFrame) -> Any:
-        if frame.empty:
-            return jinja2.utils.markupsafe.Markup("<p>(none)</p>")
-        classes = frame["status"].tolist() if "status" in frame else None
-        return jinja2.utils.markupsafe.Markup(_html_table(frame, classes))
+def _flat(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame.astype({"is_control": bool, "original": bool})
 
+
+def html(sheet: BalanceSheet) -> str:
     from campaign.report import plots  # matplotlib: ~0.8 s to import, only when drawing
 
-    curves, memory = plots.loss_curves(sheet), plots.phase_memory(sheet)
-    return _TEMPLATE.render(
-        campaign=sheet.campaign, metric=sheet.metric, mode=sheet.mode,
+    charts = []
+    for key in ("train/loss", sheet.metric):
+        png = plots.metric_chart(sheet, key)
+        why = None if png else _no_curve(sheet, key)
+        charts.append({"key": key, "png": _b64(png), "why": why})
+    memory, memory_why = plots.phase_memory(sheet)
+    template = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
+    return template.from_string(TEMPLATE).render(
+        sheet=sheet, campaign=sheet.campaign,
         generated=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        variants=table(sheet.variants), deltas=table(sheet.deltas), runs=table(sheet.runs),
-        phases=table(sheet.phases), notes=table(sheet.notes),
-        curves=base64.b64encode(curves).decode() if curves else None,
-        memory=base64.b64encode(memory).decode() if memory else None,
+        flag_counts=sheet.flags["kind"].value_counts().to_dict() if len(sheet.flags) else {},
+        conclusions=_rows(sheet.conclusions), flags=_rows(sheet.flags),
+        variants=_rows(sheet.variants), deltas=_rows(sheet.deltas),
+        relaunches=_rows(sheet.relaunches), runs=_run_rows(sheet),
+        summary_columns=RUN_SUMMARY, phases=_rows(sheet.phases), notes=_rows(sheet.notes),
+        charts=charts, memory=_b64(memory), memory_why=memory_why,
     )  # fmt: skip
 
 
-def _html_table(frame: pd.DataFrame, row_classes: list[str] | None) -> str:
-    """A table with every cell escaped (pandas' to_html escapes too; this also escapes the
-    row classes, which come from the status column)."""
-    escape = jinja2.utils.markupsafe.escape
-    head = "".join(f"<th>{escape(str(c))}</th>" for c in frame.columns)
+def _b64(png: bytes | None) -> str | None:
+    return base64.b64encode(png).decode() if png else None
+
+
+def _no_curve(sheet: BalanceSheet, key: str) -> str:
+    started = sheet.runs["status"].isin(("planned", "withdrawn"))
+    if started.all():
+        return "no run has started yet: `campaign launch` executes the planned runs"
+    if key == sheet.metric:
+        every = "its validation interval"
+        return (f"no run reached {every} yet: {key} is logged at each validation point "
+                "(validation.every in the spec)")
+    return f"no run logged {key}"
+
+
+def _rows(frame: pd.DataFrame) -> dict[str, Any]:
+    """Columns and rows of ``frame`` with every cell formatted for people."""
+    columns = list(frame.columns)
+    rows = [[cell(c, v) for c, v in zip(columns, values, strict=True)]
+            for values in frame.itertuples(index=False)]  # fmt: skip
+    return {"columns": columns, "rows": rows}
+
+
+def _run_rows(sheet: BalanceSheet) -> list[dict[str, Any]]:
     rows = []
-    for index, row in enumerate(frame.itertuples(index=False)):
-        css = f' class="{escape(row_classes[index])}"' if row_classes else ""
-        cells = "".join(f"<td>{escape(_cell(v))}</td>" for v in row)
-        rows.append(f"<tr{css}>{cells}</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
-
-
-def markdown(sheet: BalanceSheet) -> str:
-    c = sheet.campaign
-    parts = [
-        f"# {_md(c['name'])}", "", _md(c["question"]), "",
-        f"task `{c['task']}` · spec sha256 `{c['spec_sha256']}` · metric "
-        f"`{sheet.metric}` ({sheet.mode})", "",
-        "## Variants", "", _md_table(sheet.variants), "",
-        "## Deltas against the control, seed by seed", "", _md_table(sheet.deltas), "",
-        "## Every run", "", _md_table(sheet.runs), "",
-        "## Pilot: phases", "", _md_table(sheet.phases), "",
-        "## Notes", "", _md_table(sheet.notes), "",
-    ]  # fmt: skip
-    return "\n".join(parts)
-
-
-def _md(text: Any) -> str:
-    return (
-        _cell(text).replace("\\", "\\\\").replace("|", "\\|").replace("<", "&lt;")
-        .replace(">", "&gt;").replace("\n", " ")
-    )  # fmt: skip
-
-
-def _md_table(frame: pd.DataFrame) -> str:
-    if frame.empty:
-        return "(none)"
-    header = "| " + " | ".join(_md(c) for c in frame.columns) + " |"
-    rule = "|" + "|".join("---" for _ in frame.columns) + "|"
-    lines = ["| " + " | ".join(_md(v) for v in row) + " |"
-             for row in frame.itertuples(index=False)]  # fmt: skip
-    return "\n".join([header, rule, *lines])
-
-
-def _cell(value: Any) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA:
-        return ""
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    return str(value)
+    for run in sheet.runs.to_dict("records"):
+        stop = run["stop_cause"] or ""
+        if stop and not pd.isna(run["stop_step"]):
+            stop += f" @ {run['stop_step']}"
+        peak = run["peak_allocated_bytes"]
+        peak = run["peak_rss_bytes"] if pd.isna(peak) else peak
+        summary = {
+            "run": run["run_id"][-8:], "variant": run["variant"]
+            + (" (control)" if run["is_control"] else "") + ("" if run["original"] else " ↻"),
+            "seed": cell("seed", run["seed"]), "status": run["status"], "stop": stop,
+            "updates": f"{run['updates_done']}/{run['updates_planned']}",
+            "final_metric": cell("final_metric", run["final_metric"]),
+            "best_metric": cell("best_metric", run["best_metric"]),
+            "training_s": cell("training_s", run["training_s"]),
+            "overhead_s": cell("overhead_s", run["overhead_s"]),
+            "peak": cell("peak_bytes", peak), "flags": cell("flags", run["flags"]),
+        }  # fmt: skip
+        details = {c: cell(c, run[c]) for c in RUN_DETAILS if cell(c, run[c])}
+        rows.append({"status": run["status"], "cells": summary, "details": details})
+    return rows
 
 
 def document(sheet: BalanceSheet) -> dict[str, Any]:
-    """Everything, as one JSON-able document (NaN as null)."""
+    """Everything, as one JSON-able document (NaN as null; contract names, DESIGN.md §8)."""
 
     def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
         return json.loads(frame.to_json(orient="records", date_format="iso"))
@@ -170,6 +141,6 @@ def document(sheet: BalanceSheet) -> dict[str, Any]:
     return {
         "campaign": {k: str(v) if isinstance(v, datetime) else v
                      for k, v in sheet.campaign.items()},
-        "metric": sheet.metric, "mode": sheet.mode,
+        "metric": sheet.metric, "mode": sheet.mode, "conclusion": sheet.conclusion,
         **{name: records(frame) for name, frame in sheet.frames().items()},
     }  # fmt: skip

@@ -21,6 +21,15 @@ class FaultyDigits(DigitsTask):
         self.marker = config["task"].get("marker")
         self.calls = 0
 
+    def model(self) -> torch.nn.Module:
+        """With CAMPAIGN_TEST_DRIFT set, the model's outputs carry an offset tied to the
+        process: task code that does not replay identically in a fresh process."""
+        model = super().model()
+        if os.environ.get("CAMPAIGN_TEST_DRIFT"):
+            offset = (os.getpid() % 997 + 1) * 1e-3
+            model.register_forward_hook(lambda _m, _i, output: output + offset)
+        return model
+
     def loss(self, model: torch.nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, int]:
         self.calls += model.training  # training calls only: "at" counts microbatches
         if self.sleep:

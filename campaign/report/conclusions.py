@@ -1,0 +1,169 @@
+"""Conclusions: each variant against the control, paired by seed, and one answer.
+
+Per non-control variant, over the seeds where both its original run and the
+control's have a value: the number of pairs, the mean delta, a 95% interval
+(paired Student t, the method named in every document; fewer than 3 pairs
+give no interval: "not estimable"), the seeds better and worse, and a verdict
+from a fixed vocabulary (DESIGN.md §8):
+
+- ``better`` / ``worse``: the interval excludes zero (direction by the
+  metric's mode: higher is better for ``max``);
+- ``within_noise``: it does not, or it cannot be estimated;
+- ``no_valid_runs``: no pair at all, with the reason in words
+  ("diverged 2/2: loss_explosion at update 2").
+
+Then one sentence that answers the campaign's question, "the control stays
+best" included.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+
+METHOD = "paired Student t, 95%"
+MIN_PAIRS = 3
+COLUMNS = ("variant", "pairs", "mean_delta", "ci_low", "ci_high", "better", "worse", "verdict",
+           "reason")  # fmt: skip
+VALUED = ("completed", "stopped")  # statuses whose final metric is a result
+
+
+def paired_interval(deltas: list[float]) -> tuple[float, float] | None:
+    """The 95% paired-t interval of the mean of ``deltas``; None under 3 pairs."""
+    if len(deltas) < MIN_PAIRS:
+        return None
+    from scipy import stats  # only when a report is built
+
+    mean = sum(deltas) / len(deltas)
+    spread = float(pd.Series(deltas).std(ddof=1))
+    half = float(stats.t.ppf(0.975, len(deltas) - 1)) * spread / math.sqrt(len(deltas))
+    return mean - half, mean + half
+
+
+def status_summary(runs: pd.DataFrame) -> str:
+    """ "diverged 2/2: loss_explosion at update 2" for the original runs of one variant."""
+    total, parts = len(runs), []
+    for status, group in runs.groupby("status", sort=False):
+        causes = sorted({stop_words(r) for r in group.itertuples()} - {""})
+        words = {"planned": "not run yet", "withdrawn": "withdrawn"}.get(str(status))
+        detail = ", ".join(causes[:3]) or words
+        parts.append(f"{status} {len(group)}/{total}" + (f": {detail}" if detail else ""))
+    return "; ".join(parts) or "no runs"
+
+
+def stop_words(run: Any) -> str:
+    """"loss_explosion at update 2" (or just the cause, or nothing for a run that never ran)."""
+    if not isinstance(run.stop_cause, str):
+        return ""
+    if pd.isna(run.stop_step):
+        return run.stop_cause
+    return f"{run.stop_cause} at update {int(run.stop_step)}"
+
+
+def conclusions(
+    variants: pd.DataFrame, deltas: pd.DataFrame, originals: pd.DataFrame, mode: str
+) -> pd.DataFrame:
+    """One line per non-control variant (``originals``: the original, not withdrawn runs)."""
+    sign = 1.0 if mode == "max" else -1.0
+    control = variants[variants["is_control"]]
+    control_name = control["variant"].iloc[0] if len(control) else None
+    control_has_values = bool(len(control)) and int(control["n"].iloc[0]) > 0
+    rows = []
+    for row in variants[~variants["is_control"]].itertuples():
+        mine = deltas[(deltas["variant"] == row.variant) & deltas["delta"].notna()]
+        values = [float(v) for v in mine["delta"]]
+        line: dict[str, Any] = {"variant": row.variant, "pairs": len(values), "mean_delta": None,
+                                "ci_low": None, "ci_high": None,
+                                "better": sum(sign * v > 0 for v in values),
+                                "worse": sum(sign * v < 0 for v in values)}  # fmt: skip
+        if not values:
+            if not control_has_values:
+                who = originals[originals["variant"] == control_name]
+                reason = f"the control {control_name} has no valid run: {status_summary(who)}"
+            elif int(row.n) == 0:
+                reason = status_summary(originals[originals["variant"] == row.variant])
+            else:
+                reason = "no seed where both this variant and the control have a value"
+            rows.append({**line, "verdict": "no_valid_runs", "reason": reason})
+            continue
+        mean = sum(values) / len(values)
+        interval = paired_interval(values)
+        line["mean_delta"] = mean
+        if interval is None:
+            verdict = "within_noise"
+            reason = (f"{len(values)} paired seed{'s' * (len(values) > 1)}: an interval is not "
+                      f"estimable under {MIN_PAIRS} pairs")  # fmt: skip
+        else:
+            line["ci_low"], line["ci_high"] = interval
+            if interval[0] > 0 or interval[1] < 0:
+                verdict = "better" if sign * mean > 0 else "worse"
+                reason = f"the 95% interval ({METHOD}) excludes zero"
+            else:
+                verdict, reason = "within_noise", f"the 95% interval ({METHOD}) includes zero"
+        missing = int(row.planned) - len(values)
+        if missing > 0:
+            reason += f"; {missing} of {int(row.planned)} planned seeds not paired"
+        rows.append({**line, "verdict": verdict, "reason": reason})
+    return pd.DataFrame(rows, columns=list(COLUMNS))
+
+
+def _delta(value: float) -> str:
+    return f"{value:+.3g}"
+
+
+def _verdict_words(row: Any) -> str:
+    if row.verdict == "no_valid_runs":
+        return f"{row.variant}: no valid runs ({row.reason})"
+    text = f"{row.variant}: {row.verdict.replace('_', ' ')}, {_delta(row.mean_delta)}"
+    if row.ci_low is not None and not pd.isna(row.ci_low):
+        return text + f" [{_delta(row.ci_low)}, {_delta(row.ci_high)}] over {row.pairs} seeds"
+    return text + f" over {row.pairs} seed{'s' * (row.pairs > 1)}, interval not estimable"
+
+
+def campaign_conclusion(
+    question: str,
+    control: str | None,
+    table: pd.DataFrame,
+    metric: str,
+    mode: str,
+    unfinished: int,
+    flags: int,
+) -> str:
+    """One paragraph that answers the campaign's question from the conclusions table."""
+    direction = "higher" if mode == "max" else "lower"
+    if control is None:
+        return f"{question} No conclusion: the campaign has no control."
+    against = f"the control {control} on {metric} ({direction} is better)"
+    if (
+        len(table)
+        and (table["verdict"] == "no_valid_runs").all()
+        and table["reason"].str.startswith(f"the control {control} has no valid run").all()
+    ):
+        answer = f"No conclusion: {table['reason'].iloc[0]}."
+    else:
+        better = table[table["verdict"] == "better"].sort_values(
+            "mean_delta", ascending=mode != "max")  # fmt: skip
+        if len(better):
+            best = better.iloc[0]
+            others = [v for v in better["variant"] if v != best["variant"]]
+            answer = (f"{best['variant']} beats {against}: "
+                      f"mean delta {_delta(best['mean_delta'])}, 95% interval "
+                      f"[{_delta(best['ci_low'])}, {_delta(best['ci_high'])}] "
+                      f"({METHOD}, {best['pairs']} paired seeds).")  # fmt: skip
+            if others:
+                answer += f" Also better: {', '.join(others)}."
+        else:
+            answer = (
+                f"The control {control} stays best on {metric}: no variant beats it beyond noise."
+            )
+        rest = [_verdict_words(r) for r in table.itertuples() if r.verdict != "better"]
+        if rest:
+            answer += " " + "; ".join(rest) + "."
+    if unfinished:
+        runs = "1 planned run has" if unfinished == 1 else f"{unfinished} planned runs have"
+        answer += f" {runs} not finished: this may change."
+    if flags:
+        answer += f" {flags} integrity flag{'s' * (flags > 1)}: read them before relying on this."
+    return f"{question} {answer}".strip()

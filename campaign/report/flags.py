@@ -1,0 +1,115 @@
+"""Integrity flags: what a reader must know before trusting a run's number (DESIGN.md §8).
+
+Each flag is (run, kind, evidence). A flagged run keeps its line and its
+value; the flag says why the value may not mean what it seems:
+
+- ``replay_differs``: the final artifact, reloaded in a fresh process, gave
+  other outputs than the run recorded (or the replay itself failed);
+- ``determinism_differs``: steps replayed after a resume gave other losses;
+- ``pilot_skipped``: the run started under a recorded decision to skip the
+  pilot (the reason is the evidence);
+- ``ungated``: the run started with neither a passing pilot nor a recorded skip;
+- ``stack_differs``: the run's software stack is not the passing pilot's;
+- ``held_deviation``: the run's config changes a held key;
+- ``changes_variant_key``: a relaunch changes a key that defines the variants;
+- ``budget_not_reached``: the run ended normally before its planned updates.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from campaign.config_keys import config_value
+from campaign.stack import stack_differences
+
+KINDS = ("replay_differs", "determinism_differs", "pilot_skipped", "ungated", "stack_differs",
+         "held_deviation", "changes_variant_key", "budget_not_reached")  # fmt: skip
+COLUMNS = ("run_id", "kind", "detail")
+
+
+def integrity_flags(
+    runs: pd.DataFrame,
+    events: pd.DataFrame,
+    pilots: pd.DataFrame,
+    spec_sha256: str,
+    hold: dict[str, Any],
+    relaunches: pd.DataFrame,
+) -> pd.DataFrame:
+    """Every flag of every run, in run order then kind order. ``runs`` is the run table plus
+    ``config``, ``environment`` and ``started_at``."""
+    found: list[dict[str, Any]] = []
+    found += _event_flags(events)
+    found += _gate_flags(runs, events, pilots, spec_sha256)
+    for row in runs.itertuples():
+        for key, value in hold.items():
+            mine = config_value(row.config, key)
+            if mine != value:
+                detail = f"{key} is {mine!r}, held at {value!r} by the spec"
+                found.append(_flag(row.run_id, "held_deviation", detail))
+        if (row.status in ("completed", "stopped") and row.updates_planned
+                and row.updates_done < row.updates_planned):  # fmt: skip
+            found.append(_flag(row.run_id, "budget_not_reached",
+                               f"{row.status} at update {row.updates_done} of "
+                               f"{row.updates_planned} ({row.stop_cause})"))  # fmt: skip
+    for row in relaunches.itertuples():
+        for key in row.changes_variant_key:
+            before, after = row.changes[key]
+            found.append(_flag(row.run_id, "changes_variant_key",
+                               f"{key} {before!r} -> {after!r}: the key that tells the variants "
+                               f"apart; this run is no longer a run of {row.variant}"))  # fmt: skip
+    order = {run_id: i for i, run_id in enumerate(runs["run_id"])}
+    found.sort(key=lambda f: (order.get(f["run_id"], len(order)), KINDS.index(f["kind"])))
+    return pd.DataFrame(found, columns=list(COLUMNS))
+
+
+def _flag(run_id: str, kind: str, detail: str) -> dict[str, Any]:
+    return {"run_id": run_id, "kind": kind, "detail": detail}
+
+
+def _event_flags(events: pd.DataFrame) -> list[dict[str, Any]]:
+    found = []
+    for row in events[events["run_id"].notna()].itertuples():
+        detail = str(row.detail or "")
+        if row.kind == "replay" and ("DIFFERENT" in detail or "failed" in detail):
+            found.append(_flag(row.run_id, "replay_differs", detail))
+        elif row.kind == "determinism_check" and "(identical)" not in detail:
+            found.append(_flag(row.run_id, "determinism_differs", detail))
+    return found
+
+
+def _gate_flags(
+    runs: pd.DataFrame, events: pd.DataFrame, pilots: pd.DataFrame, spec_sha256: str
+) -> list[dict[str, Any]]:
+    """Which gate let each started run through: the latest decision before its start."""
+    passed = pilots[(pilots["config_sha256"] == spec_sha256) & (pilots["verdict"] == "pass")]
+    decisions = [
+        (at, "pass", stack)
+        for at, stack in zip(passed["created_at"], passed["environment"], strict=True)
+    ]
+    skips = events[(events["kind"] == "pilot_skipped") & events["run_id"].isna()]
+    decisions += [(at, "skip", detail) for at, detail in zip(skips["at"], skips["detail"],
+                                                              strict=True)]  # fmt: skip
+    decisions.sort(key=lambda d: d[0])
+    per_run = events[(events["kind"] == "pilot_skipped") & events["run_id"].notna()]
+    found = [_flag(r, "pilot_skipped", f"pilot skipped: {d}")
+             for r, d in zip(per_run["run_id"], per_run["detail"], strict=True)]  # fmt: skip
+    for row in runs[runs["started_at"].notna()].itertuples():
+        if row.run_id in set(per_run["run_id"]):
+            continue
+        before = [d for d in decisions if d[0] <= row.started_at]
+        if not before:
+            found.append(_flag(row.run_id, "ungated",
+                               "started with no passing pilot and no recorded skip"))  # fmt: skip
+            continue
+        _, how, evidence = before[-1]
+        if how == "skip":
+            found.append(_flag(row.run_id, "pilot_skipped", f"pilot skipped: {evidence}"))
+            continue
+        stack = evidence if isinstance(evidence, dict) else None
+        if isinstance(row.environment, dict) and row.environment:
+            differences = stack_differences(stack, row.environment)
+            if differences:
+                found.append(_flag(row.run_id, "stack_differs", "; ".join(differences)))
+    return found

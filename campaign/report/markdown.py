@@ -1,0 +1,62 @@
+"""The Markdown export: GitHub-flavoured, conclusion and flags first, figures left out.
+
+User text is escaped with backslashes (``\\|``, ``\\<``), which CommonMark
+renders as the characters themselves: no HTML entity reaches the page and no
+user string becomes markup or breaks a table.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from campaign.report.humane import cell
+
+# Underscores are left alone: inside a word they never emphasise (CommonMark), and stop
+# causes such as non_finite_loss stay searchable.
+ESCAPED = str.maketrans({"\\": "\\\\", "|": "\\|", "<": "\\<", ">": "\\>", "*": "\\*",
+                         "`": "\\`", "[": "\\[", "]": "\\]", "\n": " "})  # fmt: skip
+RUN_COLUMNS = ("run_id", "variant", "seed", "original", "status", "stop_cause", "stop_step",
+               "updates_done", "final_metric", "best_metric", "training_s", "overhead_s",
+               "peak_rss_bytes", "relaunch_of", "flags")  # fmt: skip
+
+
+def text(value: Any) -> str:
+    return str(value).translate(ESCAPED)
+
+
+def table(frame: pd.DataFrame, columns: tuple[str, ...] | None = None) -> str:
+    if frame.empty:
+        return "(none)"
+    columns = columns or tuple(frame.columns)
+    header = "| " + " | ".join(text(c) for c in columns) + " |"
+    rule = "|" + "|".join("---" for _ in columns) + "|"
+    lines = ["| " + " | ".join(text(cell(c, row[c])) for c in columns) + " |"
+             for row in frame.to_dict("records")]  # fmt: skip
+    return "\n".join([header, rule, *lines])
+
+
+def markdown(sheet: Any) -> str:
+    c = sheet.campaign
+    direction = "higher" if sheet.mode == "max" else "lower"
+    flags = sheet.flags
+    summary = (", ".join(f"{k} {n}" for k, n in flags["kind"].value_counts().items())
+               if len(flags) else "none")  # fmt: skip
+    parts = [
+        f"# {text(c['name'])}", "",
+        f"task `{c['task']}` · spec sha256 `{c['spec_sha256']}` · metric "
+        f"`{sheet.metric}` ({direction} is better)", "",
+        "## Conclusion", "", text(sheet.conclusion), "",
+        table(sheet.conclusions), "",
+        "95% interval: paired Student t over seeds where both have a value; "
+        "under 3 pairs not estimable.", "",
+        f"## Integrity flags ({summary})", "", table(flags), "",
+        "## Variants (original runs, one per seed)", "", table(sheet.variants), "",
+        "## Deltas against the control, seed by seed", "", table(sheet.deltas), "",
+        "## Relaunches (never pooled into a variant)", "", table(sheet.relaunches), "",
+        "## Every run", "", table(sheet.runs, RUN_COLUMNS), "",
+        "## Pilot: phases", "", table(sheet.phases), "",
+        "## Notes", "", table(sheet.notes), "",
+    ]  # fmt: skip
+    return "\n".join(parts)
