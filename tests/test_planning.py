@@ -112,7 +112,7 @@ def test_axis_names_are_formatted_one_way_and_the_control_hint_lists_them(
     assert "variants: lr-1e-3, lr-3e-4, lr-3e-3, lr-5e1, lr-2.5e-4" in str(refused.value)
     words = '[grid.axes]\n"task.note" = ["a b"]\n'
     spec.write_text(head + '[grid]\nseeds = [0]\ncontrol = "note-a b"\n' + words)
-    with pytest.raises(SpecError, match="grid.axes: the variant name 'note-a b'"):
+    with pytest.raises(SpecError, match=r"grid\.axes: the variant name 'note-a b'"):
         load_spec(spec)
 
 

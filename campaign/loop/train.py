@@ -434,10 +434,11 @@ class RunLoop:
             write_final(path, trainer.model, trainer.task, self.record.config, stack, self.device)
         artifact = record_file(self.ledger, self.run_id, "final", path, self.step, lease=self.lease)
         self._write_phases()
-        if self.replay_in_subprocess and not replay_in_subprocess(
-            self.ledger, self.run_id, artifact
-        ):
-            self._event("replay", "replay of the final artifact in a fresh process failed")
+        if self.replay_in_subprocess:
+            failure = replay_in_subprocess(self.ledger, self.run_id, artifact)
+            if failure is not None:
+                self._event("replay", f"replay of the final artifact in a fresh process failed: "
+                            f"{failure}")  # fmt: skip
 
     def _record_replayed_steps(self) -> None:
         if self.replayed_from is None or self.segment_id is None:

@@ -22,12 +22,12 @@ class FaultyDigits(DigitsTask):
         self.calls = 0
 
     def model(self) -> torch.nn.Module:
-        """With CAMPAIGN_TEST_DRIFT set, the model's outputs carry an offset tied to the
-        process: task code that does not replay identically in a fresh process."""
+        """In the process whose id CAMPAIGN_TEST_DRIFT names, the class scores are rolled by
+        one: task code that behaves differently in another process, so the final artifact's
+        replay in a fresh process predicts other labels."""
         model = super().model()
-        if os.environ.get("CAMPAIGN_TEST_DRIFT"):
-            offset = (os.getpid() % 997 + 1) * 1e-3
-            model.register_forward_hook(lambda _m, _i, output: output + offset)
+        if os.environ.get("CAMPAIGN_TEST_DRIFT") == str(os.getpid()):
+            model.register_forward_hook(lambda _m, _i, output: output.roll(1, dims=-1))
         return model
 
     def loss(self, model: torch.nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, int]:
