@@ -60,3 +60,43 @@ def test_html_report_renders_in_headless_chromium(sqlite_ledger: Ledger, tmp_pat
     assert "<table" in text and text.count("data:image/png;base64,") >= 1
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in text  # shown as text
     assert HOSTILE not in text and "<script" not in text.lower()
+
+
+def test_conclusion_flags_and_relaunches_in_chromium_and_the_run_table_fits(
+    sqlite_ledger: Ledger, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The honest campaign of test_conclusions, read in Chromium's DOM: the answer and the
+    flags come first, the withdrawn run and both relaunches are there, and the layout at
+    1,400 px has no horizontal overflow (measured by a copy of the page with a script)."""
+    from tests.test_conclusions import _build
+
+    ids = _build(sqlite_ledger, tmp_path, monkeypatch)
+    report = write(balance_sheet(sqlite_ledger, "honest"), "html", tmp_path / "honest.html")
+    dom = _chromium("--dump-dom", report.resolve().as_uri())
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    text = dom.stdout
+    order = [text.index(f'id="{part}"') for part in ("conclusion", "flags", "variants", "runs")]
+    assert order == sorted(order)  # the answer and the flags before the evidence
+    answer = text.split('class="conclusion">')[1].split("</p>")[0]
+    assert answer.startswith("Which learning rate") and "lr-3e0: no valid runs" in answer
+    flags = text.split('id="flags"')[1].split('id="variants"')[0]
+    for kind in ("replay_differs", "pilot_skipped", "changes_variant_key", "held_deviation"):
+        assert kind in flags, kind
+    assert '<tr class="withdrawn">' in text and ids["mistake"] in text
+    relaunches = text.split('id="relaunches"')[1].split('id="runs"')[0]
+    assert ids["tamed"] in relaunches and ids["same"] in relaunches
+    assert "optimizer.lr: 3 -&gt; 0.01" in relaunches
+    assert "no_valid_runs" in text and "MiB" in text and "rss_peak 5" not in text
+    assert "&amp;lt;" not in text  # nothing escaped twice
+
+    # Layout: the same page with a script that writes the widths into the title.
+    measured = tmp_path / "measured.html"
+    page = report.read_text().replace('<meta http-equiv="Content-Security-Policy"', "<meta x")
+    probe = ("<script>window.onload = () => { const t = document.getElementById('run-table');"
+             " document.title = 'W' + Math.round(t.getBoundingClientRect().right) + ' S' +"
+             " document.documentElement.scrollWidth; };</script></body>")  # fmt: skip
+    measured.write_text(page.replace("</body>", probe))
+    laid = _chromium("--window-size=1400,1000", "--dump-dom", measured.resolve().as_uri())
+    title = laid.stdout.split("<title>")[1].split("</title>")[0]
+    right, scroll = (int(part[1:]) for part in title.split())
+    assert right <= 1400 and scroll <= 1400, title

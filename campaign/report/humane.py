@@ -65,5 +65,9 @@ def cell(column: str, value: Any) -> str:
 
 def _inner(value: Any) -> str:
     if isinstance(value, list | tuple) and len(value) == 2:
-        return f"{value[0]!r} -> {value[1]!r}"
+        return f"{_word(value[0])} -> {_word(value[1])}"
     return number(value)
+
+
+def _word(value: Any) -> str:
+    return repr(value) if isinstance(value, str) else number(value)

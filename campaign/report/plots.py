@@ -23,6 +23,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from matplotlib.collections import LineCollection
+from matplotlib.ticker import MaxNLocator
 
 from campaign.report.balance import BalanceSheet
 from campaign.report.conclusions import VALUED
@@ -76,6 +77,7 @@ def metric_chart(sheet: BalanceSheet, key: str) -> bytes | None:
         axis.set_ylim(low / 1.3, high * 1.3)
     else:
         axis.set_ylim(low - margin, high + margin)
+    axis.xaxis.set_major_locator(MaxNLocator(integer=True))
     axis.set_xlabel("update")
     axis.set_ylabel(key)
     axis.set_title(f"{key}: mean over counted seeds, min-max band, thin line per seed; "

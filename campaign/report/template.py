@@ -14,9 +14,10 @@ TEMPLATE = """<!doctype html>
 <title>{{ campaign.name }} — balance sheet</title>
 <style>
 body { font: 14px/1.45 system-ui, sans-serif; margin: 1.5em 2em; color: #111; max-width: 1360px; }
-table { border-collapse: collapse; margin: 0.5em 0 1.4em; font-size: 12px; }
-th, td { border: 1px solid #bbb; padding: 3px 6px; text-align: left; vertical-align: top; }
-th { background: #eee; }
+table { border-collapse: collapse; margin: 0.5em 0 1.4em; font-size: 12px; max-width: 100%; }
+th, td { border: 1px solid #bbb; padding: 3px 6px; text-align: left; vertical-align: top;
+         overflow-wrap: break-word; }
+th { background: #eee; white-space: nowrap; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
 tr.diverged td, tr.failed td, tr.oom td { background: #fdecea; }
 tr.interrupted td, tr.lost td, tr.stopped td { background: #fff6e0; }
