@@ -89,21 +89,26 @@ def _run_ids_in_plan_order(ledger: Any, name: str, the_plan: Any) -> list[str | 
 def runs(
     source: LedgerSource, campaign: str, statuses: tuple[str, ...], output_format: str
 ) -> None:
-    """List the runs of a campaign, relaunches and deviations from the plan included.
+    """List the runs of a campaign: relaunches, deviations from the plan and integrity flags
+    included (`campaign report` gives each flag's evidence).
 
     Example: campaign runs digits-lr --status diverged --format csv
     """
     from campaign.config_keys import held_deviations
+    from campaign.report.flags import campaign_flags
 
     with source.open() as ledger:
         record = ledger.campaign(campaign)
         listed = ledger.run_rows(campaign, status=list(statuses) or None)
+        flags = campaign_flags(ledger, campaign)
+    kinds = flags.groupby("run_id")["kind"].agg(lambda k: ", ".join(dict.fromkeys(k))).to_dict()
     hold = record.spec_document.get("hold", {})
     rows = [
         {"run_id": r["run_id"], "variant": r["variant"], "seed": r["seed"],
          "status": r["status"], "stop_cause": r["stop_cause"], "stop_step": r["stop_step"],
          "relaunch_of": r["relaunch_of"],
-         "deviation": ", ".join(held_deviations(r["config"], hold)) or None}
+         "deviation": ", ".join(held_deviations(r["config"], hold)) or None,
+         "flags": kinds.get(r["run_id"])}
         for r in listed
     ]  # fmt: skip
     click.echo(render_rows(rows, output_format))

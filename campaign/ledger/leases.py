@@ -167,7 +167,8 @@ def mark_stale_lost_without_commit(
         ).rowcount  # fmt: skip
         if changed != 1:
             continue
-        conn.execute(sql.END_OPEN_SEGMENTS, {"p_run_id": row.id, "p_end_step": last_step})
+        conn.execute(sql.END_OPEN_SEGMENTS,
+                     {"p_run_id": row.id, "p_end_step": last_step, "p_training_s": None})
         conn.execute(
             sql.INSERT_EVENT,
             {"campaign_id": row.campaign_id, "run_id": row.id, "kind": "lost",

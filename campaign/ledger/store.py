@@ -341,12 +341,9 @@ class Ledger(LedgerReader):
         self._write(work, f"recording the environment of run {run_id}")
 
     def withdraw(self, run_id: str, reason: str) -> None:
-        """Withdraw a planned run that will never execute (planned by mistake).
-
-        It keeps its line (status ``withdrawn``, the reason in ``stop_detail``
-        and a ``withdrawn`` event), is never claimed and counts in no
-        statistic. A run that left ``planned`` cannot be withdrawn.
-        """
+        """Withdraw a planned run that will never execute (planned by mistake): status
+        ``withdrawn``, the reason in ``stop_detail`` and a ``withdrawn`` event; it keeps its line,
+        is never claimed, counts in no statistic. A run that left ``planned`` cannot be."""
         if not (reason and reason.strip()):
             raise LedgerInputError(f"withdrawing run {run_id} needs a reason")
 
@@ -364,8 +361,7 @@ class Ledger(LedgerReader):
             ).rowcount
             if changed != 1:
                 raise IllegalTransition(f"run {run_id} was claimed while it was being withdrawn")
-            detail = f"planned -> withdrawn: {reason.strip()}"
-            _event(conn, row.campaign_id, run_id, WITHDRAWN, detail)
+            _event(conn, row.campaign_id, run_id, WITHDRAWN, f"withdrawn: {reason.strip()}")
 
         self._write(work, f"withdrawing run {run_id}")
 

@@ -113,3 +113,21 @@ def _gate_flags(
             if differences:
                 found.append(_flag(row.run_id, "stack_differs", "; ".join(differences)))
     return found
+
+
+def campaign_flags(ledger: Any, campaign: str) -> pd.DataFrame:
+    """The flags of ``campaign`` without reading any metric (for ``campaign runs``): a
+    finished run's updates done are its stop step."""
+    from campaign.report.relaunches import defining_keys, relaunch_table
+
+    record = ledger.campaign(campaign)
+    runs = ledger.runs(campaign)
+    budgets = [c.get("budget") or {} for c in runs["config"]]
+    table = runs.assign(
+        updates_planned=[int(b.get("updates") or 0) for b in budgets],
+        updates_done=runs["stop_step"].fillna(0).astype(int),
+    )
+    hold = record.spec_document.get("hold", {})
+    relaunches = relaunch_table(runs, {}, defining_keys(runs))
+    return integrity_flags(table, ledger.events(campaign), ledger.pilots(campaign),
+                           record.spec_sha256, hold, relaunches)  # fmt: skip

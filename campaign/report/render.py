@@ -79,7 +79,8 @@ def html(sheet: BalanceSheet) -> str:
         flag_counts=sheet.flags["kind"].value_counts().to_dict() if len(sheet.flags) else {},
         conclusions=_rows(sheet.conclusions), flags=_rows(sheet.flags),
         variants=_rows(sheet.variants), deltas=_rows(sheet.deltas),
-        relaunches=_rows(sheet.relaunches.drop(columns=["relaunch_of", "original"])), runs=_run_rows(sheet),
+        relaunches=_rows(sheet.relaunches.drop(columns=["relaunch_of", "original"])),
+        runs=_run_rows(sheet),
         summary_columns=RUN_SUMMARY, phases=_rows(sheet.phases), notes=_rows(sheet.notes),
         charts=charts, memory=_b64(memory), memory_why=memory_why,
     )  # fmt: skip
