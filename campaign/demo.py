@@ -2,8 +2,9 @@
 
 The three-learning-rate campaign of DESIGN.md §10 on the built-in digits
 task (control 1e-4, variants 5e-5 and 2e-4; effective batch 16; 200 updates;
-two seeds) plus one honestly aggressive variant (learning rate 3.0) that
-really diverges, so the balance sheet shows what a diverged run looks like.
+three seeds, so that every conclusion has its 95% interval) plus one honestly
+aggressive variant (learning rate 3.0) that really diverges, so the balance
+sheet shows what a diverged run looks like.
 Everything lands in one folder: the SQLite ledger, the artifacts, the report.
 """
 
@@ -37,7 +38,7 @@ SPEC: dict[str, Any] = {
     "config": {"optimizer.name": "adamw", "optimizer.lr": 1e-4, "optimizer.weight_decay": 0.01},
     "validation": {"every": 25, "metric": "val/accuracy", "mode": "max"},
     "stop": {"loss_explosion": 4.0, "patience": 0, "wall_time": "30m"},
-    "grid": {"seeds": [0, 1], "control": "lr-1e-4", "variants": [
+    "grid": {"seeds": [0, 1, 2], "control": "lr-1e-4", "variants": [
         {"name": "lr-1e-4", "set": {"optimizer.lr": 1e-4}},
         {"name": "lr-5e-5", "set": {"optimizer.lr": 5e-5}},
         {"name": "lr-2e-4", "set": {"optimizer.lr": 2e-4}},
@@ -55,7 +56,7 @@ class DemoResult:
     pilot_passed: bool
 
 
-def spec(updates: int = 200, seeds: int = 2) -> dict[str, Any]:
+def spec(updates: int = 200, seeds: int = 3) -> dict[str, Any]:
     document = copy.deepcopy(SPEC)
     document["hold"]["budget.updates"] = updates
     document["validation"]["every"] = max(1, min(25, updates // 4))
@@ -67,7 +68,7 @@ def run_demo(
     folder: Path,
     *,
     updates: int = 200,
-    seeds: int = 2,
+    seeds: int = 3,
     workers: int = 2,
     say: Callable[[str], None] = print,
 ) -> DemoResult:
@@ -95,7 +96,9 @@ def run_demo(
         launcher = LocalLauncher(url, options, plan_slots("cpu", workers),
                                  display=ProgressDisplay())  # fmt: skip
         result = launcher.run(ledger)
-        report = write(balance_sheet(ledger, NAME), "html", folder / f"{NAME}-report.html")
+        sheet = balance_sheet(ledger, NAME)
+        report = write(sheet, "html", folder / f"{NAME}-report.html")
+    say(f"conclusion: {sheet.conclusion}")
     say(f"ledger:    {url}")
     say(f"artifacts: {artifacts}")
     say(f"report:    {report}")

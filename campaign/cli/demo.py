@@ -14,7 +14,8 @@ import click
               help="Folder for the ledger, the artifacts and the report.")  # fmt: skip
 @click.option("--updates", type=click.IntRange(4), default=200, show_default=True,
               help="Updates per run (smaller for a quicker look).")  # fmt: skip
-@click.option("--seeds", type=click.IntRange(1), default=2, show_default=True)
+@click.option("--seeds", type=click.IntRange(1), default=3, show_default=True,
+              help="Seeds per variant (3 or more for a 95% interval on each delta).")
 @click.option("--workers", type=click.IntRange(1), default=2, show_default=True)
 @click.pass_obj
 def demo(source: Any, folder: Path, updates: int, seeds: int, workers: int) -> None:

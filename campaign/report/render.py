@@ -81,7 +81,8 @@ def html(sheet: BalanceSheet) -> str:
         variants=_rows(sheet.variants), deltas=_rows(sheet.deltas),
         relaunches=_rows(sheet.relaunches.drop(columns=["relaunch_of", "original"])),
         runs=_run_rows(sheet),
-        summary_columns=RUN_SUMMARY, phases=_rows(sheet.phases), notes=_rows(sheet.notes),
+        summary_columns=RUN_SUMMARY, phases=_rows(sheet.phases.dropna(axis=1, how="all")),
+        notes=_rows(sheet.notes),
         charts=charts, memory=_b64(memory), memory_why=memory_why,
     )  # fmt: skip
 

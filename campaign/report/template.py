@@ -18,7 +18,7 @@ table { border-collapse: collapse; margin: 0.5em 0 1.4em; font-size: 12px; max-w
 th, td { border: 1px solid #bbb; padding: 3px 6px; text-align: left; vertical-align: top;
          overflow-wrap: break-word; }
 th { background: #eee; white-space: nowrap; }
-td.num { text-align: right; font-variant-numeric: tabular-nums; }
+td.n { white-space: nowrap; }
 tr.diverged td, tr.failed td, tr.oom td { background: #fdecea; }
 tr.interrupted td, tr.lost td, tr.stopped td { background: #fff6e0; }
 tr.withdrawn td { color: #777; text-decoration: line-through; }
@@ -37,7 +37,7 @@ img { max-width: 100%; }
 {%- macro table(frame, css="") -%}
 {%- if frame.rows -%}
 <table class="{{ css }}"><thead><tr>{% for c in frame.columns %}<th>{{ c }}</th>{% endfor %}</tr></thead>
-<tbody>{% for row in frame.rows %}<tr>{% for v in row %}<td>{{ v }}</td>{% endfor %}</tr>{% endfor %}</tbody></table>
+<tbody>{% for row in frame.rows %}<tr>{% for v in row %}<td{% if v|length < 16 %} class="n"{% endif %}>{{ v }}</td>{% endfor %}</tr>{% endfor %}</tbody></table>
 {%- else -%}<p class="why">(none)</p>{%- endif -%}
 {%- endmacro %}
 <h1>{{ campaign.name }}</h1>
