@@ -162,3 +162,18 @@ def test_withdraw_refuses_unknown_runs_and_empty_reasons(
     assert empty.exit_code == 2 and "--reason" in empty.stderr
     assert sqlite_ledger.run(run_id).status == "planned"  # nothing written
     assert "withdrawn" not in set(sqlite_ledger.events(NAME)["kind"])
+
+
+def test_campaign_run_warns_when_the_replay_differs(
+    sqlite_ledger: Ledger, sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A completed run keeps its status and exit 0, and says on stderr that its final
+    artifact did not replay identically in a fresh process."""
+    spec = {**SPEC, "grid": {"seeds": [0], "control": "lr-1e-2", "axes": {"optimizer.lr": [1e-2]}}}
+    record, _ = record_plan(sqlite_ledger, make_plan(resolve_spec(spec, "<honest>")))
+    monkeypatch.setenv("CAMPAIGN_TEST_DRIFT", str(os.getpid()))  # CliRunner runs in-process
+    result = CliRunner().invoke(main, ["--ledger", sqlite_url, "run", record.run_ids[0],
+                                       "--artifacts", str(tmp_path / "artifacts")])  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    assert f"campaign: warning: run {record.run_ids[0]}: replay_differs: " in result.stderr
+    assert "DIFFERENT" in result.stderr

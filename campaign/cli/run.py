@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from campaign.cli.options import artifacts_option, device_option
 from campaign.cli.output import output_options
 from campaign.cli.source import LedgerSource
+
+if TYPE_CHECKING:
+    from campaign.ledger import Ledger
 
 
 def _execute(
@@ -28,6 +32,7 @@ def _execute(
                 f"run {run_id} is {status}: only interrupted or lost runs resume"
             )
         outcome = execute(ledger, run_id, artifacts=artifacts, device=device)
+        _warn_about_flags(ledger, run_id)
     click.echo(
         f"run {outcome.run_id}: {outcome.status} ({outcome.cause}) at update "
         f"{outcome.step}: {outcome.detail}",
@@ -35,6 +40,16 @@ def _execute(
     )
     if outcome.status not in ("completed", "stopped"):
         raise click.exceptions.Exit(1)
+
+
+def _warn_about_flags(ledger: Ledger, run_id: str) -> None:
+    """The run's own integrity flags, on stderr: a completed run whose final artifact does not
+    replay identically keeps its status, but nobody should learn of it from the report only."""
+    from campaign.report.flags import event_flags
+
+    record = ledger.run(run_id)
+    for flag in event_flags(ledger.events(record.campaign, run_id=run_id)):
+        click.echo(f"campaign: warning: run {run_id}: {flag['kind']}: {flag['detail']}", err=True)
 
 
 @click.command()

@@ -40,7 +40,7 @@ def integrity_flags(
     """Every flag of every run, in run order then kind order. ``runs`` is the run table plus
     ``config``, ``environment`` and ``started_at``."""
     found: list[dict[str, Any]] = []
-    found += _event_flags(events)
+    found += event_flags(events)
     found += _gate_flags(runs, events, pilots, spec_sha256)
     for row in runs.itertuples():
         for key, value in hold.items():
@@ -68,7 +68,9 @@ def _flag(run_id: str, kind: str, detail: str) -> dict[str, Any]:
     return {"run_id": run_id, "kind": kind, "detail": detail}
 
 
-def _event_flags(events: pd.DataFrame) -> list[dict[str, Any]]:
+def event_flags(events: pd.DataFrame) -> list[dict[str, Any]]:
+    """The flags a run's own events raise: a replay that differed or could not run, a
+    determinism check after a resume that found other losses."""
     found = []
     for row in events[events["run_id"].notna()].itertuples():
         detail = str(row.detail or "")
