@@ -15,6 +15,7 @@ import re
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, Literal
 
@@ -132,6 +133,9 @@ def resolve_spec(
     document: dict[str, Any], where: str = "<spec>", *, check_task: bool = True
 ) -> ResolvedSpec:
     """Validate a parsed spec document and resolve every variant into a full config."""
+    bad = _non_finite(document)
+    if bad is not None:  # the frozen spec is JSON, which has no inf or nan
+        raise SpecError(f"{where}: {_path(bad[0])}: expected a finite number, got {bad[1]!r}")
     try:
         spec = SpecDocument.model_validate(document)
     except ValidationError as error:
@@ -212,7 +216,9 @@ def _variants(spec: SpecDocument, where: str) -> list[tuple[str, str, dict[str, 
     names = [name for name, _, _ in found]
     for name in names:
         if names.count(name) > 1:
-            raise SpecError(f"{where}: grid.variants: variant name {name!r} appears twice")
+            origin = "grid.axes" if any(n == name for n, p, _ in found if p.startswith(
+                "grid.axes")) else "grid.variants"  # fmt: skip
+            raise SpecError(f"{where}: {origin}: variant name {name!r} appears twice")
     if spec.grid.control not in names:
         close = difflib.get_close_matches(spec.grid.control, names, n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
@@ -260,6 +266,9 @@ def resolve_config(
     """Nest dotted keys, validate against the run config schema, fill the defaults."""
     nested: dict[str, Any] = {}
     for key, value in dotted.items():
+        if not _finite(value):  # JSON (the frozen config) has no inf or nan
+            raise SpecError(f"{where}: {origins.get(key, key)}: expected a finite number, "
+                            f"got {value!r}")  # fmt: skip
         _place(nested, key, value, origins, where)
     try:
         model = RunConfig.model_validate(widen_integers(nested))
@@ -278,6 +287,30 @@ def resolve_config(
             detail = _describe({**first, "loc": ()}, RunConfig)
         raise SpecError(f"{where}: {origin}: {detail}") from None
     return model.model_dump()
+
+
+def _non_finite(value: Any, at: tuple[Any, ...] = ()) -> tuple[tuple[Any, ...], float] | None:
+    """The location and value of the first infinite or NaN float in ``value``, else None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return at, value
+    items = value.items() if isinstance(value, Mapping) else (
+        enumerate(value) if isinstance(value, list | tuple) else ())  # fmt: skip
+    for key, inner in items:
+        found = _non_finite(inner, (*at, key))
+        if found is not None:
+            return found
+    return None
+
+
+def _finite(value: Any) -> bool:
+    """False when ``value`` is, or holds, an infinite or NaN float."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, Mapping):
+        return all(_finite(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return all(_finite(v) for v in value)
+    return True
 
 
 def _place(nested: dict[str, Any], key: str, value: Any, origins: Mapping[str, str],
@@ -384,13 +417,16 @@ def _quote(key: str) -> str:
 
 
 def _format(value: Any) -> str:
-    """Axis values in variant names, one way for every float: the shortest mantissa and a
-    plain exponent (1e-3, 3e-4, 2.5e-4, 5e1), so names sort and read alike whatever the
-    magnitude; integers and words as written."""
+    """Axis values in variant names, one way for every float: the shortest mantissa that
+    reads back as the same float and a plain exponent (1e-3, 3e-4, 2.5e-4, 5e1,
+    1.2345678e-3), so names sort and read alike whatever the magnitude and two different
+    values never share a name; integers and words as written."""
     if isinstance(value, float):
         if value == 0 or not math.isfinite(value):
-            return f"{value:g}"
-        mantissa, exponent = f"{value:.6e}".split("e")
-        mantissa = mantissa.rstrip("0").rstrip(".")
-        return f"{mantissa}e{int(exponent)}"
+            return "0" if value == 0 else f"{value:g}"
+        exact = Decimal(repr(value)).normalize()  # repr: the shortest round-tripping digits
+        sign, digits, exponent = exact.as_tuple()
+        text = "".join(map(str, digits))
+        mantissa = text[0] + (f".{text[1:]}" if len(text) > 1 else "")
+        return f"{'-' if sign else ''}{mantissa}e{int(exponent) + len(digits) - 1}"
     return str(value).lower() if isinstance(value, bool) else str(value)

@@ -177,3 +177,19 @@ def test_campaign_run_warns_when_the_replay_differs(
     assert result.exit_code == 0, result.stderr
     assert f"campaign: warning: run {record.run_ids[0]}: replay_differs: " in result.stderr
     assert "DIFFERENT" in result.stderr
+
+
+def test_a_second_original_run_for_a_seed_is_refused(ledger: Ledger) -> None:
+    """The counting rules pair seeds: the ledger keeps one original run per (variant, seed)
+    and points the user at a relaunch instead."""
+    from campaign.ledger import LedgerInputError
+
+    record_plan(ledger, make_plan(resolve_spec(SPEC, "<honest>")))
+    runs = ledger.runs(NAME).set_index("run_id")
+    first = runs.index[0]
+    variant, seed, config = runs.loc[first, ["variant", "seed", "config"]]
+    with pytest.raises(LedgerInputError, match=f"already has run {first} for seed {seed}"):
+        ledger.add_run(NAME, variant, int(seed), config)
+    assert len(ledger.runs(NAME)) == len(runs)  # nothing written
+    again = ledger.add_run(NAME, variant, int(seed), config, relaunch_of=first, reason="rerun")
+    assert ledger.run(again).relaunch_of == first

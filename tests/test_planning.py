@@ -155,7 +155,9 @@ def test_relaunch_keeps_the_old_run_byte_identical(ledger_url: str) -> None:
     assert result.exit_code == 0, result.stderr
     new = json.loads(result.stdout)
     assert new["run_id"] != old and new["relaunch_of"] == old
-    assert new["deviation"] == "loop.accumulation, loop.microbatch"
+    assert new["deviation"] == ["loop.accumulation", "loop.microbatch"]
+    # What really changed against the old run (same effective batch: 16 examples per update).
+    assert new["changes"] == {"loop.accumulation": [8, 16], "loop.microbatch": [2, 1]}
     assert "deviation" in result.stderr
     assert execute(ledger_url, "SELECT * FROM runs WHERE id = ?", (old,)) == before
     listed = json.loads(cli(ledger_url, "runs", "digits-lr", "--format", "json").stdout)
@@ -167,7 +169,12 @@ def test_relaunch_keeps_the_old_run_byte_identical(ledger_url: str) -> None:
     assert config["budget"]["examples_per_update"] == 16  # same effective batch
     same_batch = cli(ledger_url, "relaunch", old, "--set", "optimizer.lr=3e-4", "--reason", "x",
                      "--format", "json")  # fmt: skip
-    assert json.loads(same_batch.stdout)["deviation"] is None
+    assert json.loads(same_batch.stdout)["deviation"] == []
+    # optimizer.lr tells the variants apart: said at once, not only in the report
+    assert "which tells the variants apart" in same_batch.stderr
+    rerun = cli(ledger_url, "relaunch", old, "--set", "optimizer.lr=1e-4", "--reason", "x")
+    assert "none (an identical config: a rerun)" in rerun.stdout
+    assert "tells the variants apart" not in rerun.stderr
 
 
 def test_notes_and_status_filter(ledger_url: str) -> None:

@@ -128,25 +128,36 @@ def relaunch(source: LedgerSource, run_id: str, sets: tuple[str, ...], reason: s
     Example: campaign relaunch 01jd... --set loop.microbatch=1 --reason "OOM in validation"
     """
     from campaign import plan as planning
+    from campaign.config_keys import config_changes
+    from campaign.report.relaunches import defining_keys
 
-    changes = dict(_parse_set(item) for item in sets)
+    sets_given = dict(_parse_set(item) for item in sets)
     if not reason.strip():
         raise LedgerInputError("--reason must say why the run is relaunched")
     with source.open() as ledger:
         old = ledger.run(run_id)
         hold = ledger.campaign(old.campaign).spec_document.get("hold", {})
-        config, deviations = planning.relaunch_config(old.config_document, changes, hold)
+        config, deviations = planning.relaunch_config(old.config_document, sets_given, hold)
         full_reason = reason + (f" [deviation: changes held {', '.join(deviations)}]"
                                 if deviations else "")  # fmt: skip
         new_id = ledger.add_run(old.campaign, old.variant, old.seed, config,
                                 relaunch_of=run_id, reason=full_reason)  # fmt: skip
-    row = {"run_id": new_id, "relaunch_of": run_id, "variant": old.variant, "seed": old.seed,
-           "changes": ", ".join(f"{k}={v!r}" for k, v in changes.items()) or None,
-           "deviation": ", ".join(deviations) or None}  # fmt: skip
-    click.echo(render_rows([row], output_format, document=row))
+        variant_keys = defining_keys(ledger.runs(old.campaign))
+    changes = config_changes(old.config_document, config)  # what really differs, derived keys too
+    document = {"run_id": new_id, "relaunch_of": run_id, "variant": old.variant,
+                "seed": old.seed, "changes": changes, "deviation": deviations}  # fmt: skip
+    row = {**document, "deviation": ", ".join(deviations) or None,
+           "changes": ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changes.items())
+           or "none (an identical config: a rerun)"}  # fmt: skip
+    click.echo(render_rows([row], output_format, document=document))
     if deviations:
         click.echo(f"campaign: warning: relaunch changes held {', '.join(deviations)}: "
                    "the report marks it as a deviation from the plan", err=True)  # fmt: skip
+    crossing = sorted(k for k in changes if k in variant_keys)
+    if crossing:
+        click.echo(f"campaign: warning: relaunch changes {', '.join(crossing)}, which tells the "
+                   f"variants apart: it is no longer a run of {old.variant} (the report flags "
+                   "it changes_variant_key and never pools it)", err=True)  # fmt: skip
 
 
 @click.command()
@@ -176,6 +187,9 @@ def _parse_set(item: str) -> tuple[str, Any]:
         value = tomllib.loads(f"value = {text}")["value"]
     except tomllib.TOMLDecodeError:
         value = text  # a bare word such as adamw is a string
+    if isinstance(value, dict):
+        raise LedgerInputError(f"--set {item!r}: one value per dotted key, not a table "
+                               f"(e.g. --set {key.strip()}.NAME=VALUE)")  # fmt: skip
     return key.strip(), value
 
 

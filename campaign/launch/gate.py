@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from campaign.gate_rule import gate_inputs, gate_state
 from campaign.ledger import Ledger, LedgerReader
 from campaign.stack import environment, stack_differences
 
@@ -35,10 +36,10 @@ def open_gate(
             raise GateClosed("--skip-pilot needs a --reason")
         ledger.add_event(campaign, "pilot_skipped", f"{who}: {skip_reason.strip()}")
         return GateDecision(f"pilot skipped: {skip_reason.strip()}")
-    if pilot_passed(ledger, campaign):
-        pilots = ledger.pilots(campaign)
-        mine = pilots[pilots["config_sha256"] == record.spec_sha256]
-        stored = mine["environment"].iloc[-1]
+    state = gate_state(*gate_inputs(ledger.pilots(campaign), ledger.events(campaign),
+                                    record.spec_sha256))  # fmt: skip
+    if state.how == "pass":
+        stored = state.evidence
         pilot_stack = json.loads(stored) if isinstance(stored, str) else stored
         warnings = tuple(stack_differences(pilot_stack, environment(record.task)))
         if warnings:
@@ -47,10 +48,8 @@ def open_gate(
                 + "; ".join(warnings),
             )  # fmt: skip
         return GateDecision("pilot passed", warnings)
-    events = ledger.events(campaign)
-    skipped = events[events["kind"] == "pilot_skipped"]
-    if len(skipped):
-        return GateDecision(f"pilot skipped earlier: {skipped['detail'].iloc[-1]}")
+    if state.how == "skip":
+        return GateDecision(f"pilot skipped earlier: {state.evidence}")
     raise GateClosed(
         f"campaign {campaign!r} has no passing pilot for its frozen spec: run "
         f"`campaign pilot {campaign}` first, or launch with --skip-pilot --reason TEXT"

@@ -214,7 +214,7 @@ def _execute(
     except LoopError as error:  # refused before any work: a claimed run must still end
         if claim is not None:
             stop = StopRecord("exception", 0, "setup", str(error))
-            ledger.finish(run_id, "failed", stop, lease=claim.lease)
+            ledger.finish(run_id, "failed", stop, lease=claim.lease, training_s=0.0)
             return RunOutcome(run_id, "failed", "exception", 0, str(error))
         raise
     with group:

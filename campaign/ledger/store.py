@@ -10,8 +10,8 @@ so that a mistake gets a precise message instead of a trigger's.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, TypeVar
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from sqlalchemy import Connection, insert, select, update
 
@@ -23,10 +23,10 @@ from campaign.ledger.dialects import utcnow
 from campaign.ledger.engine import (
     create_ledger_engine,
     parse_url,
-    run_in_transaction,
     sqlite_path,
 )
 from campaign.ledger.errors import IllegalTransition, LedgerInputError, NoLedger, NotFound
+from campaign.ledger.evidence import EvidenceWrites, record_event, run_campaign, run_row
 from campaign.ledger.ids import new_run_id
 from campaign.ledger.leases import (
     LostRun,
@@ -36,18 +36,8 @@ from campaign.ledger.leases import (
 )
 from campaign.ledger.location import resolve_url
 from campaign.ledger.metrics import MetricWriter
-from campaign.ledger.models import (
-    Artifact,
-    Campaign,
-    Event,
-    Note,
-    PhaseMeasurement,
-    Pilot,
-    Run,
-    Segment,
-    Variant,
-)
-from campaign.ledger.reads import LedgerReader, campaign_by_id
+from campaign.ledger.models import Campaign, Event, Run, Variant
+from campaign.ledger.reads import campaign_by_id
 from campaign.ledger.records import (
     CampaignRecord,
     Claim,
@@ -63,19 +53,13 @@ from campaign.ledger.vocabulary import (
     can_transition,
 )
 
-_T = TypeVar("_T")
 campaigns_t = Campaign.__table__
 variants_t = Variant.__table__
 runs_t = Run.__table__
-segments_t = Segment.__table__
 events_t = Event.__table__
-notes_t = Note.__table__
-artifacts_t = Artifact.__table__
-phases_t = PhaseMeasurement.__table__
-pilots_t = Pilot.__table__
 
 
-class Ledger(LedgerReader):
+class Ledger(EvidenceWrites):
     """A campaign ledger on SQLite or PostgreSQL: the reads of :class:`LedgerReader` and the
     writes, each one transaction that turns driver errors into the ledger's own.
 
@@ -104,9 +88,6 @@ class Ledger(LedgerReader):
             engine.dispose()
             raise
         return cls(engine)
-
-    def _write(self, work: Callable[[Connection], _T], what: str) -> _T:
-        return run_in_transaction(self.engine, work, write=True, what=what)
 
     # -- campaigns, variants, runs ------------------------------------------------
 
@@ -199,7 +180,9 @@ class Ledger(LedgerReader):
             if variant_id is None:
                 raise NotFound(f"campaign {campaign!r} has no variant {variant!r}")
             if relaunch_of is not None:
-                _run_campaign(conn, relaunch_of, campaign_id)
+                run_campaign(conn, relaunch_of, campaign_id)
+            else:
+                _refuse_second_original(conn, variant_id, variant, seed)
             conn.execute(
                 sql.INSERT_RUN,
                 {"id": run_id, "campaign_id": campaign_id, "variant_id": variant_id, "seed": seed,
@@ -209,8 +192,8 @@ class Ledger(LedgerReader):
             detail = f"variant {variant}, seed {seed}"
             if relaunch_of is not None:
                 detail += f", relaunch of {relaunch_of}: {reason}"
-                _event(conn, campaign_id, relaunch_of, "relaunched", f"as {run_id}: {reason}")
-            _event(conn, campaign_id, run_id, "planned", detail)
+                record_event(conn, campaign_id, relaunch_of, "relaunched", f"as {run_id}: {reason}")
+            record_event(conn, campaign_id, run_id, "planned", detail)
             return run_id
 
         return self._write(work, f"planning a run of {campaign!r}")
@@ -231,7 +214,7 @@ class Ledger(LedgerReader):
         """Move one named run (planned, interrupted or lost) to running in a new segment."""
 
         def work(conn: Connection) -> Claim:
-            row = _run_row(conn, run_id, self.url)
+            row = run_row(conn, run_id, self.url)
             if not can_transition(row.status, RUNNING):
                 raise IllegalTransition(transition_refusal(run_id, row.status, RUNNING))
             try:
@@ -264,7 +247,7 @@ class Ledger(LedgerReader):
         check_end(run_id, status, stop)
 
         def work(conn: Connection) -> None:
-            row = _run_row(conn, run_id, self.url)
+            row = run_row(conn, run_id, self.url)
             hold_lease(conn, run_id, lease)
             if not can_transition(row.status, status):
                 raise IllegalTransition(transition_refusal(run_id, row.status, status))
@@ -283,7 +266,7 @@ class Ledger(LedgerReader):
             detail = f"{row.status} -> {status}: {stop.cause}{where}{phase}"
             if stop.detail:
                 detail += f": {stop.detail}"
-            _event(conn, row.campaign_id, run_id, status, detail)
+            record_event(conn, row.campaign_id, run_id, status, detail)
 
         self._write(work, f"ending run {run_id}")
 
@@ -334,7 +317,7 @@ class Ledger(LedgerReader):
         text = canonical_json(dict(environment))
 
         def work(conn: Connection) -> None:
-            _run_row(conn, run_id, self.url)
+            run_row(conn, run_id, self.url)
             hold_lease(conn, run_id, lease)
             conn.execute(update(runs_t).where(runs_t.c.id == run_id).values(environment=text))
 
@@ -348,7 +331,7 @@ class Ledger(LedgerReader):
             raise LedgerInputError(f"withdrawing run {run_id} needs a reason")
 
         def work(conn: Connection) -> None:
-            row = _run_row(conn, run_id, self.url)
+            row = run_row(conn, run_id, self.url)
             if row.status != PLANNED:
                 raise LedgerInputError(
                     f"run {run_id} is {row.status}: only a planned run can be withdrawn"
@@ -360,8 +343,11 @@ class Ledger(LedgerReader):
                 .values(status=WITHDRAWN, stop_detail=reason.strip(), ended_at=utcnow())
             ).rowcount
             if changed != 1:
-                raise IllegalTransition(f"run {run_id} was claimed while it was being withdrawn")
-            _event(conn, row.campaign_id, run_id, WITHDRAWN, f"withdrawn: {reason.strip()}")
+                raise LedgerInputError(
+                    f"run {run_id} was claimed while it was being withdrawn: only a planned run "
+                    "can be withdrawn"
+                )
+            record_event(conn, row.campaign_id, run_id, WITHDRAWN, f"withdrawn: {reason.strip()}")
 
         self._write(work, f"withdrawing run {run_id}")
 
@@ -384,116 +370,16 @@ class Ledger(LedgerReader):
             lease=lease,
         )
 
-    # -- events, notes, artifacts, measurements -------------------------------------
 
-    def add_event(self, campaign: str, kind: str, detail: str | None = None,
-                  run_id: str | None = None, *, lease: str | None = None) -> None:  # fmt: skip
-        """Append a lifecycle event (campaign-level when ``run_id`` is None)."""
-
-        def work(conn: Connection) -> None:
-            campaign_id = self._campaign_id(conn, campaign)
-            if run_id is not None:
-                _run_campaign(conn, run_id, campaign_id)
-                hold_lease(conn, run_id, lease)
-            _event(conn, campaign_id, run_id, kind, detail)
-
-        self._write(work, f"recording event {kind!r}")
-
-    def add_note(self, campaign: str, text: str) -> None:
-        if not text.strip():
-            raise LedgerInputError("a note needs text")
-
-        def work(conn: Connection) -> None:
-            campaign_id = self._campaign_id(conn, campaign)
-            conn.execute(insert(notes_t).values(campaign_id=campaign_id, text=text))
-
-        self._write(work, f"adding a note to {campaign!r}")
-
-    def add_artifact(
-        self,
-        run_id: str,
-        kind: str,
-        path: str,
-        sha256: str,
-        size: int,
-        step: int | None = None,
-        *,
-        lease: str | None = None,
-    ) -> int:
-        """Record a file a run produced with its SHA-256 and size; returns its id."""
-
-        def work(conn: Connection) -> int:
-            _run_row(conn, run_id, self.url)
-            hold_lease(conn, run_id, lease)
-            return conn.execute(
-                insert(artifacts_t)
-                .values(run_id=run_id, kind=kind, path=path, sha256=sha256, bytes=size, step=step)
-                .returning(artifacts_t.c.id)
-            ).scalar_one()
-
-        return self._write(work, f"recording an artifact of run {run_id}")
-
-    def create_pilot(self, campaign: str, config_sha256: str,
-                     environment: Mapping[str, Any] | None = None) -> int:  # fmt: skip
-        stack = None if environment is None else canonical_json(dict(environment))
-
-        def work(conn: Connection) -> int:
-            return conn.execute(
-                insert(pilots_t)
-                .values(campaign_id=self._campaign_id(conn, campaign),
-                        config_sha256=config_sha256,
-                        environment=stack)
-                .returning(pilots_t.c.id)
-            ).scalar_one()  # fmt: skip
-
-        return self._write(work, f"recording a pilot of {campaign!r}")
-
-    def set_pilot_verdict(self, pilot_id: int, verdict: str) -> None:
-        def work(conn: Connection) -> None:
-            conn.execute(update(pilots_t).where(pilots_t.c.id == pilot_id).values(verdict=verdict))
-
-        self._write(work, f"recording the verdict of pilot {pilot_id}")
-
-    def add_phase_measurements(
-        self, rows: Iterable[Mapping[str, Any]], *, lease: str | None = None
-    ) -> None:
-        """Insert phase measurement rows (each with ``run_id`` or ``pilot_id``); with ``lease``
-        every run named must still be running under it."""
-        prepared = []
-        for row in rows:
-            item = dict(row)
-            if isinstance(item.get("inputs"), Mapping):
-                item["inputs"] = canonical_json(dict(item["inputs"]))
-            prepared.append(item)
-        if not prepared:
-            return
-
-        def work(conn: Connection) -> None:
-            for run_id in sorted({r["run_id"] for r in prepared if r.get("run_id")}):
-                hold_lease(conn, run_id, lease)
-            conn.execute(insert(phases_t), prepared)
-
-        self._write(work, "recording phase measurements")
-
-
-def _run_row(conn: Connection, run_id: str, url: str) -> Any:
-    row = conn.execute(sql.RUN_ROW, {"p_run_id": run_id}).first()
-    if row is None:
-        raise NotFound(f"no run {run_id!r} in ledger {url}")
-    return row
-
-
-def _run_campaign(conn: Connection, run_id: str, campaign_id: int) -> None:
-    owner = conn.execute(select(runs_t.c.campaign_id).where(runs_t.c.id == run_id)).scalar()
-    if owner is None:
-        raise NotFound(f"no run {run_id!r} in this ledger")
-    if owner != campaign_id:
-        raise LedgerInputError(f"run {run_id} belongs to another campaign")
-
-
-def _event(conn: Connection, campaign_id: int, run_id: str | None, kind: str,
-           detail: str | None) -> None:  # fmt: skip
-    conn.execute(
-        sql.INSERT_EVENT,
-        {"campaign_id": campaign_id, "run_id": run_id, "kind": kind, "detail": detail},
-    )
+def _refuse_second_original(conn: Connection, variant_id: int, variant: str, seed: int) -> None:
+    """One original run per (variant, seed): the counting rules pair seeds; a repeat is a
+    relaunch (new id, linked, with a reason) and never a second original."""
+    same_seed = (runs_t.c.variant_id == variant_id, runs_t.c.seed == seed)
+    existing = conn.execute(
+        select(runs_t.c.id).where(*same_seed, runs_t.c.relaunch_of.is_(None))
+    ).scalar()
+    if existing is not None:
+        raise LedgerInputError(
+            f"variant {variant!r} already has run {existing} for seed {seed}: relaunch it "
+            "instead (relaunch_of and a reason), so the variant counts each seed once"
+        )

@@ -28,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,10 +42,15 @@ class FreshProcessFailed(Exception):
 
 
 def run_json(
-    arguments: Sequence[str], *, env: Mapping[str, str] | None = None, timeout_s: float = 600
+    arguments: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    timeout_s: float = 600,
+    answers_with: Container[int] = (0,),
 ) -> Any:
     """``python -m MODULE ARGS`` (``arguments`` = ["-m", MODULE, *ARGS]) in a fresh process, in
-    the current directory; its stdout parsed as one JSON document."""
+    the current directory; its stdout parsed as one JSON document. ``answers_with``: the exit
+    codes after which stdout holds the answer (a check that fails may still answer)."""
     if arguments[:1] != ["-m"] or len(arguments) < 2:
         raise ValueError("run_json runs a module: arguments start with -m MODULE")
     environment = dict(env if env is not None else os.environ)
@@ -53,7 +58,7 @@ def run_json(
         returncode, stdout, stderr = _spawn(arguments, environment, timeout_s)
     else:
         returncode, stdout, stderr = _preloaded().run(arguments, environment, timeout_s)
-    if returncode != 0:
+    if returncode not in answers_with:
         lines = stderr.strip().splitlines()
         raise FreshProcessFailed(lines[-1] if lines else f"exit status {returncode}")
     try:

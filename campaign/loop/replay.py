@@ -110,20 +110,21 @@ def replay_file_in_subprocess(path: Path, task_reference: str) -> dict[str, Any]
 
 
 def replay_in_subprocess(ledger: Ledger, run_id: str, artifact_id: int) -> str | None:
-    """``campaign replay RUN_ID --format json`` in a fresh interpreter. None when the outputs
-    were identical there, or when the replay there recorded its own verdict (outputs
-    DIFFERENT: its ``replay`` event is the evidence); otherwise why it could not replay."""
+    """``campaign replay RUN_ID --format json`` in a fresh interpreter. None when it answered
+    (identical or not: the replay there records its own ``replay`` event, the evidence);
+    otherwise why it could not replay."""
     url = ledger.engine.url
     if url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:"):
         return "an in-memory ledger is not visible to another process"
     env = {**os.environ, "CAMPAIGN_LEDGER": url.render_as_string(hide_password=False)}
     try:
-        run_json(["-m", "campaign", "replay", run_id, "--format", "json"], env=env)
+        answer = run_json(["-m", "campaign", "replay", run_id, "--format", "json"], env=env,
+                          answers_with=(0, 1))  # fmt: skip
     except FreshProcessFailed as error:
-        if "control outputs DIFFER after reload" in str(error):
-            return None  # the fresh process recorded the difference itself
         return str(error)
-    return None
+    if isinstance(answer, dict) and "identical" in answer:
+        return None
+    return "the fresh process answered no verdict"
 
 
 if __name__ == "__main__":

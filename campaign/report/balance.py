@@ -77,7 +77,8 @@ def balance_sheet(ledger: LedgerReader, campaign: str) -> BalanceSheet:
     times = run_times(ledger.segments(campaign))
     for column in ("training_s", "overhead_s", "wall_time_s"):
         table[column] = table["run_id"].map(times[column])
-    table["projected_s"] = projected_seconds(runs, pilots, phases, record.spec_sha256)
+    table["projected_s"] = pd.Series(projected_seconds(runs, pilots, phases, record.spec_sha256),
+                                     dtype="float64")
     peaks = _peaks(phases)
     table["peak_allocated_bytes"] = table["run_id"].map(peaks["allocated"]).astype("Int64")
     table["peak_rss_bytes"] = table["run_id"].map(peaks["rss"]).astype("Int64")
@@ -102,7 +103,8 @@ def balance_sheet(ledger: LedgerReader, campaign: str) -> BalanceSheet:
         metric=metric,
         mode=mode,
         conclusion=campaign_conclusion(record.question, control.iloc[0] if len(control) else None,
-                                       verdicts, metric, mode, unfinished, len(flags)),
+                                       verdicts, metric, mode, unfinished,
+                                       int(flags["run_id"].isin(originals["run_id"]).sum())),
         runs=table,
         variants=variants,
         deltas=deltas,
@@ -154,7 +156,10 @@ def _run_table(
                   "stop_step", "stop_phase", "stop_detail", "relaunch_of",
                   "relaunch_reason"]].copy()  # fmt: skip
     table["is_control"] = table["is_control"].astype(bool)
-    table["original"] = table["relaunch_of"].isna()
+    # One original per (variant, seed), the earliest (the ledger refuses a second one; an
+    # older ledger written through the API may hold one: it keeps its line, uncounted).
+    first = ~table.duplicated(["variant", "seed"]) if len(table) else table["run_id"].isna()
+    table["original"] = table["relaunch_of"].isna() & first
     # Runs recorded through the API (notebooks) may carry a partial config.
     budgets = [c.get("budget") or {} for c in runs["config"]]
     table["updates_planned"] = [int(b.get("updates") or 0) for b in budgets]

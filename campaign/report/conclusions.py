@@ -23,7 +23,7 @@ from typing import Any
 
 import pandas as pd
 
-METHOD = "paired Student t, 95%"
+METHOD = "paired Student t"
 MIN_PAIRS = 3
 COLUMNS = ("variant", "pairs", "mean_delta", "ci_low", "ci_high", "better", "worse", "verdict",
            "reason")  # fmt: skip
@@ -131,7 +131,9 @@ def campaign_conclusion(
     unfinished: int,
     flags: int,
 ) -> str:
-    """One paragraph that answers the campaign's question from the conclusions table."""
+    """One paragraph that answers the campaign's question from the conclusions table;
+    ``flags``: the integrity flags on the runs the statistics count (a flagged relaunch or
+    withdrawn run is listed with the flags, and changes no number here)."""
     direction = "higher" if mode == "max" else "lower"
     if control is None:
         return f"{question} No conclusion: the campaign has no control."
@@ -165,5 +167,6 @@ def campaign_conclusion(
         runs = "1 planned run has" if unfinished == 1 else f"{unfinished} planned runs have"
         answer += f" {runs} not finished: this may change."
     if flags:
-        answer += f" {flags} integrity flag{'s' * (flags > 1)}: read them before relying on this."
+        answer += (f" {flags} integrity flag{'s' * (flags > 1)} on the runs counted here: "
+                   "read them before relying on this.")  # fmt: skip
     return f"{question} {answer}".strip()

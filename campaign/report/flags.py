@@ -21,7 +21,8 @@ from typing import Any
 
 import pandas as pd
 
-from campaign.config_keys import config_value
+from campaign.config_keys import config_value, held_deviations
+from campaign.gate_rule import gate_inputs, gate_state
 from campaign.stack import stack_differences
 
 KINDS = ("replay_differs", "determinism_differs", "pilot_skipped", "ungated", "stack_differs",
@@ -43,11 +44,9 @@ def integrity_flags(
     found += event_flags(events)
     found += _gate_flags(runs, events, pilots, spec_sha256)
     for row in runs.itertuples():
-        for key, value in hold.items():
-            mine = config_value(row.config, key)
-            if mine != value:
-                detail = f"{key} is {mine!r}, held at {value!r} by the spec"
-                found.append(_flag(row.run_id, "held_deviation", detail))
+        for key in held_deviations(row.config, hold):
+            detail = f"{key} is {config_value(row.config, key)!r}, held at {hold[key]!r}"
+            found.append(_flag(row.run_id, "held_deviation", detail + " by the spec"))
         if (row.status in ("completed", "stopped") and row.updates_planned
                 and row.updates_done < row.updates_planned):  # fmt: skip
             found.append(_flag(row.run_id, "budget_not_reached",
@@ -84,33 +83,19 @@ def event_flags(events: pd.DataFrame) -> list[dict[str, Any]]:
 def _gate_flags(
     runs: pd.DataFrame, events: pd.DataFrame, pilots: pd.DataFrame, spec_sha256: str
 ) -> list[dict[str, Any]]:
-    """Which gate let each started run through: the latest decision before its start."""
-    passed = pilots[(pilots["config_sha256"] == spec_sha256) & (pilots["verdict"] == "pass")]
-    decisions = [
-        (at, "pass", stack)
-        for at, stack in zip(passed["created_at"], passed["environment"], strict=True)
-    ]
-    skips = events[(events["kind"] == "pilot_skipped") & events["run_id"].isna()]
-    decisions += [(at, "skip", detail) for at, detail in zip(skips["at"], skips["detail"],
-                                                              strict=True)]  # fmt: skip
-    decisions.sort(key=lambda d: d[0])
-    per_run = events[(events["kind"] == "pilot_skipped") & events["run_id"].notna()]
-    found = [_flag(r, "pilot_skipped", f"pilot skipped: {d}")
-             for r, d in zip(per_run["run_id"], per_run["detail"], strict=True)]  # fmt: skip
+    """How each started run got through the pilot gate: the launch's rule
+    (:mod:`campaign.gate_rule`) applied at the run's start."""
+    decided, skips = gate_inputs(pilots, events, spec_sha256)
+    found = []
     for row in runs[runs["started_at"].notna()].itertuples():
-        if row.run_id in set(per_run["run_id"]):
-            continue
-        before = [d for d in decisions if d[0] <= row.started_at]
-        if not before:
+        state = gate_state(decided, skips, row.started_at)
+        if state.how == "closed":
             found.append(_flag(row.run_id, "ungated",
                                "started with no passing pilot and no recorded skip"))  # fmt: skip
-            continue
-        _, how, evidence = before[-1]
-        if how == "skip":
-            found.append(_flag(row.run_id, "pilot_skipped", f"pilot skipped: {evidence}"))
-            continue
-        stack = evidence if isinstance(evidence, dict) else None
-        if isinstance(row.environment, dict) and row.environment:
+        elif state.how == "skip":
+            found.append(_flag(row.run_id, "pilot_skipped", f"pilot skipped: {state.evidence}"))
+        elif isinstance(row.environment, dict) and row.environment:
+            stack = state.evidence if isinstance(state.evidence, dict) else None
             differences = stack_differences(stack, row.environment)
             if differences:
                 found.append(_flag(row.run_id, "stack_differs", "; ".join(differences)))

@@ -45,10 +45,24 @@ def number(value: Any) -> str:
     return str(value)
 
 
+SIGNED = frozenset({"mean_delta", "ci_low", "ci_high", "delta"})
+PER_SEED = frozenset({"values", "missing"})
+
+
+def label(column: str) -> str:
+    """A column's heading for people: the unit suffix goes, the cells carry the unit
+    (``peak_rss_bytes`` -> ``peak_rss``, ``training_s`` -> ``training``)."""
+    for suffix in ("_bytes", "_s"):
+        if column.endswith(suffix):
+            return column[: -len(suffix)]
+    return column
+
+
 def cell(column: str, value: Any) -> str:
     """One table cell of ``column`` for people."""
     if isinstance(value, Mapping):
-        return ", ".join(f"{k}: {_inner(v)}" for k, v in value.items())
+        seed = "seed " if column in PER_SEED else ""
+        return ", ".join(f"{seed}{k}: {_inner(v)}" for k, v in value.items())
     if isinstance(value, list | tuple):
         return ", ".join(map(str, value))
     if missing(value):
@@ -56,6 +70,8 @@ def cell(column: str, value: Any) -> str:
     if column == "is_control":
         return "control" if value else ""
     if isinstance(value, int | float) and not isinstance(value, bool):
+        if column in SIGNED and math.isfinite(value):
+            return f"{value:+.3g}"
         if column.endswith("_bytes") or column in BYTE_COLUMNS:
             return size(float(value))
         if column.endswith("_s"):

@@ -11,15 +11,19 @@ from typing import Any
 
 import pandas as pd
 
-from campaign.report.humane import cell
+from campaign.report.humane import cell, label
 
 # Underscores are left alone: inside a word they never emphasise (CommonMark), and stop
 # causes such as non_finite_loss stay searchable.
 ESCAPED = str.maketrans({"\\": "\\\\", "|": "\\|", "<": "\\<", ">": "\\>", "*": "\\*",
                          "`": "\\`", "[": "\\[", "]": "\\]", "\n": " "})  # fmt: skip
+# Every column of the run table but the control mark (the variants table has it).
 RUN_COLUMNS = ("run_id", "variant", "seed", "original", "status", "stop_cause", "stop_step",
-               "updates_done", "final_metric", "best_metric", "training_s", "overhead_s",
-               "peak_rss_bytes", "relaunch_of", "flags")  # fmt: skip
+               "stop_phase", "stop_detail", "updates_planned", "updates_done", "examples_seen",
+               "final_metric", "final_metric_step", "best_metric", "best_metric_step",
+               "training_s", "overhead_s", "wall_time_s", "projected_s",
+               "peak_allocated_bytes", "peak_rss_bytes", "relaunch_of", "relaunch_reason",
+               "deviation", "flags")  # fmt: skip
 
 
 def text(value: Any) -> str:
@@ -30,7 +34,7 @@ def table(frame: pd.DataFrame, columns: tuple[str, ...] | None = None) -> str:
     if frame.empty:
         return "(none)"
     columns = columns or tuple(frame.columns)
-    header = "| " + " | ".join(text(c) for c in columns) + " |"
+    header = "| " + " | ".join(text(label(c)) for c in columns) + " |"
     rule = "|" + "|".join("---" for _ in columns) + "|"
     lines = ["| " + " | ".join(text(cell(c, row[c])) for c in columns) + " |"
              for row in frame.to_dict("records")]  # fmt: skip
@@ -51,7 +55,9 @@ def markdown(sheet: Any) -> str:
         table(sheet.conclusions), "",
         "95% interval: paired Student t over seeds where both have a value; "
         "under 3 pairs not estimable.", "",
-        f"## Integrity flags ({summary})", "", table(flags), "",
+        f"## Integrity flags ({summary})", "",
+        table(flags) if len(flags) else "None: every finished run replayed identically, started "
+        "through a passing pilot on the same stack, and kept the plan.", "",
         "## Variants (original runs, one per seed)", "", table(sheet.variants), "",
         "## Deltas against the control, seed by seed", "", table(sheet.deltas), "",
         "## Relaunches (never pooled into a variant)", "", table(sheet.relaunches), "",

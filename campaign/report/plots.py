@@ -7,7 +7,8 @@ axis value). A diverged run is drawn to the step where it stopped but
 clipped to the healthy runs' range, with a marker where it left the range
 and a cross where it stopped, so one excursion to 1e6 cannot flatten every
 healthy curve. The pilot's memory chart shows what differs between phases
-(the peak above the lightest phase), not equal bars of process size.
+(on CPU, the RSS peak above every earlier phase's peak), not equal bars of process size.
+Relaunches are dashed grey lines with their own legend entry: never a variant's seed.
 """
 
 from __future__ import annotations
@@ -53,9 +54,19 @@ def metric_chart(sheet: BalanceSheet, key: str) -> bytes | None:
     logarithmic = key.endswith("loss") and low > 0 and high / low > 20
     figure, axis = plt.subplots(figsize=(9.5, 4.2))
     colours = plt.get_cmap("tab10")
+    relaunched = [series[r] for r in runs[~runs["original"]]["run_id"] if r in series]
+    if relaunched:  # their own look and legend entry: never read as a variant's seed
+        for line in relaunched:
+            axis.plot(line["step"], line["value"].clip(low, high), color="0.45", linewidth=0.8,
+                      linestyle="--")  # fmt: skip
+        axis.plot([], [], color="0.45", linestyle="--",
+                  label=f"relaunches ({len(relaunched)}, never pooled)")  # fmt: skip
+    originals = runs[runs["original"]]
     for index, variant in enumerate(dict.fromkeys(runs["variant"])):
         colour = colours(index % 10)
-        mine = runs[runs["variant"] == variant]
+        mine = originals[originals["variant"] == variant]
+        if mine.empty:
+            continue
         lines = [series[r] for r in mine["run_id"] if r in series]
         _seed_lines(axis, lines, colour, len(mine) > MANY)
         for row in mine.itertuples():
@@ -66,7 +77,7 @@ def metric_chart(sheet: BalanceSheet, key: str) -> bytes | None:
             table = pd.concat([s.set_index("step")["value"] for s in good], axis=1)
             axis.fill_between(table.index, table.min(axis=1), table.max(axis=1), color=colour,
                               alpha=0.15, linewidth=0)  # fmt: skip
-            label = f"{variant}{' (control)' if mine['is_control'].iloc[0] else ''}"
+            label = f"{variant}{' (control)' if bool(mine['is_control'].iloc[0]) else ''}"
             axis.plot(table.index, table.mean(axis=1), color=colour, linewidth=2.2,
                       label=f"{label}: mean of {table.shape[1]}")  # fmt: skip
         else:
@@ -127,15 +138,16 @@ def phase_memory(sheet: BalanceSheet) -> tuple[bytes | None, str]:
         added = phases["allocated_peak"] - phases["baseline_allocated"].fillna(0)
         series["CUDA allocated above the phase's baseline"] = added.groupby(phases["phase"]).max()
     if phases["rss_peak"].notna().any():
-        peak = phases.groupby("phase")["rss_peak"].max()
-        series[f"RSS peak above the lightest phase ({peak.min() / 2**20:.0f} MiB)"] = (
-            peak - peak.min()
-        )
+        # The process keeps what earlier phases allocated: a phase adds what its peak has
+        # above every earlier phase's peak (phases run in the order listed).
+        peak = phases.groupby("phase", sort=False)["rss_peak"].max()
+        before = peak.cummax().shift(1).fillna(peak.iloc[0])
+        series["CPU RSS peak above every earlier phase's"] = (peak - before).clip(lower=0)
     if not series:
         return None, "the pilot recorded no memory counters"
     table = pd.DataFrame(series).reindex(list(dict.fromkeys(phases["phase"]))) / 2**20
     if float(table.abs().max().max()) < 1:
-        return None, "every phase peaked within 1 MiB of the others: memory is not a constraint"
+        return None, "no phase adds 1 MiB or more to memory: memory is not a constraint"
     figure, axis = plt.subplots(figsize=(8, 3.4))
     table.plot.barh(ax=axis)
     axis.invert_yaxis()

@@ -22,13 +22,13 @@ import jinja2
 import pandas as pd
 
 from campaign.report.balance import BalanceSheet
-from campaign.report.humane import cell
+from campaign.report.humane import cell, label, missing
 from campaign.report.markdown import markdown
 from campaign.report.template import TEMPLATE
 
 # The run table's visible columns; every other field is in the row's details.
 RUN_SUMMARY = ("run", "variant", "seed", "status", "stop", "updates", "final_metric",
-               "best_metric", "training_s", "overhead_s", "peak", "flags")  # fmt: skip
+               "best_metric", "training", "overhead", "peak", "flags")  # fmt: skip
 RUN_DETAILS = ("run_id", "stop_detail", "stop_phase", "examples_seen", "final_metric_step",
                "best_metric_step", "wall_time_s", "projected_s", "peak_allocated_bytes",
                "peak_rss_bytes", "relaunch_of", "relaunch_reason", "lineage",
@@ -92,13 +92,11 @@ def _b64(png: bytes | None) -> str | None:
 
 
 def _no_curve(sheet: BalanceSheet, key: str) -> str:
-    started = sheet.runs["status"].isin(("planned", "withdrawn"))
-    if started.all():
+    if sheet.runs["status"].isin(("planned", "withdrawn")).all():
         return "no run has started yet: `campaign launch` executes the planned runs"
     if key == sheet.metric:
-        every = "its validation interval"
-        return (f"no run reached {every} yet: {key} is logged at each validation point "
-                "(validation.every in the spec)")
+        return (f"no run reached its first validation point yet ({key} is logged every "
+                "validation.every updates)")  # fmt: skip
     return f"no run logged {key}"
 
 
@@ -107,13 +105,13 @@ def _rows(frame: pd.DataFrame) -> dict[str, Any]:
     columns = list(frame.columns)
     rows = [[cell(c, v) for c, v in zip(columns, values, strict=True)]
             for values in frame.itertuples(index=False)]  # fmt: skip
-    return {"columns": columns, "rows": rows}
+    return {"columns": [label(c) for c in columns], "rows": rows}
 
 
 def _run_rows(sheet: BalanceSheet) -> list[dict[str, Any]]:
     rows = []
     for run in sheet.runs.to_dict("records"):
-        stop = run["stop_cause"] or ""
+        stop = "" if missing(run["stop_cause"]) else str(run["stop_cause"])
         if stop and not pd.isna(run["stop_step"]):
             stop += f" @ {run['stop_step']}"
         peak = run["peak_allocated_bytes"]
@@ -125,11 +123,11 @@ def _run_rows(sheet: BalanceSheet) -> list[dict[str, Any]]:
             "updates": f"{run['updates_done']}/{run['updates_planned']}",
             "final_metric": cell("final_metric", run["final_metric"]),
             "best_metric": cell("best_metric", run["best_metric"]),
-            "training_s": cell("training_s", run["training_s"]),
-            "overhead_s": cell("overhead_s", run["overhead_s"]),
+            "training": cell("training_s", run["training_s"]),
+            "overhead": cell("overhead_s", run["overhead_s"]),
             "peak": cell("peak_bytes", peak), "flags": cell("flags", run["flags"]),
         }  # fmt: skip
-        details = {c: cell(c, run[c]) for c in RUN_DETAILS if cell(c, run[c])}
+        details = {label(c): cell(c, run[c]) for c in RUN_DETAILS if cell(c, run[c])}
         rows.append({"status": run["status"], "cells": summary, "details": details})
     return rows
 
@@ -138,7 +136,8 @@ def document(sheet: BalanceSheet) -> dict[str, Any]:
     """Everything, as one JSON-able document (NaN as null; contract names, DESIGN.md §8)."""
 
     def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
-        return json.loads(frame.to_json(orient="records", date_format="iso"))
+        return json.loads(frame.to_json(orient="records", date_format="iso",
+                                        double_precision=15))  # fmt: skip
 
     return {
         "campaign": {k: str(v) if isinstance(v, datetime) else v

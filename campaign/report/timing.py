@@ -16,8 +16,9 @@ from campaign.projection import counts, project
 
 
 def run_times(segments: pd.DataFrame) -> dict[str, pd.Series]:
-    """Per run id: ``wall_time_s``, ``training_s`` and ``overhead_s`` (overhead unknown, None,
-    when a segment ended without its training time: a lost worker, an older ledger)."""
+    """Per run id: ``wall_time_s``, ``training_s`` and ``overhead_s`` (training and overhead
+    unknown, None, when a segment ended without its training time: a lost worker, an older
+    ledger)."""
     ended = segments.dropna(subset=["ended_at"]) if len(segments) else segments
     if ended.empty:
         empty = pd.Series(dtype=float)
@@ -25,9 +26,9 @@ def run_times(segments: pd.DataFrame) -> dict[str, pd.Series]:
     wall = (ended["ended_at"] - ended["started_at"]).dt.total_seconds().clip(lower=0)
     by_run = ended.assign(wall=wall).groupby("run_id")
     total = by_run["wall"].sum()
-    training = by_run["training_s"].sum(min_count=1)
     complete = by_run["training_s"].apply(lambda s: bool(s.notna().all()))
-    overhead = (total - training).clip(lower=0).where(complete)
+    training = by_run["training_s"].sum().where(complete)  # a partial sum would mislead
+    overhead = (total - training).clip(lower=0)
     return {"wall_time_s": total.round(3), "training_s": training.round(3),
             "overhead_s": overhead.round(3)}  # fmt: skip
 

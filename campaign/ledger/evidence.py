@@ -1,0 +1,145 @@
+"""The ledger's writes of evidence around runs: events, notes, artifacts, pilots and phase
+measurements, each one transaction (the base of :class:`campaign.ledger.store.Ledger`, which
+adds opening, planning and the run lifecycle). Also the row helpers both use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
+
+from sqlalchemy import Connection, insert, select, update
+
+from campaign.ledger import statements as sql
+from campaign.ledger.canonical import canonical_json
+from campaign.ledger.engine import run_in_transaction
+from campaign.ledger.errors import LedgerInputError, NotFound
+from campaign.ledger.leases import hold_lease
+from campaign.ledger.models import Artifact, Note, PhaseMeasurement, Pilot, Run
+from campaign.ledger.reads import LedgerReader
+
+_T = TypeVar("_T")
+runs_t = Run.__table__
+notes_t = Note.__table__
+artifacts_t = Artifact.__table__
+phases_t = PhaseMeasurement.__table__
+pilots_t = Pilot.__table__
+
+
+class EvidenceWrites(LedgerReader):
+    """Reads, plus the writes that record what happened to runs and pilots."""
+
+    def _write(self, work: Callable[[Connection], _T], what: str) -> _T:
+        return run_in_transaction(self.engine, work, write=True, what=what)
+
+    def add_event(self, campaign: str, kind: str, detail: str | None = None,
+                  run_id: str | None = None, *, lease: str | None = None) -> None:  # fmt: skip
+        """Append a lifecycle event (campaign-level when ``run_id`` is None)."""
+
+        def work(conn: Connection) -> None:
+            campaign_id = self._campaign_id(conn, campaign)
+            if run_id is not None:
+                run_campaign(conn, run_id, campaign_id)
+                hold_lease(conn, run_id, lease)
+            record_event(conn, campaign_id, run_id, kind, detail)
+
+        self._write(work, f"recording event {kind!r}")
+
+    def add_note(self, campaign: str, text: str) -> None:
+        if not text.strip():
+            raise LedgerInputError("a note needs text")
+
+        def work(conn: Connection) -> None:
+            campaign_id = self._campaign_id(conn, campaign)
+            conn.execute(insert(notes_t).values(campaign_id=campaign_id, text=text))
+
+        self._write(work, f"adding a note to {campaign!r}")
+
+    def add_artifact(
+        self,
+        run_id: str,
+        kind: str,
+        path: str,
+        sha256: str,
+        size: int,
+        step: int | None = None,
+        *,
+        lease: str | None = None,
+    ) -> int:
+        """Record a file a run produced with its SHA-256 and size; returns its id."""
+
+        def work(conn: Connection) -> int:
+            run_row(conn, run_id, self.url)
+            hold_lease(conn, run_id, lease)
+            return conn.execute(
+                insert(artifacts_t)
+                .values(run_id=run_id, kind=kind, path=path, sha256=sha256, bytes=size, step=step)
+                .returning(artifacts_t.c.id)
+            ).scalar_one()
+
+        return self._write(work, f"recording an artifact of run {run_id}")
+
+    def create_pilot(self, campaign: str, config_sha256: str,
+                     environment: Mapping[str, Any] | None = None) -> int:  # fmt: skip
+        stack = None if environment is None else canonical_json(dict(environment))
+
+        def work(conn: Connection) -> int:
+            return conn.execute(
+                insert(pilots_t)
+                .values(campaign_id=self._campaign_id(conn, campaign),
+                        config_sha256=config_sha256,
+                        environment=stack)
+                .returning(pilots_t.c.id)
+            ).scalar_one()  # fmt: skip
+
+        return self._write(work, f"recording a pilot of {campaign!r}")
+
+    def set_pilot_verdict(self, pilot_id: int, verdict: str) -> None:
+        def work(conn: Connection) -> None:
+            conn.execute(update(pilots_t).where(pilots_t.c.id == pilot_id).values(verdict=verdict))
+
+        self._write(work, f"recording the verdict of pilot {pilot_id}")
+
+    def add_phase_measurements(
+        self, rows: Iterable[Mapping[str, Any]], *, lease: str | None = None
+    ) -> None:
+        """Insert phase measurement rows (each with ``run_id`` or ``pilot_id``); with ``lease``
+        every run named must still be running under it."""
+        prepared = []
+        for row in rows:
+            item = dict(row)
+            if isinstance(item.get("inputs"), Mapping):
+                item["inputs"] = canonical_json(dict(item["inputs"]))
+            prepared.append(item)
+        if not prepared:
+            return
+
+        def work(conn: Connection) -> None:
+            for run_id in sorted({r["run_id"] for r in prepared if r.get("run_id")}):
+                hold_lease(conn, run_id, lease)
+            conn.execute(insert(phases_t), prepared)
+
+        self._write(work, "recording phase measurements")
+
+
+def run_row(conn: Connection, run_id: str, url: str) -> Any:
+    row = conn.execute(sql.RUN_ROW, {"p_run_id": run_id}).first()
+    if row is None:
+        raise NotFound(f"no run {run_id!r} in ledger {url}")
+    return row
+
+
+def run_campaign(conn: Connection, run_id: str, campaign_id: int) -> None:
+    owner = conn.execute(select(runs_t.c.campaign_id).where(runs_t.c.id == run_id)).scalar()
+    if owner is None:
+        raise NotFound(f"no run {run_id!r} in this ledger")
+    if owner != campaign_id:
+        raise LedgerInputError(f"run {run_id} belongs to another campaign")
+
+
+def record_event(conn: Connection, campaign_id: int, run_id: str | None, kind: str,
+           detail: str | None) -> None:  # fmt: skip
+    conn.execute(
+        sql.INSERT_EVENT,
+        {"campaign_id": campaign_id, "run_id": run_id, "kind": kind, "detail": detail},
+    )
