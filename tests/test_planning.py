@@ -186,9 +186,13 @@ def test_notes_and_status_filter(ledger_url: str) -> None:
     assert len(planned.stdout.strip().splitlines()) == 10
     running = cli(ledger_url, "runs", "digits-lr", "--status", "running", "--format", "json")
     assert json.loads(running.stdout) == []
+    none = cli(ledger_url, "runs", "digits-lr", "--status", "withdrawn", "--format", "csv")
+    assert none.stdout.strip().startswith("run_id,variant,seed,status")  # a header, no row
     shown = json.loads(cli(ledger_url, "show", "digits-lr", "--format", "json").stdout)
     assert shown["runs"] == 9 and shown["notes"] == 1
     assert [v["planned"] for v in shown["variants"]] == [3, 3, 3]
+    assert [v["control"] for v in shown["variants"]] == [True, False, False]
+    assert shown["hold"]["loop.microbatch"] == 2 and shown["variants"][0]["relaunches"] == 0
 
 
 def test_dry_run_writes_nothing(sqlite_url: str) -> None:

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from campaign import Ledger as NotebookLedger
 from campaign.cli import main
-from campaign.ledger import Ledger
+from campaign.ledger import Ledger, StopRecord
 from campaign.loop.train import execute
 from campaign.plan import make_plan, record_plan
 from campaign.report.balance import balance_sheet
@@ -157,7 +157,13 @@ def test_a_hostile_variant_name_from_the_api_is_text_in_every_format(
     from campaign.report.render import render
 
     plan_campaign(sqlite_ledger, "hostile", seeds=1, variants={HOSTILE: 1e-4, "other": 2e-4})
+    # A run ended through the API records no training time: unknown, not a crash.
+    claim = sqlite_ledger.claim_next("hostile", "notebook")
+    sqlite_ledger.finish(claim.run_id, "completed", StopRecord("budget_reached", 0, "update"))
     sheet = balance_sheet(sqlite_ledger, "hostile")
+    ended = sheet.runs.set_index("run_id").loc[claim.run_id]
+    assert pd.isna(ended["training_s"]) and pd.isna(ended["overhead_s"])
+    assert ended["wall_time_s"] >= 0
     assert set(sheet.runs["variant"]) == {HOSTILE, "other"}
     html = render(sheet, "html")
     assert HOSTILE not in html and html.count("&lt;script&gt;alert(1)&lt;/script&gt;") >= 2

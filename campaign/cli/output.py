@@ -31,19 +31,26 @@ def output_options(command: _F) -> _F:
     )(command)
 
 
-def render_rows(rows: Sequence[Mapping[str, Any]], output_format: str, document: Any = None) -> str:
-    """Rows as an aligned table, CSV, or JSON (``document`` overrides the JSON body)."""
+def render_rows(
+    rows: Sequence[Mapping[str, Any]],
+    output_format: str,
+    document: Any = None,
+    columns: Sequence[str] = (),
+) -> str:
+    """Rows as an aligned table, CSV, or JSON (``document`` overrides the JSON body);
+    ``columns`` names the CSV header when there may be no row (a script still reads one)."""
     if output_format == "json":
         return json.dumps(rows if document is None else document, indent=2, default=str)
     if output_format == "csv":
-        return _csv(rows)
+        return _csv(rows, columns)
     return _table(rows)
 
 
-def _csv(rows: Sequence[Mapping[str, Any]]) -> str:
+def _csv(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
     buffer = io.StringIO()
-    if rows:
-        writer = csv.DictWriter(buffer, fieldnames=list(rows[0]), lineterminator="\n")
+    names = list(rows[0]) if rows else list(columns)
+    if names:
+        writer = csv.DictWriter(buffer, fieldnames=names, lineterminator="\n")
         writer.writeheader()
         writer.writerows(rows)
     return buffer.getvalue().rstrip("\n")

@@ -111,7 +111,9 @@ def runs(
          "flags": kinds.get(r["run_id"])}
         for r in listed
     ]  # fmt: skip
-    click.echo(render_rows(rows, output_format))
+    columns = ("run_id", "variant", "seed", "status", "stop_cause", "stop_step", "relaunch_of",
+               "deviation", "flags")  # fmt: skip
+    click.echo(render_rows(rows, output_format, columns=columns))
 
 
 @click.command()

@@ -78,33 +78,41 @@ def _show_run(run: Any, frame: Any, output_format: str) -> None:
 
 
 def _show_campaign(record: Any, frame: Any, note_count: int, output_format: str) -> None:
+    """Per variant, counted like the report: original runs by status (one per seed),
+    relaunches apart; the budget columns are what each original run is planned to do."""
     spec = record.spec_document
     hold = spec.get("hold", {})
-    counts = frame.groupby(["variant", "status"]).size().unstack(fill_value=0)
+    originals = frame[frame["relaunch_of"].isna()]
+    counts = originals.groupby(["variant", "status"]).size().unstack(fill_value=0)
     variants = []
     for name in dict.fromkeys(frame["variant"]):
         rows = frame[frame["variant"] == name]
-        originals = rows[rows["relaunch_of"].isna()]
-        budget = (originals if len(originals) else rows).iloc[0]["config"]["budget"]
+        mine = originals[originals["variant"] == name]
+        budget = (mine if len(mine) else rows).iloc[0]["config"]["budget"]
+        epochs = budget.get("epochs")
         variants.append({
-            "variant": name, "control": "yes" if bool(rows.iloc[0]["is_control"]) else "",
-            "runs": len(rows), "relaunches": len(rows) - len(originals),
+            "variant": name, "control": bool(rows.iloc[0]["is_control"]),
+            "original_runs": len(mine), "relaunches": len(rows) - len(mine),
             **{status: int(counts.loc[name].get(status, 0)) for status in RUN_STATUSES
-               if status in counts.columns},
+               if status in counts.columns and name in counts.index},
             "examples_per_update": budget.get("examples_per_update"),
-            "updates": budget.get("updates"), "examples_seen": budget.get("examples_seen"),
+            "updates_planned": budget.get("updates"),
+            "examples_planned": budget.get("examples_seen"),
+            "epochs_planned": None if epochs is None else round(float(epochs), 4),
         })  # fmt: skip
     header = {
         "campaign": record.name, "question": record.question, "task": record.task,
         "spec_sha256": record.spec_sha256, "created_at": record.created_at.isoformat(),
         "runs": len(frame), "notes": note_count,
-        "hold": ", ".join(f"{k}={v!r}" for k, v in sorted(hold.items())),
     }  # fmt: skip
     if output_format == "json":
-        click.echo(json.dumps({**header, "variants": variants}, indent=2, default=str))
+        click.echo(json.dumps({**header, "hold": hold, "variants": variants}, indent=2,
+                              default=str))  # fmt: skip
         return
     if output_format == "table":
-        for key, value in header.items():
+        held = ", ".join(f"{k}={v!r}" for k, v in sorted(hold.items()))
+        for key, value in {**header, "hold": held}.items():
             click.echo(f"{key + ':':<13} {value}")
         click.echo("")
-    click.echo(render_rows(variants, output_format))
+    shown = [{**v, "control": "yes" if v["control"] else ""} for v in variants]
+    click.echo(render_rows(shown, output_format))

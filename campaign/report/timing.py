@@ -23,6 +23,8 @@ def run_times(segments: pd.DataFrame) -> dict[str, pd.Series]:
     if ended.empty:
         empty = pd.Series(dtype=float)
         return {"wall_time_s": empty, "training_s": empty, "overhead_s": empty}
+    # None from older ledgers and API writers: a float column, NaN where unknown.
+    ended = ended.assign(training_s=pd.to_numeric(ended["training_s"], errors="coerce"))
     wall = (ended["ended_at"] - ended["started_at"]).dt.total_seconds().clip(lower=0)
     by_run = ended.assign(wall=wall).groupby("run_id")
     total = by_run["wall"].sum()
