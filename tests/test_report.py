@@ -144,6 +144,11 @@ def test_every_export_format_holds_every_run(
     assert HOSTILE not in markdown and "\\<script\\>" in markdown
     assert "&lt;" not in markdown and "&gt;" not in markdown and "&amp;" not in markdown
 
+    blocked = tmp_path / "report.md" / "inside.md"  # a file where a folder would be
+    refused = CliRunner().invoke(main, ["--ledger", sqlite_url, "report", "mixed", "--format",
+                                        "md", "--output", str(blocked)])  # fmt: skip
+    assert refused.exit_code == 2 and refused.stderr.startswith("campaign: cannot write the ")
+    assert len(refused.stderr.splitlines()) == 1 and "Traceback" not in refused.stderr
     stdout = CliRunner().invoke(main, ["--ledger", sqlite_url, "report", "mixed", "--format",
                                        "csv", "--output", "-"])  # fmt: skip
     assert pd.read_csv(io.StringIO(stdout.stdout))["run_id"].tolist() == tables["csv"][

@@ -26,7 +26,7 @@ from campaign.cli.source import DEFAULT_URL, ENV_VAR, LedgerSource, add_ledger_o
 COMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("campaign.cli.plan:plan", "Plan the campaign in SPEC: every (variant, seed) becomes a planned run."),
     "show": ("campaign.cli.show:show", "A campaign's question, spec hash and variants; or one run's full config."),
-    "runs": ("campaign.cli.plan:runs", "List a campaign's runs: id, variant, seed, status, stop, lineage."),
+    "runs": ("campaign.cli.plan:runs", "List a campaign's runs: id, variant, seed, status, stop, lineage, flags."),
     "relaunch": ("campaign.cli.plan:relaunch", "Plan a new run from an ended one, with changes and a reason."),
     "withdraw": ("campaign.cli.plan:withdraw", "Withdraw a planned run that must never execute (with a reason)."),
     "note": ("campaign.cli.plan:note", "Add a timestamped note to a campaign."),
@@ -41,7 +41,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("campaign.cli.run:run", "Execute one planned run in this process (what a worker calls)."),
     "resume": ("campaign.cli.run:resume", "Continue an interrupted or lost run from its last verified checkpoint."),
     "replay": ("campaign.cli.run:replay", "Reload a run's final artifact and replay the control inputs."),
-    "report": ("campaign.cli.report:report", "Write the campaign's balance sheet: every run on its line."),
+    "report": ("campaign.cli.report:report", "The balance sheet: conclusion, flags, variants, every run on its line."),
     "archive": ("campaign.cli.report:archive", "Pack everything the campaign leaves into one .tar.gz with SHA-256s."),
     "verify-archive": ("campaign.cli.report:verify_archive_command", "Check every member of an archive against its manifest."),
     "demo": ("campaign.cli.demo:demo", "The main job on the embedded SQLite ledger: plan, pilot, launch, report."),

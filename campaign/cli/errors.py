@@ -10,8 +10,16 @@ EXIT_CHECK_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_LEDGER = 3
 
+
+
+class BadInput(Exception):
+    """A user's input the command cannot use (a path it cannot write, ...): one line, exit 2,
+    without click's usage text (which says nothing about a path)."""
+
+
 # (module, class name, exit code), the most specific first.
 ERRORS: tuple[tuple[str, str, int], ...] = (
+    ("campaign.cli.errors", "BadInput", EXIT_BAD_INPUT),
     ("campaign.ledger.errors", "LedgerError", EXIT_LEDGER),
     ("campaign.ledger.errors", "LedgerInputError", EXIT_BAD_INPUT),
     ("campaign.spec", "SpecError", EXIT_BAD_INPUT),

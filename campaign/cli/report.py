@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from campaign.cli.errors import BadInput
 from campaign.cli.source import LedgerSource
 from campaign.report.formats import FORMATS
 
@@ -21,11 +22,14 @@ from campaign.report.formats import FORMATS
               "(not parquet).")  # fmt: skip
 @click.pass_obj
 def report(source: LedgerSource, campaign: str, output_format: str, output: Path | None) -> None:
-    """Write the campaign's balance sheet: every run on its line, none omitted.
+    """Write the campaign's balance sheet: the answer first, then the evidence.
 
-    Per variant: runs planned/completed/diverged/failed/other and the validation
-    metric over seeds (mean, std, min, max, n, every value); deltas against the
-    control seed by seed; curves of every run; the pilot's phases; the notes.
+    The conclusion (each variant paired by seed with the control: mean delta, 95%
+    interval, verdict) and every integrity flag; per variant, over its original
+    runs (one per seed): counts by status and the metric over seeds; relaunches
+    apart, never pooled; deltas; curves; every run on its line (training time
+    apart from overhead); the pilot's phases; the notes. The folder of --output is
+    created when missing.
 
     Example: campaign report digits-lr --format html --output digits-lr.html
     """
@@ -40,7 +44,11 @@ def report(source: LedgerSource, campaign: str, output_format: str, output: Path
         sys.stdout.write(render(sheet, output_format))
         return
     path = output or Path(f"{campaign}-report.{output_format}")
-    written = write(sheet, output_format, path)
+    try:
+        written = write(sheet, output_format, path)
+    except OSError as error:  # a user's path: one line, exit 2, nothing half written
+        reason = error.strerror or type(error).__name__
+        raise BadInput(f"cannot write the report to {path}: {reason}") from None
     click.echo(f"campaign: {campaign}: {len(sheet.runs)} runs -> {written}", err=True)
 
 

@@ -39,11 +39,15 @@ def write(sheet: BalanceSheet, output_format: str, path: Path) -> Path:
     """Write ``sheet`` as ``output_format`` to ``path`` (atomically: a temporary file renamed)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.partial")
-    if output_format == "parquet":
-        _flat(sheet.runs).to_parquet(temporary, index=False)
-    else:
-        temporary.write_text(render(sheet, output_format), encoding="utf-8")
-    temporary.replace(path)
+    try:
+        if output_format == "parquet":
+            _flat(sheet.runs).to_parquet(temporary, index=False)
+        else:
+            temporary.write_text(render(sheet, output_format), encoding="utf-8")
+        temporary.replace(path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
     return path
 
 
