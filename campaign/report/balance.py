@@ -143,10 +143,11 @@ def _run_order(runs: pd.DataFrame, keys: set[str]) -> list[int]:
         for name, row in first.iterrows()
     }  # fmt: skip
     chains = lineage(runs)
+    variants, seeds = runs["variant"].tolist(), runs["seed"].tolist()
+    ids, created = runs["run_id"].tolist(), runs["created_at"].tolist()
     return sorted(range(len(runs)), key=lambda i: (
-        rank.get(runs["variant"].iat[i], (True, (), runs["variant"].iat[i])),
-        int(runs["seed"].iat[i]), len(chains[runs["run_id"].iat[i]]),
-        runs["created_at"].iat[i]))  # fmt: skip
+        rank.get(variants[i], (True, (), variants[i])), int(seeds[i]), len(chains[ids[i]]),
+        created[i]))  # fmt: skip
 
 
 def _run_table(
@@ -203,6 +204,7 @@ def _variant_table(runs: pd.DataFrame) -> pd.DataFrame:
         planned = originals[originals["status"] != "withdrawn"].sort_values("seed")
         valued = planned[planned["status"].isin(VALUED) & planned["final_metric"].notna()]
         numbers = valued["final_metric"].astype(float)
+        valued_ids = set(valued["run_id"].tolist())
         counts = {status: int((planned["status"] == status).sum()) for status in COUNTED}
         rows.append({
             "variant": variant,
@@ -219,7 +221,7 @@ def _variant_table(runs: pd.DataFrame) -> pd.DataFrame:
             "max": float(numbers.max()) if len(numbers) else None,
             "values": {str(int(s)): float(v) for s, v in zip(valued["seed"], numbers, strict=True)},
             "missing": {str(int(r.seed)): _without_value(r) for r in planned.itertuples()
-                        if r.run_id not in set(valued["run_id"])},
+                        if r.run_id not in valued_ids},
         })  # fmt: skip
     return pd.DataFrame(rows)
 

@@ -48,7 +48,7 @@ def metric_chart(sheet: BalanceSheet, key: str) -> bytes | None:
         return None
     runs = sheet.runs[sheet.runs["status"] != "withdrawn"]
     counted = runs[runs["original"] & runs["status"].isin(VALUED)]
-    series = {r: f.sort_values("step") for r, f in points.groupby("run_id", sort=False)}
+    series = _arrays(points)
     healthy = points[points["run_id"].isin(counted["run_id"])]["value"]
     low, high = _range(healthy if len(healthy) else points["value"])
     logarithmic = key.endswith("loss") and low > 0 and high / low > 20
@@ -56,9 +56,9 @@ def metric_chart(sheet: BalanceSheet, key: str) -> bytes | None:
     colours = plt.get_cmap("tab10")
     relaunched = [series[r] for r in runs[~runs["original"]]["run_id"] if r in series]
     if relaunched:  # their own look and legend entry: never read as a variant's seed
-        for line in relaunched:
-            axis.plot(line["step"], line["value"].clip(low, high), color="0.45", linewidth=0.8,
-                      linestyle="--")  # fmt: skip
+        clipped = [np.column_stack([x, np.clip(y, low, high)]) for x, y in relaunched]
+        axis.add_collection(LineCollection(clipped, colors=["0.45"], linewidths=0.8,
+                                           linestyles="--"))  # fmt: skip
         axis.plot([], [], color="0.45", linestyle="--",
                   label=f"relaunches ({len(relaunched)}, never pooled)")  # fmt: skip
     originals = runs[runs["original"]]
@@ -67,21 +67,23 @@ def metric_chart(sheet: BalanceSheet, key: str) -> bytes | None:
         mine = originals[originals["variant"] == variant]
         if mine.empty:
             continue
-        lines = [series[r] for r in mine["run_id"] if r in series]
-        _seed_lines(axis, lines, colour, len(mine) > MANY)
-        for row in mine.itertuples():
-            if row.run_id in series and row.status in ENDED_BADLY:
-                _clipped_end(axis, series[row.run_id], low, high, colour)
-        good = [series[r] for r in counted[counted["variant"] == variant]["run_id"] if r in series]
-        if good:
-            table = pd.concat([s.set_index("step")["value"] for s in good], axis=1)
-            axis.fill_between(table.index, table.min(axis=1), table.max(axis=1), color=colour,
-                              alpha=0.15, linewidth=0)  # fmt: skip
+        _seed_lines(axis, [series[r] for r in mine["run_id"] if r in series], colour,
+                    len(mine) > MANY)  # fmt: skip
+        for run_id, status in zip(mine["run_id"], mine["status"], strict=True):
+            if run_id in series and status in ENDED_BADLY:
+                _clipped_end(axis, *series[run_id], low, high, colour)
+        good = counted[counted["variant"] == variant]["run_id"]
+        chosen = points[points["run_id"].isin(good)]
+        if len(chosen):  # per step over the counted seeds (one point per run and step)
+            band = chosen.groupby("step")["value"].agg(["min", "max", "mean"])
+            axis.fill_between(band.index, band["min"], band["max"], color=colour, alpha=0.15,
+                              linewidth=0)  # fmt: skip
             label = f"{variant}{' (control)' if bool(mine['is_control'].iloc[0]) else ''}"
-            axis.plot(table.index, table.mean(axis=1), color=colour, linewidth=2.2,
-                      label=f"{label}: mean of {table.shape[1]}")  # fmt: skip
+            axis.plot(band.index, band["mean"], color=colour, linewidth=2.2,
+                      label=f"{label}: mean of {chosen['run_id'].nunique()}")  # fmt: skip
         else:
             axis.plot([], [], color=colour, linewidth=2.2, label=f"{variant}: no valid run")
+    axis.autoscale_view()
     margin = (high - low) * 0.05 or abs(high) * 0.05 or 0.05
     if logarithmic:
         axis.set_yscale("log")
@@ -105,19 +107,31 @@ def _range(values: pd.Series) -> tuple[float, float]:
     return float(finite.min()), float(finite.max())
 
 
-def _seed_lines(axis: Any, lines: list[pd.DataFrame], colour: Any, many: bool) -> None:
-    arrays = [s[["step", "value"]].to_numpy(dtype=float) for s in lines]
+def _arrays(points: pd.DataFrame) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """run id -> (steps, values) sorted by step, in one sort and one split (not a pandas
+    operation per run: a thousand runs stay quick)."""
+    ordered = points.sort_values(["run_id", "step"], kind="stable")
+    ids = ordered["run_id"].to_numpy()
+    steps = ordered["step"].to_numpy(dtype=float)
+    values = ordered["value"].to_numpy(dtype=float)
+    starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
+    ends = np.r_[starts[1:], len(ids)]
+    return {ids[a]: (steps[a:b], values[a:b]) for a, b in zip(starts, ends, strict=True)}
+
+
+def _seed_lines(axis: Any, lines: list[tuple[np.ndarray, np.ndarray]], colour: Any,
+                many: bool) -> None:  # fmt: skip
     if many:  # one collection: fast at a thousand runs
+        arrays = [np.column_stack(line) for line in lines]
         axis.add_collection(LineCollection(arrays, colors=[colour], linewidths=0.5, alpha=0.3))
         return
-    for array in arrays:
-        axis.plot(array[:, 0], array[:, 1], color=colour, linewidth=0.7, alpha=0.45)
+    for steps, values in lines:
+        axis.plot(steps, values, color=colour, linewidth=0.7, alpha=0.45)
 
 
-def _clipped_end(axis: Any, series: pd.DataFrame, low: float, high: float, colour: Any) -> None:
+def _clipped_end(axis: Any, steps: np.ndarray, values: np.ndarray, low: float, high: float,
+                 colour: Any) -> None:  # fmt: skip
     """Markers for a run that ended badly: where it left the healthy range, where it stopped."""
-    values = series["value"].to_numpy(dtype=float)
-    steps = series["step"].to_numpy()
     outside = np.flatnonzero((values < low) | (values > high) | ~np.isfinite(values))
     if len(outside):
         first = outside[0]

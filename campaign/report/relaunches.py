@@ -23,9 +23,9 @@ COLUMNS = ("run_id", "relaunch_of", "original", "lineage", "variant", "seed", "r
 
 def lineage(runs: pd.DataFrame) -> dict[str, list[str]]:
     """run id -> the chain of ids from its original planned run to itself."""
-    parent = dict(zip(runs["run_id"], runs["relaunch_of"], strict=True))
+    parent = dict(zip(runs["run_id"].tolist(), runs["relaunch_of"].tolist(), strict=True))
     chains: dict[str, list[str]] = {}
-    for run_id in runs["run_id"]:
+    for run_id in parent:
         chain, current = [run_id], parent.get(run_id)
         while isinstance(current, str) and current not in chain:
             chain.append(current)
