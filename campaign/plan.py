@@ -265,6 +265,8 @@ def accounting_rows(plan: Plan) -> list[dict[str, Any]]:
     rows = []
     for name, a in plan.accounting.items():
         row = asdict(a)
+        if row["epochs"] is not None:  # for reading: 3.334, not 3.3340292275574113
+            row["epochs"] = round(row["epochs"], 4)
         rows.append({"variant": name, **{k: row[k] for k in (
             "microbatch", "accumulation", "replicas", "examples_per_update", "updates",
             "examples_seen", "epochs", "last_batch")}})  # fmt: skip

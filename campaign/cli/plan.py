@@ -108,11 +108,11 @@ def runs(
          "status": r["status"], "stop_cause": r["stop_cause"], "stop_step": r["stop_step"],
          "relaunch_of": r["relaunch_of"],
          "deviation": ", ".join(held_deviations(r["config"], hold)) or None,
-         "flags": kinds.get(r["run_id"])}
+         "flags": kinds.get(r["run_id"]), "detail": r["stop_detail"]}
         for r in listed
     ]  # fmt: skip
     columns = ("run_id", "variant", "seed", "status", "stop_cause", "stop_step", "relaunch_of",
-               "deviation", "flags")  # fmt: skip
+               "deviation", "flags", "detail")  # fmt: skip
     click.echo(render_rows(rows, output_format, columns=columns))
 
 

@@ -57,7 +57,9 @@ def _show_run(run: Any, frame: Any, output_format: str) -> None:
     changes = {} if control_id in (None, run.id) else config_changes(
         control["config"].iloc[0], config)  # fmt: skip
     header = {"run_id": run.id, "campaign": run.campaign, "variant": run.variant,
-              "seed": run.seed, "status": run.status, "relaunch_of": run.relaunch_of,
+              "seed": run.seed, "status": run.status, "stop_cause": run.stop_cause,
+              "stop_step": run.stop_step, "stop_detail": run.stop_detail,
+              "relaunch_of": run.relaunch_of,
               "relaunch_reason": run.relaunch_reason, "config_sha256": run.config_sha256,
               "control_run": control_id}  # fmt: skip
     if output_format == "json":

@@ -21,7 +21,7 @@ th { background: #eee; white-space: nowrap; }
 td.n { white-space: nowrap; }
 tr.diverged td, tr.failed td, tr.oom td { background: #fdecea; }
 tr.interrupted td, tr.lost td, tr.stopped td { background: #fff6e0; }
-tr.withdrawn td { color: #777; text-decoration: line-through; }
+tr.withdrawn:not(.details) td { color: #777; text-decoration: line-through; }
 tr.details td { background: #fafafa; font-size: 11px; }
 details summary { cursor: pointer; color: #245; }
 dl { display: grid; grid-template-columns: max-content auto; gap: 1px 12px; margin: 4px 0; }
