@@ -112,9 +112,14 @@ def accumulate_across(
 
 def any_rank(flag: bool, device: torch.device) -> bool:
     """True on every rank when ``flag`` is true on any: a stop decided by one is taken by all."""
-    value = torch.tensor([1.0 if flag else 0.0], device=device)
+    return any_ranks([flag], device)[0]
+
+
+def any_ranks(flags: Sequence[bool], device: torch.device) -> list[bool]:
+    """Each flag, true on every rank when it is true on any (one small all-reduce)."""
+    value = torch.tensor([1.0 if f else 0.0 for f in flags], dtype=torch.float64, device=device)
     dist.all_reduce(value, op=dist.ReduceOp.MAX)
-    return bool(value.item() > 0)
+    return [bool(v > 0) for v in value.tolist()]
 
 
 def broadcast_json(document: Any, replica: Replica, device: torch.device) -> Any:

@@ -46,6 +46,7 @@ from campaign.loop.engine import Trainer, seed_everything
 from campaign.loop.errors import LoopError, RunSetupFailed, first_line
 from campaign.loop.heartbeat import Heartbeat
 from campaign.loop.measure import Probe
+from campaign.loop.preflight import refuse_impossible
 from campaign.loop.replay import replay_in_subprocess, write_final
 from campaign.loop.resume import latest_checkpoint, replayed_steps_report
 from campaign.loop.run_files import record_file, write_predictions, write_traceback
@@ -100,7 +101,9 @@ class RunLoop:
         self.replay_in_subprocess = replay_in_subprocess
         self.replica = replica or dp.Replica(0, 1)
         self.writes = self.replica.leader  # only rank 0 writes to the ledger and artifacts
-        self._refuse_impossible(claim)
+        refuse_impossible(self.config, run_id, self.replica.world, self.device)
+        if claim is not None and (claim.run_id != run_id or self.record.status != "running"):
+            raise LoopError(f"run {run_id}: the claim given does not hold this run")
         self.lease: str | None = claim.lease if claim is not None else None
         self._claim = claim
         self.segment_id: int | None = None
@@ -122,25 +125,6 @@ class RunLoop:
         self._batches: list[Batch] = []
         self._validated = False
         self.training_s = 0.0  # updates and validation; the rest of the segment is overhead
-
-    def _refuse_impossible(self, claim: Claim | None) -> None:
-        loop, run_id = self.config["loop"], self.run_id
-        if loop["replicas"] != self.replica.world:
-            raise LoopError(
-                f"run {run_id}: loop.replicas = {loop['replicas']} needs that many processes: "
-                "run it through `campaign worker` or `campaign launch` (`campaign run` and "
-                "`campaign resume` execute one process)"
-            )
-        if loop["replicas"] > 1 and loop["precision"] == "fp16":
-            raise LoopError(f"run {run_id}: fp16 with replicas is not supported (use bf16)")
-        if loop["precision"] == "fp16" and self.device.type == "cpu":
-            raise LoopError(f"run {run_id}: fp16 with a GradScaler needs a CUDA device")
-        if self.device.type == "cuda" and not torch.cuda.is_available():
-            raise LoopError(
-                f"run {run_id}: device {self.device} requested, but CUDA is unavailable"
-            )
-        if claim is not None and (claim.run_id != run_id or self.record.status != "running"):
-            raise LoopError(f"run {run_id}: the claim given does not hold this run")
 
     # -- setup ---------------------------------------------------------------------
 
@@ -277,17 +261,9 @@ class RunLoop:
     def _agree(self, stop: StopDecision | None) -> StopDecision | None:
         """Every rank takes the same decision after each update (one small all-reduce): a
         signal, a lost lease or a stop rule on any rank stops all of them."""
-        flags = torch.tensor(
-            [
-                self.signals.received is not None,
-                self.heartbeat.lease_lost.is_set(),
-                stop is not None,
-            ],
-            dtype=torch.float64,
-            device=self._group_device,
-        )
-        torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
-        signalled, lease_lost, stopping = (bool(v) for v in flags.tolist())
+        mine = [self.signals.received is not None, self.heartbeat.lease_lost.is_set(),
+                stop is not None]  # fmt: skip
+        signalled, lease_lost, stopping = dp.any_ranks(mine, self._group_device)
         if signalled and self.signals.received is None:
             self.signals.request(signal.SIGTERM)  # another rank was signalled
         if lease_lost:

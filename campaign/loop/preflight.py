@@ -1,0 +1,33 @@
+"""What a run refuses before any work: settings this process cannot execute as planned.
+
+Each refusal is one line naming the run and what to do instead; the run has
+not left ``planned`` (or its claim is ended as failed by the caller).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from campaign.loop.errors import LoopError
+
+
+def refuse_impossible(
+    config: Mapping[str, Any], run_id: str, world: int, device: torch.device
+) -> None:
+    """Raise :class:`LoopError` when ``config`` cannot run in ``world`` processes on ``device``."""
+    loop = config["loop"]
+    if loop["replicas"] != world:
+        raise LoopError(
+            f"run {run_id}: loop.replicas = {loop['replicas']} needs that many processes: "
+            "run it through `campaign worker` or `campaign launch` (`campaign run` and "
+            "`campaign resume` execute one process)"
+        )
+    if loop["replicas"] > 1 and loop["precision"] == "fp16":
+        raise LoopError(f"run {run_id}: fp16 with replicas is not supported (use bf16)")
+    if loop["precision"] == "fp16" and device.type == "cpu":
+        raise LoopError(f"run {run_id}: fp16 with a GradScaler needs a CUDA device")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise LoopError(f"run {run_id}: device {device} requested, but CUDA is unavailable")
