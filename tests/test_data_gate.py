@@ -47,10 +47,52 @@ def test_digits_faults(fault: str, check: str, named: str) -> None:
     assert named in failures[check]
 
 
+@pytest.mark.parametrize(
+    ("fault", "seen"),
+    [("collate_shift", [f"'{k}' -> '{(k + 1) % 10}'" for k in range(10)]),
+     ("collate_constant", [f"'{k}' -> '0'" for k in range(1, 10)])],
+)  # fmt: skip
+def test_labels_are_checked_where_the_loss_sees_them(fault: str, seen: list[str]) -> None:
+    """The examples are right and collate() corrupts the targets: caught at the loss, in
+    both splits, with the examples' ids named."""
+    task = build_task("tests.tasks.broken:digits", {"task": {"limit": 400, "fault": fault}})
+    findings = {f.check: f for f in check_data(task, {"task": {"limit": 400}}) if not f.ok}
+    assert set(findings) >= {"labels_at_loss[train]", "labels_at_loss[val]"}, findings
+    train = findings["labels_at_loss[train]"].detail
+    first = task.splits()["train"][0]["id"]
+    assert any(pair in train for pair in seen) and "first ids: " in train
+    assert repr(first) in train or "of 320 targets at the loss differ" in train
+    assert "fix collate()" in findings["labels_at_loss[train]"].advice
+
+
+def test_a_swapped_class_table_names_the_ids() -> None:
+    task = build_task("tests.tasks.broken:digits",
+                      {"task": {"limit": 400, "fault": "swapped_classes"}})  # fmt: skip
+    (finding,) = [f for f in check_data(task, {"task": {}}) if not f.ok]
+    swapped = [e["id"] for e in task.splits()["train"] if e["label"] in (0, 1)]
+    assert finding.check == "class_mapping" and repr(swapped[0]) in finding.detail
+
+
+def test_predict_records_without_a_target_name_the_function_and_key() -> None:
+    from campaign.loop.errors import TaskContractError
+    from campaign.loop.task import check_records
+
+    with pytest.raises(TaskContractError, match=r"predict\(\) record 1 has no 'target'"):
+        check_records([{"id": 1, "prediction": 2, "target": 2}, {"id": 2, "prediction": 3}])
+
+
+def test_examples_without_group_are_a_warning_naming_the_key() -> None:
+    from campaign.pilot.data_gate import Finding, _groups_disjoint
+
+    finding: Finding = _groups_disjoint({"train": [{"id": 1}], "val": [{"id": 2}]})
+    assert finding.ok and finding.warning and "'group'" in finding.detail
+
+
 def test_prompt_tokens_in_the_loss_are_caught() -> None:
     config = {"task": {**ARITHMETIC["task"], "fault": "prompt_in_loss"}, "loop": {}}
     failures = _failures("tests.tasks.broken:arithmetic", config)
-    assert list(failures) == ["prompt_out_of_loss"]
+    # Unmasked prompt tokens also change the target the loss trains on: both are named.
+    assert set(failures) == {"prompt_out_of_loss", "labels_at_loss[train]", "labels_at_loss[val]"}
     assert "put prompt tokens into the loss" in failures["prompt_out_of_loss"]
 
 

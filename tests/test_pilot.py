@@ -138,6 +138,15 @@ def test_overfit_gate_fails_when_nothing_can_be_learned(ledger: Ledger, tmp_path
     assert result["overfit"][0] == "fail" and "loss fell only" in result["overfit"][1]
 
 
+def test_overfit_gate_refuses_a_single_class_subset(ledger: Ledger, tmp_path: Path) -> None:
+    """Eight examples of one class are learned by a constant predictor: proof of nothing."""
+    config = _config(ledger, task="tests.tasks.broken:digits", config={"task.fault": "one_class"})
+    result = _pilot("tests.tasks.broken:digits", config, tmp_path)
+    assert result["data"][0] == "pass", result["data"]
+    verdict, detail = result["overfit"]
+    assert verdict == "fail" and "1 distinct target (3)" in detail, detail
+
+
 def test_digits_pilot_passes_and_is_recorded(
     ledger: Ledger, sqlite_url: str, tmp_path: Path
 ) -> None:

@@ -34,7 +34,7 @@ from campaign.loop import checkpoint as ckpt
 from campaign.loop import replicas as dp
 from campaign.loop.data import DataOrder, to_device
 from campaign.loop.errors import LoopError
-from campaign.loop.task import Batch, Example, Task
+from campaign.loop.task import Batch, Example, Task, check_records
 
 PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 NO_UNITS = "an effective batch with no loss units (every target masked out)"
@@ -242,7 +242,7 @@ def evaluate(
                 loss_sum, count = task.loss(model, batch)
             total += float(loss_sum)
             units += int(count)
-            records.extend(task.predict(model, batch))
+            records.extend(check_records(task.predict(model, batch)))
     finally:
         model.train()
     return total, units, records

@@ -7,7 +7,7 @@ Tasks see only this contract, never the database.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -15,6 +15,7 @@ import torch
 from campaign.loop.errors import TaskContractError
 from campaign.taskref import TaskReferenceError, load_factory
 
+RECORD_KEYS = ("id", "prediction", "target")  # every record predict() returns
 CONTRACT = ("model", "splits", "collate", "loss", "predict", "score", "describe", "control_inputs")
 
 Example = dict[str, Any]
@@ -54,3 +55,23 @@ def build_task(reference: str, config: dict[str, Any]) -> Task:
             f"{', '.join(CONTRACT)})"
         )
     return task
+
+
+def check_records(records: Any, where: str = "predict()") -> list[dict[str, Any]]:
+    """``records`` as predict() must return them: a list of dicts with id, prediction, target;
+    :class:`TaskContractError` naming the function and the missing key otherwise."""
+    if not isinstance(records, list):
+        raise TaskContractError(f"{where} must return a list of records, got "
+                                f"{type(records).__name__}")  # fmt: skip
+    for index, record in enumerate(records):
+        if not isinstance(record, Mapping):
+            raise TaskContractError(f"{where} record {index} is a {type(record).__name__}, "
+                                    "not a dict with id, prediction and target")  # fmt: skip
+        missing = [key for key in RECORD_KEYS if key not in record]
+        if missing:
+            raise TaskContractError(
+                f"{where} record {index} has no {', '.join(repr(k) for k in missing)} "
+                f"(its keys: {', '.join(map(repr, record)) or 'none'}); every record needs "
+                f"{', '.join(RECORD_KEYS)}"
+            )
+    return records

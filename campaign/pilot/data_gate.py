@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from campaign.loop.task import Task
+from campaign.pilot.label_gate import check_targets
 
 IGNORE = -100
 CHUNK = 64
@@ -25,10 +26,14 @@ CHUNK = 64
 
 @dataclass(frozen=True)
 class Finding:
+    """One check's verdict; ``warning`` marks a pass that proves less than it could (a check
+    with nothing to look at), said so that nobody reads it as evidence."""
+
     check: str
     ok: bool
     detail: str
     advice: str = ""
+    warning: bool = False
 
 
 def check_data(task: Task, config: Mapping[str, Any]) -> list[Finding]:
@@ -40,6 +45,7 @@ def check_data(task: Task, config: Mapping[str, Any]) -> list[Finding]:
         _ids_unique(splits),
         _groups_disjoint(splits),
         *_labels(task, splits),
+        *check_targets(task, splits),
         _masks_match_lengths(batches),
         _prompt_out_of_loss(batches),
         _truncation(batches, allow_cut),
@@ -79,7 +85,13 @@ def _groups_disjoint(splits: Mapping[str, list[dict[str, Any]]]) -> Finding:
             if "group" in example:
                 seen[example["group"]].add(name)
     if not seen:
-        return Finding("groups_disjoint", True, "examples carry no group: nothing to check")
+        return Finding(
+            "groups_disjoint", True,
+            "no example has a 'group' key: leakage between splits (one conversation, patient "
+            "or document in two splits) cannot be checked",
+            "give every example a 'group' (what must never be split across train and val)",
+            warning=True,
+        )  # fmt: skip
     leaking = {g: sorted(s) for g, s in seen.items() if len(s) > 1}
     if not leaking:
         return Finding("groups_disjoint", True, f"{len(seen)} groups, each in one split")
@@ -95,8 +107,13 @@ def _groups_disjoint(splits: Mapping[str, list[dict[str, Any]]]) -> Finding:
 def _labels(task: Task, splits: Mapping[str, list[dict[str, Any]]]) -> list[Finding]:
     classes = getattr(task, "classes", None)
     examples = [e for split in splits.values() for e in split if "label" in e]
+    if classes is None and not examples:  # not a classification task
+        return [Finding("labels", True, "no example has a 'label': no class table to check")]
     if classes is None or not examples:
-        return [Finding("labels", True, "no labelled classes: nothing to check")]
+        why = ("the examples have a 'label' but the task has no 'classes' table"
+               if classes is None else "the task has 'classes' but no example has a 'label'")
+        return [Finding("labels", True, f"{why}: label ids are not checked against class names",
+                        "see docs/tasks.md, 'What the data gate checks'", warning=True)]
     out_of_range = [e["id"] for e in examples if not 0 <= int(e["label"]) < len(classes)]
     findings = [
         Finding(
@@ -117,11 +134,12 @@ def _labels(task: Task, splits: Mapping[str, list[dict[str, Any]]]) -> list[Find
             if str(classes[int(e["label"])]) != str(e["class_name"])
         )
         if wrong:
+            ids = [e["id"] for e in named if str(classes[int(e["label"])]) != str(e["class_name"])]
             shown = ", ".join(
                 f"label {label} -> class {classes[label]!r} but the data says "
                 f"{name!r} ({count} examples)"
                 for (label, name), count in wrong.most_common(4)
-            )
+            ) + f"; first ids: {', '.join(map(repr, ids[:5]))}"
             findings.append(
                 Finding(
                     "class_mapping",

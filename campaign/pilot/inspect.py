@@ -79,7 +79,7 @@ def inspect_campaign(ledger: LedgerReader, campaign: str, split: str, count: int
         "data_gate": [
             {
                 "check": f.check,
-                "verdict": "pass" if f.ok else "FAIL",
+                "verdict": ("warning" if f.warning else "pass") if f.ok else "FAIL",
                 "detail": f.detail,
                 "advice": f.advice,
             }

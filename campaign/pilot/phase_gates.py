@@ -343,7 +343,7 @@ class Pilot:
         config["optimizer"]["lr"] = options.overfit_lr
         config["scheduler"] = {"name": "constant", "warmup": 0}
         session = self.session_factory(self.task, config, self.device)
-        examples = session.train_set[: options.overfit_examples]
+        examples = varied(session.train_set, options.overfit_examples)
         record.inputs = {
             "examples": len(examples),
             "steps": options.overfit_steps,
@@ -357,6 +357,13 @@ class Pilot:
                 raise PhaseFailure(f"non-finite loss at overfit step {len(losses)}")
             session.step_optimizer()
         _, _, records = session.evaluate(examples, len(examples))
+        targets = {str(r["target"]) for r in records}
+        if len(targets) < 2:  # a constant predictor would pass: that proves nothing
+            raise PhaseFailure(
+                f"the {len(records)} overfit examples have {len(targets)} distinct target"
+                f"{'s' * (len(targets) != 1)} ({', '.join(sorted(targets)[:3])}): learning "
+                "them proves nothing; the training split needs at least two targets"
+            )
         wrong = [r["id"] for r in records if str(r["prediction"]) != str(r["target"])]
         ratio = losses[0] / max(losses[-1], 1e-12)
         if ratio < options.overfit_factor:
@@ -373,6 +380,24 @@ class Pilot:
             f"loss {losses[0]:.4g} -> {losses[-1]:.4g} ({ratio:.0f}x) in "
             f"{options.overfit_steps} steps; all {len(records)} predictions right"
         )
+
+
+def varied(examples: Sequence[dict[str, Any]], count: int) -> list[dict[str, Any]]:
+    """``count`` examples taking each ``label`` (or ``target``) in turn, so that the overfit
+    gate sees several targets whenever the split has them; the first ``count`` otherwise."""
+    by_value: dict[str, list[dict[str, Any]]] = {}
+    for example in examples:
+        key = example.get("label", example.get("target"))
+        by_value.setdefault(str(key), []).append(example)
+    if len(by_value) < 2:
+        return list(examples[:count])
+    queues = [list(v) for v in by_value.values()]
+    chosen: list[dict[str, Any]] = []
+    while len(chosen) < count and any(queues):
+        for queue in queues:
+            if queue and len(chosen) < count:
+                chosen.append(queue.pop(0))
+    return chosen
 
 
 def run_pilot(

@@ -60,7 +60,9 @@ class ArithmeticTask:
     @staticmethod
     def _example(a: int, b: int) -> dict[str, Any]:
         prompt, answer = f"{a}+{b}=", str(a + b)
-        return {"id": f"add-{a}-{b}", "group": f"{a}+{b}", "prompt": prompt, "answer": answer}
+        # "target": what predict() must report as this example's target (the label gate).
+        return {"id": f"add-{a}-{b}", "group": f"{a}+{b}", "prompt": prompt, "answer": answer,
+                "target": answer}
 
     def encode(self, example: dict[str, Any]) -> tuple[list[int], list[int], bool]:
         """(input tokens, target tokens with IGNORE on the prompt, target cut by max_length)."""

@@ -15,10 +15,21 @@ class BrokenDigits(DigitsTask):
         if self.fault == "swapped_classes":  # two class ids swapped in the mapping table
             self.classes = ("1", "0", *CLASSES[2:])
 
+    def collate(self, examples: Any) -> dict[str, Any]:
+        batch = super().collate(examples)
+        if self.fault == "collate_shift":  # the examples look right; the loss sees label + 1
+            batch["y"] = (batch["y"] + 1) % len(CLASSES)
+        elif self.fault == "collate_constant":  # every target 0
+            batch["y"] = batch["y"] * 0
+        return batch
+
     def splits(self) -> dict[str, Any]:
         data = super().splits()
         train, val = [dict(e) for e in data["train"]], [dict(e) for e in data["val"]]
-        if self.fault == "duplicate_ids":
+        if self.fault == "one_class":  # a single class in every split
+            train = [e for e in train if e["label"] == 3]
+            val = [e for e in val if e["label"] == 3]
+        elif self.fault == "duplicate_ids":
             train[5]["id"] = train[4]["id"]
         elif self.fault == "label_out_of_range":
             train[7]["label"] = 10
