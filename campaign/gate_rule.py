@@ -46,9 +46,10 @@ def gate_state(
 
 
 def gate_inputs(
-    pilots: Any, events: Any, spec_sha256: str
+    pilots: Any, events: Any, spec_sha256: str, gate_class: str | None = None
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The arguments of :func:`gate_state` from the ledger's ``pilots`` and ``events`` frames.
+    """The arguments of :func:`gate_state` from the ledger's ``pilots`` and ``events`` frames,
+    for one gate class (a pilot recorded before pilots had classes speaks for every class).
     A pilot's verdict time is its ``pilot`` event's (it is created before it measures);
     a pilot without that event counts from its creation."""
     decided: dict[int, Any] = {}
@@ -59,12 +60,17 @@ def gate_inputs(
     mine = [
         {"verdict": verdict if isinstance(verdict, str) else None,
          "decided_at": decided.get(int(pilot_id), created), "environment": stack}
-        for pilot_id, sha, verdict, stack, created in zip(
+        for pilot_id, sha, verdict, stack, created, cls in zip(
             pilots["pilot_id"], pilots["config_sha256"], pilots["verdict"],
-            pilots["environment"], pilots["created_at"], strict=True)
-        if sha == spec_sha256
+            pilots["environment"], pilots["created_at"], _classes(pilots), strict=True)
+        if sha == spec_sha256 and (gate_class is None or not isinstance(cls, str)
+                                   or cls == gate_class)
     ]  # fmt: skip
     skips = [{"at": at, "detail": detail}
              for kind, at, detail in zip(events["kind"], events["at"], events["detail"],
                                          strict=True) if kind == "pilot_skipped"]  # fmt: skip
     return mine, skips
+
+
+def _classes(pilots: Any) -> Any:
+    return pilots["gate_class"] if "gate_class" in pilots else [None] * len(pilots["pilot_id"])

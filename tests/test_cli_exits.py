@@ -19,6 +19,8 @@ READING = [
     ["report", "loop"], ["archive", "loop"], ["doctor"], ["replay", "01NOSUCHRUN"],
 ]  # fmt: skip
 
+SKIP = ("--skip-pilot", "--reason", "a test of exit codes, not of the pilot")
+
 
 @pytest.mark.parametrize("command", READING, ids=lambda c: c[0])
 def test_a_reading_command_refuses_a_missing_ledger(tmp_path: Path, command: list[str]) -> None:
@@ -64,7 +66,11 @@ def test_run_exits_1_when_the_run_fails_in_setup(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'l.db'}"
     with Ledger.open(url, create=True) as ledger:
         run_id = plan_loop(ledger, task="tests.tasks.tiny:build")[0]  # no model(): setup fails
-    result = CliRunner().invoke(main, ["--ledger", url, "run", run_id,
+    ungated = CliRunner().invoke(main, ["--ledger", url, "run", run_id])
+    assert ungated.exit_code == 1 and "has no passing pilot" in ungated.stderr  # nothing ran
+    with Ledger.open(url) as ledger:
+        assert ledger.run(run_id).status == "planned"
+    result = CliRunner().invoke(main, ["--ledger", url, "run", run_id, *SKIP,
                                        "--artifacts", str(tmp_path / "a")])  # fmt: skip
     assert result.exit_code == 1, result.output
     assert result.stderr.startswith(f"campaign: run {run_id} failed in setup")
@@ -79,7 +85,7 @@ def test_run_exits_1_when_the_run_fails(tmp_path: Path) -> None:
         run_id = plan_loop(
             ledger, task="tests.tasks.faulty:build", config={"task.fault": "raise", "task.at": 2}
         )[0]
-    result = CliRunner().invoke(main, ["--ledger", url, "run", run_id,
+    result = CliRunner().invoke(main, ["--ledger", url, "run", run_id, *SKIP,
                                        "--artifacts", str(tmp_path / "a")])  # fmt: skip
     assert result.exit_code == 1, result.output
     assert f"run {run_id}: failed (exception)" in result.stderr

@@ -173,7 +173,8 @@ def test_campaign_run_warns_when_the_replay_differs(
     record, _ = record_plan(sqlite_ledger, make_plan(resolve_spec(spec, "<honest>")))
     monkeypatch.setenv("CAMPAIGN_TEST_DRIFT", str(os.getpid()))  # CliRunner runs in-process
     result = CliRunner().invoke(main, ["--ledger", sqlite_url, "run", record.run_ids[0],
-                                       "--artifacts", str(tmp_path / "artifacts")])  # fmt: skip
+                                       "--artifacts", str(tmp_path / "artifacts"),
+                                       "--skip-pilot", "--reason", "replay test"])  # fmt: skip
     assert result.exit_code == 0, result.stderr
     assert f"campaign: warning: run {record.run_ids[0]}: replay_differs: " in result.stderr
     assert "DIFFERENT" in result.stderr

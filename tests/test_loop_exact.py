@@ -106,7 +106,8 @@ def test_resume_after_sigterm_is_exact(sqlite_url: str, tmp_path: Path) -> None:
     with Ledger.open(sqlite_url) as ledger:  # the reference: uninterrupted, in this process
         reference = execute(ledger, plain, artifacts=Path(artifacts), replay_in_subprocess=False)
     assert reference.status == "completed"
-    interrupted = _cli(sqlite_url, "run", cut, "--artifacts", artifacts)
+    interrupted = _cli(sqlite_url, "run", cut, "--artifacts", artifacts, "--skip-pilot",
+                       "--reason", "exactness test")
     assert interrupted.returncode == 1 and "interrupted" in interrupted.stderr
     assert marker.exists()
     with Ledger.open(sqlite_url, create=True) as ledger:

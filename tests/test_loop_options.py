@@ -98,7 +98,8 @@ def test_a_lost_run_resumes_and_its_replayed_steps_are_compared(
         )[0]
     env = {**os.environ, "CAMPAIGN_LEDGER": sqlite_url}
     died = subprocess.run(
-        [sys.executable, "-m", "campaign", "run", run_id, "--artifacts", str(tmp_path / "a")],
+        [sys.executable, "-m", "campaign", "run", run_id, "--artifacts", str(tmp_path / "a"),
+         "--skip-pilot", "--reason", "a task that dies"],
         cwd=ROOT,
         env=env,
         capture_output=True,

@@ -157,7 +157,8 @@ def test_digits_pilot_passes_and_is_recorded(
     )
     assert result.exit_code == 0, (result.stdout, result.stderr)
     document = json.loads(result.stdout)
-    assert document["passed"] and [p["phase"] for p in document["phases"]] == PHASES
+    (only,) = document["pilots"]  # one gate class: one pilot
+    assert document["passed"] and [p["phase"] for p in only["phases"]] == PHASES
     phases = ledger.phases("loop")
     assert list(phases["phase"]) == PHASES and set(phases["verdict"]) == {"pass"}
     assert (phases["rss_peak"] > 10 << 20).all() and phases["allocated_peak"].isna().all()

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from campaign.cli.options import artifacts_option
+from campaign.cli.options import artifacts_option, skip_reason
 from campaign.cli.output import output_options, render_rows
 from campaign.cli.source import LedgerSource
 from campaign.launch.defaults import DEFAULT_HEARTBEAT_S, DEFAULT_LEASE_S, EXECUTORS
@@ -53,15 +53,6 @@ def _options(campaign: str, artifacts: Path, **kw: Any) -> Any:
         raise click.UsageError(str(error)) from None
 
 
-def _skip_reason(skip_pilot: bool, reason: str | None) -> str | None:
-    """The recorded reason to skip the pilot gate (None: the gate applies)."""
-    if skip_pilot and not (reason and reason.strip()):
-        raise click.UsageError("--skip-pilot needs --reason TEXT (it is recorded in the ledger)")
-    if reason and not skip_pilot:
-        raise click.UsageError("--reason goes with --skip-pilot")
-    return reason if skip_pilot else None
-
-
 def _say_gate(decision: Any) -> None:
     for warning in decision.stack_warnings:
         click.echo(f"campaign: warning: stack differs from the pilot's: {warning}", err=True)
@@ -70,9 +61,9 @@ def _say_gate(decision: Any) -> None:
 def _gate(ledger: Any, campaign: str, skip_pilot: bool, reason: str | None, who: str) -> None:
     from campaign.launch.gate import GateClosed, open_gate
 
-    skip_reason = _skip_reason(skip_pilot, reason)
+    why = skip_reason(skip_pilot, reason)
     try:
-        decision = open_gate(ledger, campaign, skip_reason=skip_reason, who=who)
+        decision = open_gate(ledger, campaign, skip_reason=why, who=who)
     except GateClosed as closed:
         click.echo(f"campaign: {closed}", err=True)
         raise click.exceptions.Exit(1) from None
@@ -168,7 +159,7 @@ def launch(source: LedgerSource, campaign: str, workers: int | None, devices: st
 
     request = LaunchRequest(
         options=_options(campaign, artifacts, **kw), executor=executor, workers=workers,
-        devices=devices, skip_reason=_skip_reason(skip_pilot, reason), address=address,
+        devices=devices, skip_reason=skip_reason(skip_pilot, reason), address=address,
         gpus_per_run=gpus_per_run, schedule_timeout_s=schedule_timeout_s,
         slurm_folder=slurm_folder, slurm_partition=slurm_partition,
         slurm_time_min=slurm_time_min, slurm_local=slurm_local, max_requeues=max_requeues,

@@ -27,3 +27,12 @@ def device_option(command: Any) -> Any:
     return click.option(
         "--device", default="cpu", show_default=True, help="torch device: cpu, cuda, cuda:1 ..."
     )(command)
+
+
+def skip_reason(skip_pilot: bool, reason: str | None) -> str | None:
+    """The recorded reason to skip the pilot gate (None: the gate applies)."""
+    if skip_pilot and not (reason and reason.strip()):
+        raise click.UsageError("--skip-pilot needs --reason TEXT (it is recorded in the ledger)")
+    if reason and not skip_pilot:
+        raise click.UsageError("--reason goes with --skip-pilot")
+    return reason if skip_pilot else None

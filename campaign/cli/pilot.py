@@ -76,36 +76,57 @@ def inspect(
     type=click.FloatRange(1),
     help="By how much the overfit loss must fall.",
 )
+@click.option("--class", "only", metavar="ID",
+              help="Pilot this gate class (its id or a prefix), even when it is covered.")
+@click.option("--all", "every", is_flag=True,
+              help="Pilot every gate class that could run again (after a stack change).")
 @output_options
 @click.pass_obj
 def pilot(source: LedgerSource, campaign: str, artifacts: Path, device: str,
-          overfit_examples: int, overfit_steps: int, overfit_factor: float,
-          output_format: str) -> None:  # fmt: skip
-    """One recorded pass through every phase on the campaign's worst case; exit 1 on a failure.
+          overfit_examples: int, overfit_steps: int, overfit_factor: float, only: str | None,
+          every: bool, output_format: str) -> None:  # fmt: skip
+    """One recorded pass through every phase per gate class; exit 1 when one fails.
+
+    Runs that differ only in free keys (a learning rate, a seed) share a gate class;
+    a wider model or another max_length is another class. Pilots every class that
+    could run and has no passing pilot yet.
 
     Example: campaign pilot digits-lr --device cpu
     """
-    from campaign.pilot.phase_gates import PilotOptions, run_pilot
+    from campaign.pilot.by_class import pilot_classes
+    from campaign.pilot.phase_gates import PilotOptions
 
     options = PilotOptions(overfit_examples, overfit_steps, overfit_factor)
     with source.open() as ledger:
-        report = run_pilot(ledger, campaign, artifacts=artifacts, device=device, options=options)
-    rows = [
-        {"phase": r.phase, "verdict": r.verdict,
-         "duration_s": None if r.duration_s is None else round(r.duration_s, 4),
-         "allocated_peak": r.allocated_peak, "reserved_peak": r.reserved_peak,
-         "rss_peak": r.rss_peak, "detail": r.detail}
-        for r in report.records
-    ]  # fmt: skip
-    document = {"campaign": campaign, "pilot_id": report.pilot_id, "variant": report.variant,
-                "passed": report.passed, "phases": rows}  # fmt: skip
+        reports = pilot_classes(ledger, campaign, artifacts=artifacts, device=device,
+                                options=options, only=only, every=every)  # fmt: skip
+    if not reports:
+        click.echo(f"campaign: every gate class of {campaign!r} that could run has a passing "
+                   "pilot (--all pilots them again)", err=True)  # fmt: skip
+        if output_format == "json":
+            click.echo(json.dumps({"campaign": campaign, "passed": True, "pilots": []}))
+        return
+    rows, pilots = [], []
+    for found, report in reports:
+        phases = [
+            {"gate_class": found.id, "phase": r.phase, "verdict": r.verdict,
+             "duration_s": None if r.duration_s is None else round(r.duration_s, 4),
+             "allocated_peak": r.allocated_peak, "reserved_peak": r.reserved_peak,
+             "rss_peak": r.rss_peak, "detail": r.detail}
+            for r in report.records
+        ]  # fmt: skip
+        rows += phases
+        pilots.append({"pilot_id": report.pilot_id, "gate_class": found.id,
+                       "variant": report.variant, "passed": report.passed,
+                       "phases": phases})  # fmt: skip
+    passed = all(p["passed"] for p in pilots)
+    document = {"campaign": campaign, "passed": passed, "pilots": pilots}
     click.echo(render_rows(rows, output_format, document=document))
-    verdict = "passed" if report.passed else "FAILED"
-    click.echo(
-        f"campaign: pilot {report.pilot_id} of {campaign!r} (variant {report.variant}) {verdict}",
-        err=True,
-    )
-    if not report.passed:
+    for found, report in reports:
+        verdict = "passed" if report.passed else "FAILED"
+        click.echo(f"campaign: pilot {report.pilot_id} of {campaign!r}, gate class {found.id} "
+                   f"(variant {report.variant}) {verdict}", err=True)  # fmt: skip
+    if not passed:
         raise click.exceptions.Exit(1)
 
 

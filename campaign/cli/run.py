@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from campaign.cli.options import artifacts_option, device_option
+from campaign.cli.options import artifacts_option, device_option, skip_reason
 from campaign.cli.output import output_options
 from campaign.cli.source import LedgerSource
 
@@ -17,16 +17,26 @@ if TYPE_CHECKING:
 
 
 def _execute(
-    source: LedgerSource, run_id: str, artifacts: Path, device: str, *, expect: str
+    source: LedgerSource,
+    run_id: str,
+    artifacts: Path,
+    device: str,
+    *,
+    expect: str,
+    skip: str | None = None,
 ) -> None:
-    """Run or resume ``run_id`` in this process; exit 1 unless it completed or stopped."""
+    """Run or resume ``run_id`` in this process; exit 1 unless it completed or stopped.
+    A planned run starts only through the pilot gate of its class (or a recorded skip)."""
     from campaign.loop.train import execute
 
     with source.open() as ledger:
-        status = ledger.run(run_id).status
+        record = ledger.run(run_id)
+        status = record.status
         if expect == "planned" and status != "planned":
             hint = " (use `campaign resume`)" if status in ("interrupted", "lost") else ""
             raise click.UsageError(f"run {run_id} is {status}, not planned{hint}")
+        if expect == "planned":
+            _gate(ledger, record.campaign, run_id, skip)
         if expect == "resumable" and status not in ("interrupted", "lost"):
             raise click.UsageError(
                 f"run {run_id} is {status}: only interrupted or lost runs resume"
@@ -40,6 +50,16 @@ def _execute(
     )
     if outcome.status not in ("completed", "stopped"):
         raise click.exceptions.Exit(1)
+
+
+def _gate(ledger: Ledger, campaign: str, run_id: str, skip: str | None) -> None:
+    from campaign.launch.gate import GateClosed, open_gate
+
+    try:
+        open_gate(ledger, campaign, skip_reason=skip, who=f"run {run_id}", run_ids=[run_id])
+    except GateClosed as closed:
+        click.echo(f"campaign: run {run_id}: {closed}", err=True)
+        raise click.exceptions.Exit(1) from None
 
 
 def _warn_about_flags(ledger: Ledger, run_id: str) -> None:
@@ -56,16 +76,23 @@ def _warn_about_flags(ledger: Ledger, run_id: str) -> None:
 @click.argument("run_id")
 @artifacts_option
 @device_option
+@click.option("--skip-pilot", is_flag=True,
+              help="Run without a passing pilot of its gate class (needs --reason; recorded).")
+@click.option("--reason", default=None, help="Why the pilot is skipped (recorded).")
 @click.pass_obj
-def run(source: LedgerSource, run_id: str, artifacts: Path, device: str) -> None:
+def run(source: LedgerSource, run_id: str, artifacts: Path, device: str, skip_pilot: bool,
+        reason: str | None) -> None:  # fmt: skip
     """Execute one planned run in this process (what a worker calls).
 
-    Exit code 0 when it completes (or stops by its rules), 1 when it diverges, fails
-    (in setup too), runs out of memory or is interrupted.
+    The run's gate class needs a passing pilot (`campaign pilot`), or --skip-pilot
+    --reason TEXT. Exit code 0 when it completes (or stops by its rules), 1 when the
+    gate refuses it, it diverges, fails (in setup too), runs out of memory or is
+    interrupted.
 
     Example: campaign run 01jd8x3m5k2q9w7c4v6b1n0r8t --device cpu
     """
-    _execute(source, run_id, artifacts, device, expect="planned")
+    _execute(source, run_id, artifacts, device, expect="planned",
+             skip=skip_reason(skip_pilot, reason))  # fmt: skip
 
 
 @click.command()

@@ -1,64 +1,106 @@
-"""The launch gate: no real money is spent before a pilot crossed every phase.
+"""The launch gate: no run starts on a configuration that no gate has seen.
 
-A campaign may launch when its latest pilot for the frozen spec passed, or
-when someone recorded a decision to skip it (``--skip-pilot --reason``: a
-``pilot_skipped`` event, kept forever). Differences between the pilot's
-software stack and the launching machine's are warned about and recorded.
+Every run that could execute (planned, interrupted, lost; or the runs named)
+belongs to a gate class (campaign/gate_classes.py). Each class must have a
+passing pilot for the frozen spec, its latest one, or someone must have
+recorded a decision to skip the pilot (``--skip-pilot --reason``: a
+``pilot_skipped`` event, kept forever). The refusal names every class that
+is not covered and the command that covers it, before any run starts.
+Differences between a pilot's software stack and the launching machine's
+are warned about and recorded.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from campaign.gate_classes import GateClass, gate_class, run_classes
 from campaign.gate_rule import gate_inputs, gate_state
 from campaign.ledger import Ledger, LedgerReader
 from campaign.stack import environment, stack_differences
 
 
 class GateClosed(Exception):
-    """The campaign has no passing pilot and nobody recorded a decision to skip it."""
+    """A run's gate class has no passing pilot and nobody recorded a decision to skip it."""
 
 
 @dataclass(frozen=True)
 class GateDecision:
-    how: str  # "pilot passed" or "pilot skipped: <reason>"
+    how: str  # "pilot passed", "pilot skipped: <reason>", "nothing to run"
     stack_warnings: tuple[str, ...] = ()
 
 
 def open_gate(
-    ledger: Ledger, campaign: str, *, skip_reason: str | None = None, who: str = "launch"
+    ledger: Ledger,
+    campaign: str,
+    *,
+    skip_reason: str | None = None,
+    who: str = "launch",
+    run_ids: Sequence[str] | None = None,
 ) -> GateDecision:
-    """Check (and record) whether ``campaign`` may launch; :class:`GateClosed` otherwise."""
+    """Check (and record) whether the campaign's runs may start; :class:`GateClosed` naming
+    every uncovered gate class otherwise."""
     record = ledger.campaign(campaign)
     if skip_reason is not None:
         if not skip_reason.strip():
             raise GateClosed("--skip-pilot needs a --reason")
         ledger.add_event(campaign, "pilot_skipped", f"{who}: {skip_reason.strip()}")
         return GateDecision(f"pilot skipped: {skip_reason.strip()}")
-    state = gate_state(*gate_inputs(ledger.pilots(campaign), ledger.events(campaign),
-                                    record.spec_sha256))  # fmt: skip
-    if state.how == "pass":
-        stored = state.evidence
-        pilot_stack = json.loads(stored) if isinstance(stored, str) else stored
-        warnings = tuple(stack_differences(pilot_stack, environment(record.task)))
-        if warnings:
-            ledger.add_event(
-                campaign, "stack_difference", f"{who} on a stack unlike the pilot's: "
-                + "; ".join(warnings),
-            )  # fmt: skip
-        return GateDecision("pilot passed", warnings)
-    if state.how == "skip":
-        return GateDecision(f"pilot skipped earlier: {state.evidence}")
-    raise GateClosed(
-        f"campaign {campaign!r} has no passing pilot for its frozen spec: run "
-        f"`campaign pilot {campaign}` first, or launch with --skip-pilot --reason TEXT"
-    )
+    classes = run_classes(ledger, campaign, run_ids)
+    if not classes:
+        return GateDecision("nothing to run")
+    pilots, events = ledger.pilots(campaign), ledger.events(campaign)
+    closed, stacks, skipped = [], [], []
+    for class_id, (found, ids) in classes.items():
+        state = gate_state(*gate_inputs(pilots, events, record.spec_sha256, class_id))
+        if state.how == "pass":
+            stored = state.evidence
+            stacks.append(json.loads(stored) if isinstance(stored, str) else stored)
+        elif state.how == "skip":
+            skipped.append(str(state.evidence))
+        else:
+            closed.append((found, ids))
+    if closed:
+        raise GateClosed(_refusal(campaign, closed, len(classes), _control_class(ledger, campaign)))
+    warnings = tuple(dict.fromkeys(
+        w for stack in stacks for w in stack_differences(stack, environment(record.task))))
+    if warnings:
+        ledger.add_event(campaign, "stack_difference",
+                         f"{who} on a stack unlike the pilot's: " + "; ".join(warnings))
+    if skipped and not stacks:
+        return GateDecision(f"pilot skipped earlier: {skipped[-1]}")
+    return GateDecision("pilot passed", warnings)
+
+
+def _control_class(ledger: LedgerReader, campaign: str) -> GateClass | None:
+    runs = ledger.runs(campaign)
+    control = runs[runs["is_control"] & runs["relaunch_of"].isna()]
+    return gate_class(control["config"].iloc[0]) if len(control) else None
+
+
+def _refusal(campaign: str, closed: list[tuple[GateClass, list[str]]], total: int,
+             control: GateClass | None) -> str:  # fmt: skip
+    if total == 1 and len(closed) == 1:
+        return (f"campaign {campaign!r} has no passing pilot for its frozen spec (gate class "
+                f"{closed[0][0].id}): run `campaign pilot {campaign}` first, or launch with "
+                "--skip-pilot --reason TEXT")  # fmt: skip
+    named = "; ".join(
+        f"gate class {found.id} ({found.describe(control)}): {len(ids)} "
+        f"run{'s' * (len(ids) > 1)}" for found, ids in closed[:3])  # fmt: skip
+    return (f"campaign {campaign!r}: {len(closed)} of {total} gate classes have no passing "
+            f"pilot ({named}): run `campaign pilot {campaign}` (it pilots every class not yet "
+            f"covered; `--class ID` for one), or launch with --skip-pilot --reason TEXT")
 
 
 def pilot_passed(ledger: LedgerReader, campaign: str) -> bool:
-    """True when the latest pilot for the campaign's frozen spec passed."""
-    pilots = ledger.pilots(campaign)
-    spec_hash = ledger.campaign(campaign).spec_sha256
-    mine = pilots[pilots["config_sha256"] == spec_hash]
-    return bool(len(mine)) and mine["verdict"].iloc[-1] == "pass"
+    """True when every gate class that could run has a passing pilot (its latest one)."""
+    record = ledger.campaign(campaign)
+    pilots, events = ledger.pilots(campaign), ledger.events(campaign)
+    classes = run_classes(ledger, campaign) or {None: None}
+    for class_id in classes:
+        decided, _ = gate_inputs(pilots, events, record.spec_sha256, class_id)
+        if gate_state(decided, []).how != "pass":
+            return False
+    return True

@@ -80,7 +80,9 @@ class EvidenceWrites(LedgerReader):
         return self._write(work, f"recording an artifact of run {run_id}")
 
     def create_pilot(self, campaign: str, config_sha256: str,
-                     environment: Mapping[str, Any] | None = None) -> int:  # fmt: skip
+                     environment: Mapping[str, Any] | None = None,
+                     gate_class: str | None = None) -> int:  # fmt: skip
+        """Record a pilot of the frozen spec ``config_sha256`` for one gate class."""
         stack = None if environment is None else canonical_json(dict(environment))
 
         def work(conn: Connection) -> int:
@@ -88,7 +90,7 @@ class EvidenceWrites(LedgerReader):
                 insert(pilots_t)
                 .values(campaign_id=self._campaign_id(conn, campaign),
                         config_sha256=config_sha256,
-                        environment=stack)
+                        environment=stack, gate_class=gate_class)
                 .returning(pilots_t.c.id)
             ).scalar_one()  # fmt: skip
 

@@ -307,7 +307,8 @@ class LedgerReader(Closing):
         """The campaign's pilots, newest last: verdict, frozen hash, software stack."""
         return self._campaign_frame(
             campaign,
-            "SELECT id AS pilot_id, config_sha256, verdict, environment, created_at FROM pilots "
+            "SELECT id AS pilot_id, config_sha256, verdict, environment, created_at, gate_class "
+            "FROM pilots "
             "WHERE campaign_id = ? ORDER BY id",
             "pilots",
         )

@@ -407,14 +407,18 @@ def run_pilot(
     artifacts: Path,
     device: str = "cpu",
     options: PilotOptions = PilotOptions(),
+    run: Mapping[str, Any] | None = None,
+    gate_class: str | None = None,
 ) -> PilotReport:
-    """Pilot the campaign's worst case and record every phase and the verdict."""
+    """Pilot one run's config (default: the campaign's worst case) and record every phase
+    and the verdict, for ``gate_class`` (see :mod:`campaign.pilot.by_class`)."""
     record = ledger.campaign(campaign)
-    runs = ledger.runs(campaign)
-    originals = runs[runs["relaunch_of"].isna()].to_dict("records")
-    chosen = worst_case(originals)
+    if run is None:
+        runs = ledger.runs(campaign)
+        run = worst_case(runs[runs["relaunch_of"].isna()].to_dict("records"))
+    chosen = run
     stack = environment(record.task)
-    pilot_id = ledger.create_pilot(campaign, record.spec_sha256, stack)
+    pilot_id = ledger.create_pilot(campaign, record.spec_sha256, stack, gate_class)
     folder = Path(artifacts) / "pilots" / f"{campaign}-{pilot_id}"
     records = Pilot(record.task, chosen["config"], folder, device=device, options=options).run()
     passed = all(r.verdict == "pass" for r in records)

@@ -22,6 +22,7 @@ from typing import Any
 import pandas as pd
 
 from campaign.config_keys import config_value, held_deviations
+from campaign.gate_classes import gate_class
 from campaign.gate_rule import gate_inputs, gate_state
 from campaign.stack import stack_differences
 
@@ -84,11 +85,14 @@ def _gate_flags(
     runs: pd.DataFrame, events: pd.DataFrame, pilots: pd.DataFrame, spec_sha256: str
 ) -> list[dict[str, Any]]:
     """How each started run got through the pilot gate: the launch's rule
-    (:mod:`campaign.gate_rule`) applied at the run's start."""
-    decided, skips = gate_inputs(pilots, events, spec_sha256)
+    (:mod:`campaign.gate_rule`) applied at the run's start, to its own gate class."""
+    inputs: dict[str, Any] = {}  # per gate class: one pilot speaks for its own class
     found = []
     for row in runs[runs["started_at"].notna()].itertuples():
-        state = gate_state(decided, skips, row.started_at)
+        class_id = gate_class(row.config).id
+        if class_id not in inputs:
+            inputs[class_id] = gate_inputs(pilots, events, spec_sha256, class_id)
+        state = gate_state(*inputs[class_id], row.started_at)
         if state.how == "closed":
             found.append(_flag(row.run_id, "ungated",
                                "started with no passing pilot and no recorded skip"))  # fmt: skip

@@ -1,0 +1,67 @@
+"""One pilot per gate class: every configuration that will run is seen by a gate first.
+
+A campaign whose variants differ only in learning rate has one class and one
+pilot; a variant with a wider model, or a relaunch with another
+``max_length``, adds a class (campaign/gate_classes.py). ``campaign pilot C``
+pilots every class that could run and has no passing pilot yet; ``--class``
+picks one (piloted again even when covered); ``--all`` re-pilots them all.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from campaign.gate_classes import GateClass, run_classes
+from campaign.gate_rule import gate_inputs, gate_state
+from campaign.ledger import Ledger, LedgerInputError
+from campaign.pilot.phase_gates import PilotOptions, PilotReport, run_pilot
+
+
+def classes_to_pilot(
+    ledger: Ledger, campaign: str, *, only: str | None = None, every: bool = False
+) -> list[tuple[GateClass, list[str]]]:
+    """The classes ``campaign pilot`` would pilot, each with its run ids."""
+    record = ledger.campaign(campaign)
+    executable = run_classes(ledger, campaign)
+    if not executable:  # nothing left to run: pilot the plan as a whole, by class
+        runs = ledger.runs(campaign)
+        executable = run_classes(ledger, campaign, list(runs[runs["status"] != "withdrawn"][
+            "run_id"]))  # fmt: skip
+    if only is not None:
+        matches = [c for c in executable if c.startswith(only)]
+        if len(matches) != 1:
+            known = ", ".join(executable) or "none"
+            raise LedgerInputError(f"--class {only!r}: {'no' if not matches else 'more than one'} "
+                                   f"gate class of {campaign!r} matches (classes: {known})")
+        return [executable[matches[0]]]
+    if every:
+        return list(executable.values())
+    pilots, events = ledger.pilots(campaign), ledger.events(campaign)
+    return [(found, ids) for class_id, (found, ids) in executable.items()
+            if gate_state(*gate_inputs(pilots, events, record.spec_sha256, class_id)).how
+            != "pass"]  # fmt: skip
+
+
+def pilot_classes(
+    ledger: Ledger,
+    campaign: str,
+    *,
+    artifacts: Path,
+    device: str = "cpu",
+    options: PilotOptions | None = None,
+    only: str | None = None,
+    every: bool = False,
+) -> list[tuple[GateClass, PilotReport]]:
+    """Pilot each class of :func:`classes_to_pilot` on its run closest to the control."""
+    runs = ledger.runs(campaign).set_index("run_id", drop=False)
+    reports = []
+    for found, ids in classes_to_pilot(ledger, campaign, only=only, every=every):
+        mine = runs.loc[ids]
+        ordered = mine.sort_values(["is_control", "seed"], ascending=[False, True])
+        chosen: dict[str, Any] = ordered.iloc[0].to_dict()
+        report = run_pilot(ledger, campaign, artifacts=artifacts, device=device,
+                           options=options or PilotOptions(), run=chosen,
+                           gate_class=found.id)  # fmt: skip
+        reports.append((found, report))
+    return reports
