@@ -1,0 +1,91 @@
+"""Gates for every configuration (DESIGN.md §5): one pilot per gate class, and no run starts
+on a class that no passing pilot has seen. Real tasks, real pilots, SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from campaign.cli import main
+from campaign.gate_classes import gate_class
+from campaign.ledger import Ledger
+from campaign.plan import make_plan, record_plan
+from campaign.spec import resolve_spec
+from tests.loop_helpers import BASE
+
+
+def _cli(url: str, *args: str) -> object:
+    return CliRunner().invoke(main, ["--ledger", url, *args])
+
+
+def test_two_memory_classes_each_need_their_pilot(ledger: Ledger, ledger_url: str,
+                                                  tmp_path: Path) -> None:  # fmt: skip
+    spec = copy.deepcopy(BASE)
+    spec["campaign"]["name"] = "widths"
+    spec["grid"] = {"seeds": [0, 1], "control": "narrow", "variants": [
+        {"name": "narrow"}, {"name": "narrow-lr", "set": {"optimizer.lr": 2e-2}},
+        {"name": "wide", "set": {"task.hidden": 256}}]}  # fmt: skip
+    record_plan(ledger, make_plan(resolve_spec(spec, "<widths>")))
+    runs = ledger.runs("widths")
+    classes = {v: gate_class(c).id for v, c in zip(runs["variant"], runs["config"], strict=True)}
+    assert classes["narrow"] == classes["narrow-lr"] != classes["wide"]  # lr is free; width not
+    artifacts = str(tmp_path / "a")
+
+    narrow = _cli(ledger_url, "pilot", "widths", "--class", classes["narrow"][:6],
+                  "--artifacts", artifacts, "--format", "json")  # fmt: skip
+    assert narrow.exit_code == 0, narrow.stderr
+    refused = _cli(ledger_url, "launch", "widths", "--artifacts", artifacts)
+    assert refused.exit_code == 1, refused.stderr
+    assert f"gate class {classes['wide']}" in refused.stderr
+    assert "task.hidden=256" in refused.stderr and "campaign pilot widths" in refused.stderr
+    assert classes["narrow"] not in refused.stderr.split("have no passing pilot")[1]
+    assert set(ledger.runs("widths")["status"]) == {"planned"}  # refused before any run
+
+    rest = _cli(ledger_url, "pilot", "widths", "--artifacts", artifacts, "--format", "json")
+    assert rest.exit_code == 0, rest.stderr
+    (wide,) = json.loads(rest.stdout)["pilots"]  # only the class not yet covered
+    assert wide["gate_class"] == classes["wide"] and wide["variant"] == "wide"
+    pilots = ledger.pilots("widths")
+    assert sorted(pilots["gate_class"]) == sorted({classes["narrow"], classes["wide"]})
+    assert set(pilots["verdict"]) == {"pass"}
+    again = _cli(ledger_url, "pilot", "widths", "--artifacts", artifacts)
+    assert again.exit_code == 0 and "every gate class" in again.stderr
+    assert len(ledger.pilots("widths")) == 2  # nothing left to pilot
+
+    # Each class's own measurements: the wide model's pilot saw the wide model.
+    phases = ledger.phases("widths")
+    inputs = dict(zip(pilots["gate_class"], pilots["pilot_id"], strict=True))
+    assert set(phases[phases["pilot_id"] == inputs[classes["wide"]]]["phase"]) >= {"forward"}
+
+
+def test_a_relaunch_that_cuts_targets_is_refused_until_truncation_is_allowed(
+    sqlite_ledger: Ledger, sqlite_url: str, tmp_path: Path
+) -> None:
+    spec = copy.deepcopy(BASE)
+    spec["campaign"].update(name="cut", task="campaign.tasks.arithmetic:build")
+    spec["config"] = {"optimizer.name": "adamw", "optimizer.lr": 3e-3, "task.train_size": 200,
+                      "task.val_size": 20}  # fmt: skip
+    record, _ = record_plan(sqlite_ledger, make_plan(resolve_spec(spec, "<cut>")))
+    original = record.run_ids[0]
+    artifacts = str(tmp_path / "a")
+    assert _cli(sqlite_url, "pilot", "cut", "--artifacts", artifacts).exit_code == 0
+    short = json.loads(_cli(sqlite_url, "relaunch", original, "--set", "loop.max_length=7",
+                            "--reason", "shorter sequences", "--format", "json").stdout)["run_id"]
+    refused = _cli(sqlite_url, "run", short, "--artifacts", artifacts)
+    assert refused.exit_code == 1 and "has no passing pilot" in refused.stderr
+    failed = _cli(sqlite_url, "pilot", "cut", "--artifacts", artifacts)
+    assert failed.exit_code == 1 and "max_length cuts the target" in failed.stdout
+    still = _cli(sqlite_url, "run", short, "--artifacts", artifacts)
+    assert still.exit_code == 1 and sqlite_ledger.run(short).status == "planned"
+
+    sqlite_ledger.withdraw(short, "cuts targets")
+    allowed = json.loads(_cli(sqlite_url, "relaunch", original, "--set", "loop.max_length=7",
+                              "--set", "loop.allow_target_truncation=true", "--reason",
+                              "shorter, cut on purpose", "--format", "json").stdout)["run_id"]
+    assert _cli(sqlite_url, "pilot", "cut", "--artifacts", artifacts).exit_code == 0
+    ran = _cli(sqlite_url, "run", allowed, "--artifacts", artifacts)
+    assert ran.exit_code == 0, ran.stderr
+    assert sqlite_ledger.run(allowed).status == "completed"
