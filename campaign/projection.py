@@ -45,10 +45,13 @@ def project(
     validations: int,
     checkpoints: int,
     reserve: float = 0.2,
+    fixed_s: float = 0.0,
 ) -> Projection:
-    """runs x (updates x t_update + validations x t_validation + checkpoints x t_checkpoint),
-    plus ``reserve`` (a fraction) for evaluation and export."""
-    per_run = updates * update_s + validations * validation_s + checkpoints * checkpoint_s
+    """runs x (updates x t_update + validations x t_validation + checkpoints x t_checkpoint
+    + the per-run fixed costs: building the task and model, export and replay), plus
+    ``reserve`` (a fraction) for evaluation and export."""
+    per_run = (updates * update_s + validations * validation_s + checkpoints * checkpoint_s
+               + fixed_s)  # fmt: skip
     compute = runs * per_run
     reserved = compute * reserve
     total = compute + reserved

@@ -55,10 +55,17 @@ def test_two_memory_classes_each_need_their_pilot(ledger: Ledger, ledger_url: st
     assert again.exit_code == 0 and "every gate class" in again.stderr
     assert len(ledger.pilots("widths")) == 2  # nothing left to pilot
 
-    # Each class's own measurements: the wide model's pilot saw the wide model.
-    phases = ledger.phases("widths")
-    inputs = dict(zip(pilots["gate_class"], pilots["pilot_id"], strict=True))
-    assert set(phases[phases["pilot_id"] == inputs[classes["wide"]]]["phase"]) >= {"forward"}
+    # The sizing sheet projects each class from its own pilot, in priority order.
+    sized = _cli(ledger_url, "size", "widths", "--format", "json", "--gpu-memory", "80GiB")
+    assert sized.exit_code == 0, sized.stderr
+    sheet = json.loads(sized.stdout)
+    by_class = {line["gate_class"]: line for line in sheet["classes"]}
+    pilot_of = dict(zip(pilots["gate_class"], pilots["pilot_id"], strict=True))
+    assert {c: line["pilot_id"] for c, line in by_class.items()} == pilot_of
+    assert by_class[classes["wide"]]["runs"] == 2 and by_class[classes["narrow"]]["runs"] == 4
+    assert by_class[classes["wide"]]["memory_note"].startswith("no CUDA measurement")
+    assert sheet["runs"] == 6 and sheet["packages"][0]["runs_that_fit"] == 6
+    assert _cli(ledger_url, "size", "widths", "--gpu-memory", "lots").exit_code == 2
 
 
 def test_a_relaunch_that_cuts_targets_is_refused_until_truncation_is_allowed(

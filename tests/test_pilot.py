@@ -174,11 +174,20 @@ def test_digits_pilot_passes_and_is_recorded(
         .stdout
     )
     duration = dict(zip(phases["phase"], phases["duration_s"], strict=True))
-    per_run = 12 * duration["update"] + 3 * duration["validation"] + 4 * duration["checkpoint"]
-    assert (sheet["updates"], sheet["validations"], sheet["checkpoints"]) == (12, 3, 4)
+    setup = phases.set_index("phase").loc["data", "inputs"]["setup_s"]
+    fixed = setup + duration["export"]  # building the task and model; export and replay
+    per_run = (12 * duration["update"] + 3 * duration["validation"] + 4 * duration["checkpoint"]
+               + fixed)  # fmt: skip
+    (line,) = sheet["classes"]  # one gate class
+    assert line["fixed_s"] == round(fixed, 3) and line["seconds_per_run"] == round(per_run, 3)
     assert sheet["seconds_per_run"] == round(per_run, 3)
-    assert sheet["total_hours"] == round(2 * per_run * 1.2 / 3600, 3)
+    assert sheet["total_hours"] == round(2 * per_run * 1.2 / 3600, 4)
     assert sheet["fits_rental_days"] == 3 and "warning" not in sheet
+    assert [p["runs_that_fit"] for p in sheet["packages"]] == [2, 2, 2]
+    # The update time is a median of repetitions after the first update: recorded as such.
+    update = phases.set_index("phase").loc["update", "inputs"]
+    assert update["repetitions"] == 5 and update["range_s"][0] <= duration["update"]
+    assert max(duration[p] for p in ("forward", "backward", "update")) < 1.0  # no 1 s floor
 
 
 def test_sizing_arithmetic_by_hand() -> None:

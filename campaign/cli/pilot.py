@@ -145,25 +145,32 @@ def pilot(source: LedgerSource, campaign: str, artifacts: Path, device: str,
     type=click.FloatRange(0, 10),
     help="Evaluation/export reserve, as a fraction of the compute time.",
 )
+@click.option("--gpu-memory", default=None, metavar="SIZE",
+              help="A card's memory (80GiB, 24GB): check each class's measured peaks against it.")
 @output_options
 @click.pass_obj
 def size(source: LedgerSource, campaign: str, target: str | None, reserve: float,
-         output_format: str) -> None:  # fmt: skip
-    """The sizing sheet from the latest pilot: memory per phase, time, and the rental that fits.
+         gpu_memory: str | None, output_format: str) -> None:  # fmt: skip
+    """The sizing sheet per gate class: time per run (median phase times plus fixed costs),
+    the runs in priority order that fit a 3-, 7- or 30-day rental, memory against a card.
 
-    Example: campaign size digits-lr --reserve 0.25
+    Example: campaign size digits-lr --reserve 0.25 --gpu-memory 80GiB
     """
-    from campaign.pilot.sizing import sizing_sheet
+    from campaign.pilot.sizing import parse_memory, sizing_sheet
 
+    try:
+        card = None if gpu_memory is None else parse_memory(gpu_memory)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--gpu-memory") from None
     with source.open() as ledger:
-        sheet = sizing_sheet(ledger, campaign, target=target, reserve=reserve)
+        sheet = sizing_sheet(ledger, campaign, target=target, reserve=reserve, gpu_memory=card)
     if output_format == "json":
         click.echo(json.dumps(sheet.document(), indent=2, default=str))
     else:
         header = [{"item": k, "value": v} for k, v in sheet.header.items()]
-        click.echo(render_rows(header, output_format))
-        click.echo("")
-        click.echo(render_rows(sheet.phases, output_format))
+        for rows in (header, sheet.classes, sheet.packages, sheet.phases):
+            click.echo(render_rows(rows, output_format))
+            click.echo("")
     if sheet.warning:
         click.echo(f"campaign: warning: {sheet.warning}", err=True)
 

@@ -10,6 +10,7 @@ process RSS and its peak are recorded; Linux lets a process reset its peak
 from __future__ import annotations
 
 import os
+import statistics
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -38,9 +39,14 @@ class PhaseRecord:
     rss_peak: int | None = None
     verdict: str | None = "measured"
     detail: str | None = None
+    # Timed repetitions of the phase's work (after a warm-up): the duration is their median,
+    # so one slow first call (lazy initialisation, a page fault storm) is not the figure.
+    repeats: list[float] = field(default_factory=list)
 
     def row(self, **owner: Any) -> dict[str, Any]:
-        return {**asdict(self), **owner}
+        row = asdict(self)
+        del row["repeats"]
+        return {**row, **owner}
 
 
 def rss_bytes() -> tuple[int, int]:
@@ -98,6 +104,11 @@ class Probe:
             if self.cuda:
                 torch.cuda.synchronize(self.device)
             record.duration_s = time.perf_counter() - start
+            if record.repeats:
+                record.duration_s = statistics.median(record.repeats)
+                record.inputs["repetitions"] = len(record.repeats)
+                record.inputs["range_s"] = [round(min(record.repeats), 6),
+                                            round(max(record.repeats), 6)]  # fmt: skip
             if self.cuda:
                 record.allocated = torch.cuda.memory_allocated(self.device)
                 record.allocated_peak = torch.cuda.max_memory_allocated(self.device)
@@ -105,6 +116,20 @@ class Probe:
                 record.reserved_peak = torch.cuda.max_memory_reserved(self.device)
             record.rss, record.rss_peak = rss_bytes()
             self.records.append(record)
+
+    def timed(self, record: PhaseRecord, work: Any, times: int) -> Any:
+        """Run ``work`` ``times`` times, each timed (synchronised on CUDA) into
+        ``record.repeats``; returns the last result."""
+        result = None
+        for _ in range(times):
+            if self.cuda:
+                torch.cuda.synchronize(self.device)
+            start = time.perf_counter()
+            result = work()
+            if self.cuda:
+                torch.cuda.synchronize(self.device)
+            record.repeats.append(time.perf_counter() - start)
+        return result
 
     def drain(self) -> list[PhaseRecord]:
         records, self.records = self.records, []

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import math
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,6 +92,9 @@ def worst_case(runs: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
     return max(runs, key=weight)
 
 
+REPEATS = 5  # timed repetitions of forward, backward and update (after the first update)
+
+
 class Pilot:
     """Runs the gates for one config; ``run_pilot`` records them for a campaign."""
 
@@ -160,13 +164,18 @@ class Pilot:
     # -- the gates --------------------------------------------------------------------
 
     def _data(self, record: PhaseRecord) -> str:
+        started = time.perf_counter()
         self.task = build_task(self.reference, self.config)
+        built = time.perf_counter() - started
         findings = check_data(self.task, self.config)
         record.inputs = {"splits": {k: len(v) for k, v in self.task.splits().items()}}
         failed = [f for f in findings if not f.ok]
         if failed:
             raise PhaseFailure("; ".join(f"{f.check}: {f.detail} ({f.advice})" for f in failed))
+        started = time.perf_counter()
         self.session = self.session_factory(self.task, self.config, self.device)
+        # What every run pays before its first update: building the task and the model.
+        record.inputs["setup_s"] = round(built + time.perf_counter() - started, 6)
         self.worst = self._longest_examples()
         return f"{len(findings)} checks passed"
 
@@ -187,8 +196,12 @@ class Pilot:
         batch = session.batches(self.worst)[0]
         record.inputs = describe_inputs([batch], session.microbatch)
         session.model.train()
-        with session.autocast():
-            loss_sum, units = session.task.loss(session.model, batch)
+
+        def forward() -> Any:
+            with session.autocast():
+                return session.task.loss(session.model, batch)
+
+        loss_sum, units = self.probe.timed(record, forward, REPEATS)
         if int(units) <= 0:
             raise PhaseFailure("the loss counts no units (every target masked)")
         if not torch.isfinite(loss_sum.detach()).all():
@@ -200,7 +213,7 @@ class Pilot:
     def _backward(self, record: PhaseRecord) -> str:
         session = self.session
         record.inputs = describe_inputs(session.batches(self.worst), session.microbatch)
-        session.backward(self.worst)
+        self.probe.timed(record, lambda: session.backward(self.worst), REPEATS)
         names = dict(session.model.named_parameters())
         missing = [n for n, p in names.items() if p.requires_grad and p.grad is None]
         broken = [
@@ -243,7 +256,8 @@ class Pilot:
         return f"loss {loss:.4g}; {examples} examples per update as planned; step counted"
 
     def _later_update(self, record: PhaseRecord) -> str:
-        loss, examples = self.session.update()
+        """Updates after the first (the warm-up): the median of several is the sizing's figure."""
+        loss, examples = self.probe.timed(record, self.session.update, REPEATS)
         record.inputs = {"examples": examples}
         if not math.isfinite(loss):
             raise PhaseFailure(f"non-finite loss {loss} in the second update")

@@ -1,18 +1,28 @@
-"""The sizing sheet: from the pilot's measurements to memory per device and a rental that fits.
+"""The sizing sheet: from each gate class's pilot to time, rentals and memory that fit.
 
-The projection's arithmetic lives in :mod:`campaign.projection` (the report
-projects planned runs with it too).
+Per gate class (campaign/gate_classes.py), from its latest passing pilot:
+the median update, validation and checkpoint times and the per-run fixed
+costs the pilot measured (building the task and the model; export with its
+fresh-process replay). The runs still to run are ordered by priority (seed
+by seed, the control first, then the variants in spec order, relaunches
+last) and the sheet says how many fit in a 3-, 7- and 30-day rental. With a
+card's memory it checks each class's measured CUDA peaks (allocated and
+reserved, per device, never added) against it. The projection's arithmetic
+lives in :mod:`campaign.projection` (the report projects planned runs too).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from campaign.projection import Projection, counts, project
+from campaign.gate_classes import EXECUTABLE, gate_class
+from campaign.gate_rule import gate_inputs, gate_state
+from campaign.projection import RENTAL_DAYS, Projection, counts, project
 
 if TYPE_CHECKING:
     from campaign.ledger.reads import LedgerReader
@@ -48,62 +58,170 @@ def _int(value: Any) -> int | None:
 
 @dataclass(frozen=True)
 class SizingSheet:
-    """What ``campaign size`` shows: a header (campaign, counts, settings, projection), the
-    pilot's phase table, and a warning when the pilot ran on another device type."""
+    """What ``campaign size`` shows: a header (campaign, totals), one line per gate class
+    (its pilot's times, per-run seconds, memory against the card), the rental packages, the
+    pilots' phase tables, and a warning when a pilot is missing or ran on another device."""
 
     header: dict[str, Any]
     phases: list[dict[str, Any]]
     warning: str | None
 
+    classes: list[dict[str, Any]]
+    packages: list[dict[str, Any]]
+
     def document(self) -> dict[str, Any]:
-        return {**self.header, "phases": self.phases}
+        return {**self.header, "classes": self.classes, "packages": self.packages,
+                "phases": self.phases}  # fmt: skip
+
+
+UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+         "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}  # fmt: skip
+
+
+def parse_memory(text: str) -> int:
+    """``80GiB``, ``80 GB``, ``81920MiB`` -> bytes; ValueError naming the input otherwise."""
+    found = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", text)
+    if not found or found.group(2).lower() not in UNITS:
+        raise ValueError(f"{text!r} is not a memory size (e.g. 80GiB, 24GB, 81920MiB)")
+    return int(float(found.group(1)) * UNITS[found.group(2).lower()])
 
 
 def sizing_sheet(
-    ledger: LedgerReader, campaign: str, *, target: str | None = None, reserve: float = 0.2
+    ledger: LedgerReader,
+    campaign: str,
+    *,
+    target: str | None = None,
+    reserve: float = 0.2,
+    gpu_memory: int | None = None,
 ) -> SizingSheet:
-    """The sizing sheet of ``campaign`` from its latest pilot's measurements."""
+    """The sizing sheet of ``campaign`` from each gate class's latest passing pilot."""
     from campaign.ledger.errors import LedgerInputError
 
-    phases = ledger.phases(campaign)
+    record = ledger.campaign(campaign)
     runs = ledger.runs(campaign)
-    pilots = ledger.pilots(campaign)
-    phases = phases[phases["pilot_id"].notna()]
-    if phases.empty:
+    pilots, phases = ledger.pilots(campaign), ledger.phases(campaign)
+    events = ledger.events(campaign)
+    if phases.empty or phases["pilot_id"].isna().all():
         raise LedgerInputError(f"campaign {campaign!r} has no pilot yet: run `campaign pilot`")
-    latest = phases[phases["pilot_id"] == phases["pilot_id"].max()]
-    duration = dict(zip(latest["phase"], latest["duration_s"], strict=False))
-    config = runs.iloc[0]["config"]
-    count = counts(config)
-    projection = project(
-        update_s=float(duration["update"]),
-        validation_s=float(duration["validation"]),
-        checkpoint_s=float(duration["checkpoint"]),
-        runs=len(runs),
-        reserve=reserve,
-        **count,
-    )
-    loop = config["loop"]
-    pilot_device = str(latest["device"].iloc[0])
-    stack = (None if pilots.empty else pilots["environment"].iloc[-1]) or {}
+    todo = runs[runs["status"].isin(EXECUTABLE)]
+    sizing_done = todo.empty  # everything ran: size the whole plan (to compare with the runs)
+    chosen = runs[runs["status"] != "withdrawn"] if sizing_done else todo
+    ordered = _by_priority(chosen)
+    lines, per_run, tables, warnings = [], {}, [], []
+    for class_id, members in ordered.groupby(ordered["config"].map(lambda c: gate_class(c).id),
+                                             sort=False):  # fmt: skip
+        line, table, seconds = _class_line(class_id, members, pilots, phases, events,
+                                           record.spec_sha256, gpu_memory)  # fmt: skip
+        lines.append(line)
+        tables += table
+        per_run.update(seconds)
+        if line.get("pilot_id") is None:
+            warnings.append(f"gate class {class_id} ({len(members)} runs) has no passing "
+                            f"pilot: its runs are not projected (`campaign pilot {campaign}`)")
+        elif target is not None and target.split(":")[0] != line["device"].split(":")[0]:
+            warnings.append(f"the pilot ran on {line['device']}, this sheet is for {target}: its "
+                            "times and memory are not measurements of that device")  # fmt: skip
+    projected = [per_run[r] for r in ordered["run_id"] if r in per_run]
+    compute = sum(projected)
+    total = compute * (1 + reserve)
+    packages = _packages(ordered, per_run, reserve)
     header = {
         "campaign": campaign,
-        "runs": len(runs),
-        **count,
-        "precision": loop["precision"],
-        "microbatch": loop["microbatch"],
-        "accumulation": loop["accumulation"],
-        "strategy": f"data replicas x{loop['replicas']}",
-        "pilot_device": pilot_device,
-        "devices": ", ".join(stack.get("devices", [])),
-        "torch": stack.get("torch"),
-        **projection.as_dict(),
+        "runs": len(ordered),
+        "sized": "every run of the plan (none left to run)" if sizing_done else "runs left to run",
+        "gate_classes": len(lines),
+        "reserve": reserve,
+        "compute_hours": round(compute / 3600, 4),
+        "total_hours": round(total / 3600, 4),
+        "seconds_per_run": round(compute / len(projected), 3) if projected else None,
+        "fits_rental_days": next((d for d in RENTAL_DAYS if total <= d * 86400), None),
     }
-    warning = None
-    if target is not None and target.split(":")[0] != pilot_device.split(":")[0]:
-        warning = (
-            f"the pilot ran on {pilot_device}, this sheet is for {target}: its times and "
-            "memory are not measurements of that device"
-        )
-        header["warning"] = warning
-    return SizingSheet(header, phase_table(latest), warning)
+    if warnings:
+        header["warning"] = "; ".join(warnings)
+    return SizingSheet(header, tables, "; ".join(warnings) or None, lines, packages)
+
+
+def _by_priority(runs: pd.DataFrame) -> pd.DataFrame:
+    """Seed by seed, the control first, then the variants in plan order; relaunches last."""
+    variants = list(dict.fromkeys(runs.sort_values("created_at")["variant"]))
+    controls = set(runs[runs["is_control"]]["variant"])
+    rank = {v: (v not in controls, i) for i, v in enumerate(variants)}
+    seeds = {s: i for i, s in enumerate(sorted(set(runs["seed"])))}
+    keys = [(r.relaunch_of is not None and not pd.isna(r.relaunch_of), seeds[r.seed],
+             rank[r.variant], r.created_at) for r in runs.itertuples()]  # fmt: skip
+    order = sorted(range(len(runs)), key=lambda i: keys[i])
+    return runs.iloc[order]
+
+
+def _class_line(class_id: str, members: pd.DataFrame, pilots: pd.DataFrame,
+                phases: pd.DataFrame, events: pd.DataFrame, spec_sha256: str,
+                gpu_memory: int | None) -> tuple[dict[str, Any], list[dict[str, Any]],
+                                                 dict[str, float]]:  # fmt: skip
+    decided, _ = gate_inputs(pilots, events, spec_sha256, class_id)
+    passing = pilots[(pilots["config_sha256"] == spec_sha256) & (pilots["verdict"] == "pass")]
+    mine = passing[passing["gate_class"].isna() | (passing["gate_class"] == class_id)]
+    line: dict[str, Any] = {"gate_class": class_id, "runs": len(members),
+                            "variants": ", ".join(dict.fromkeys(members["variant"]))}
+    if gate_state(decided, []).how != "pass" or mine.empty:
+        return {**line, "pilot_id": None}, [], {}
+    pilot_id = int(mine["pilot_id"].iloc[-1])
+    rows = phases[phases["pilot_id"] == pilot_id]
+    duration = dict(zip(rows["phase"], rows["duration_s"], strict=False))
+    inputs = dict(zip(rows["phase"], rows["inputs"], strict=False))
+    setup = float((inputs.get("data") or {}).get("setup_s") or 0.0)
+    fixed = setup + float(duration.get("export") or 0.0)
+    seconds = {}
+    for run_id, config in zip(members["run_id"], members["config"], strict=True):
+        seconds[run_id] = project(update_s=float(duration["update"]),
+                                  validation_s=float(duration["validation"]),
+                                  checkpoint_s=float(duration["checkpoint"]), runs=1,
+                                  fixed_s=fixed, **counts(config)).seconds_per_run  # fmt: skip
+    line.update({
+        "pilot_id": pilot_id, "device": str(rows["device"].iloc[0]),
+        "update_s": round(float(duration["update"]), 6),
+        "validation_s": round(float(duration["validation"]), 6),
+        "checkpoint_s": round(float(duration["checkpoint"]), 6),
+        "fixed_s": round(fixed, 3),
+        "seconds_per_run": round(sum(seconds.values()) / len(seconds), 3),
+        **_memory(rows, gpu_memory),
+    })  # fmt: skip
+    return line, [{"gate_class": class_id, **r} for r in phase_table(rows)], seconds
+
+
+def _memory(rows: pd.DataFrame, gpu_memory: int | None) -> dict[str, Any]:
+    """The class's peaks per device (allocated and reserved apart) and, with a card, whether
+    the reserved peak fits with its headroom."""
+    cuda = rows[rows["allocated_peak"].notna()]
+    if cuda.empty:
+        found: dict[str, Any] = {"allocated_peak": None, "reserved_peak": None}
+        if gpu_memory is not None:
+            found["fits_card"] = None
+            found["memory_note"] = "no CUDA measurement: pilot this class on the GPU"
+        return found
+    worst = cuda.groupby("device")[["allocated_peak", "reserved_peak"]].max()
+    allocated, reserved = int(worst["allocated_peak"].max()), int(worst["reserved_peak"].max())
+    found = {"allocated_peak": allocated, "reserved_peak": reserved}
+    if gpu_memory is not None:
+        found["fits_card"] = reserved <= gpu_memory
+        found["headroom_bytes"] = gpu_memory - reserved
+        found["headroom_fraction"] = round((gpu_memory - reserved) / gpu_memory, 3)
+    return found
+
+
+def _packages(ordered: pd.DataFrame, per_run: dict[str, float],
+              reserve: float) -> list[dict[str, Any]]:  # fmt: skip
+    """For each rental period: how many runs, in priority order, its time holds."""
+    packages = []
+    for days in RENTAL_DAYS:
+        budget, used, fitted, last = days * 86400, 0.0, 0, None
+        for run_id, variant, seed in zip(ordered["run_id"], ordered["variant"],
+                                         ordered["seed"], strict=True):  # fmt: skip
+            seconds = per_run.get(run_id)
+            if seconds is None or used + seconds * (1 + reserve) > budget:
+                break
+            used += seconds * (1 + reserve)
+            fitted, last = fitted + 1, f"{variant} seed {seed}"
+        packages.append({"days": days, "runs_that_fit": fitted, "of": len(ordered),
+                         "all_fit": fitted == len(ordered), "last_run": last,
+                         "hours_used": round(used / 3600, 3)})  # fmt: skip
+    return packages
