@@ -146,13 +146,17 @@ def make_plan(spec: ResolvedSpec, *, where: str | None = None) -> Plan:
     sizes: dict[str, int | None] = {}  # training-set size per distinct task config
     for variant in spec.variants:
         try:
-            train = None
-            if variant.config["budget"].get("train_examples") is None:
-                key = canonical_json(variant.config["task"])
-                if key not in sizes:
-                    needed = variant.config["budget"].get("epochs") is not None
-                    sizes[key] = count_train_examples(spec.task, variant.config, needed)
-                train = sizes[key]
+            stated = variant.config["budget"].get("train_examples")
+            key = canonical_json(variant.config["task"])
+            if key not in sizes:
+                needed = stated is None and variant.config["budget"].get("epochs") is not None
+                sizes[key] = count_train_examples(spec.task, variant.config, needed)
+            train = sizes[key]
+            if stated is not None and train is not None and int(stated) != train:
+                raise ValueError(
+                    f"budget.train_examples = {stated}, but the task's train split has {train} "
+                    "examples: remove budget.train_examples (the task says it) or fix it"
+                )
             accounting[variant.name] = account_config(variant.config, train)
         except ValueError as error:
             raise SpecError(f"{where or spec.path}: variant {variant.name!r}: {error}") from None

@@ -228,3 +228,21 @@ def test_the_example_spec_plans_on_the_built_in_task() -> None:
     # 200 updates are two epochs (2,874 examples) and 20 updates more (320): 3,194.
     assert (accounting.updates_per_epoch, accounting.examples_seen) == (90, 3194)
     assert accounting.epochs == 3194 / 1437
+
+
+def test_a_stated_training_set_size_must_match_the_task() -> None:
+    """A spec that says 3,200 training examples for a 240-example split is refused (exit 2 on
+    the command line), not planned with wrong epochs."""
+    import copy
+
+    from campaign.plan import make_plan
+    from campaign.spec import resolve_spec
+    from tests.loop_helpers import BASE
+
+    spec = copy.deepcopy(BASE)
+    spec["hold"]["budget.train_examples"] = 3200
+    with pytest.raises(SpecError, match=r"budget\.train_examples = 3200, but the task's train "
+                                        r"split has 240 examples"):  # fmt: skip
+        make_plan(resolve_spec(spec, "<size>"))
+    spec["hold"]["budget.train_examples"] = 240
+    assert make_plan(resolve_spec(spec, "<size>")).runs
