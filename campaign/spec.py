@@ -61,6 +61,9 @@ class ValidationSection(_Section):
     every: int = Field(ge=1)
     metric: str = Field(pattern=r"^val/\S+$")
     mode: Literal["max", "min"]
+    # Examples per validation batch (no gradients: often larger than a training
+    # microbatch); default microbatch x accumulation.
+    microbatch: int | None = Field(None, ge=1)
 
 
 class StopSection(_Section):

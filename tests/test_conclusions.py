@@ -67,7 +67,13 @@ def _build(ledger: Ledger, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> d
                                  "optimizer.lr=1e-2", "--reason", "diverged: try a sane lr",
                                  "--format", "json"])  # fmt: skip
     assert tamed.exit_code == 0, tamed.stderr
+    assert "which tells the variants apart" in tamed.stderr
     tamed_id = json.loads(tamed.stdout)["run_id"]
+    again = runner.invoke(main, ["--ledger", url, "relaunch", ids["lr-3e0/1"], "--reason",
+                                 "just once more", "--format", "json"])  # fmt: skip
+    assert "repeats its identical config and seed" in again.stderr
+    again_id = json.loads(again.stdout)["run_id"]
+    ledger.withdraw(again_id, "a rerun of a seeded divergence diverges the same way")
     mistake = runner.invoke(main, ["--ledger", url, "relaunch", ids["lr-2e-2/1"], "--set",
                                    "loop.microbatch=3", "--reason", "smaller microbatch",
                                    "--format", "json"])  # fmt: skip
@@ -83,7 +89,7 @@ def _build(ledger: Ledger, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> d
     assert "Traceback" not in refused.stderr
     for run_id in (same, tamed_id):
         execute(ledger, run_id, artifacts=artifacts, replay_in_subprocess=False)
-    return {**ids, "same": same, "tamed": tamed_id, "mistake": mistake_id}
+    return {**ids, "same": same, "tamed": tamed_id, "mistake": mistake_id, "again": again_id}
 
 
 def test_report_counts_originals_keeps_relaunches_apart_flags_and_concludes(
@@ -102,7 +108,9 @@ def test_report_counts_originals_keeps_relaunches_apart_flags_and_concludes(
     assert variants["lr-2e-2"]["planned"] == 3 and variants["lr-2e-2"]["withdrawn"] == 0
 
     relaunches = {r["run_id"]: r for r in document["relaunches"]}
-    assert set(relaunches) == {ids["same"], ids["tamed"], ids["mistake"]}
+    assert set(relaunches) == {ids["same"], ids["tamed"], ids["mistake"], ids["again"]}
+    assert relaunches[ids["again"]]["status"] == "withdrawn" and not relaunches[ids["again"]][
+        "changes"]  # fmt: skip
     assert relaunches[ids["same"]]["changes"] == {}
     tamed = relaunches[ids["tamed"]]
     assert tamed["changes"] == {"optimizer.lr": [3.0, 0.01]}

@@ -155,6 +155,10 @@ def relaunch(source: LedgerSource, run_id: str, sets: tuple[str, ...], reason: s
     if deviations:
         click.echo(f"campaign: warning: relaunch changes held {', '.join(deviations)}: "
                    "the report marks it as a deviation from the plan", err=True)  # fmt: skip
+    if not changes and old.status == "diverged":
+        click.echo(f"campaign: warning: run {run_id} diverged and this relaunch repeats its "
+                   "identical config and seed: expect the same divergence (change something, "
+                   "or say in --reason why a rerun may differ)", err=True)  # fmt: skip
     crossing = sorted(k for k in changes if k in variant_keys)
     if crossing:
         click.echo(f"campaign: warning: relaunch changes {', '.join(crossing)}, which tells the "

@@ -80,6 +80,8 @@ class Trainer:
         self.dtype = PRECISION_DTYPES.get(loop["precision"])
         self.microbatch = int(loop["microbatch"])
         self.per_update = self.microbatch * loop["accumulation"] * loop["replicas"]
+        validation = config.get("validation") or {}
+        self.val_batch = int(validation.get("microbatch") or self.microbatch * loop["accumulation"])
         self.clip: float | None = loop["clip_grad_norm"]
         self.order = DataOrder(len(self.train_set), self.seed, self.per_update, loop["last_batch"])
         self._single_group = len({(p.device, p.dtype) for p in self.trainable}) == 1

@@ -320,7 +320,7 @@ class RunLoop:
         self.phase = "validation"
         trainer = self._trainer
         measure = self._measured() or not self._validated
-        size = self.config["loop"]["microbatch"] * self.config["loop"]["accumulation"]
+        size = trainer.val_batch
         inputs = {"examples": len(trainer.val_set), "batch": size}
         with self.probe.phase("validation", inputs, measure=measure):
             total, units, records = trainer.evaluate(trainer.val_set, size)

@@ -269,7 +269,7 @@ class Pilot:
         hook = session.model.register_forward_pre_hook(
             lambda module, _inputs: seen.append((module.training, torch.is_grad_enabled()))
         )
-        size = session.per_update
+        size = session.val_batch
         record.inputs = {"examples": len(session.val_set), "batch": size}
         try:
             total, units, records = session.evaluate(session.val_set, size)
