@@ -138,6 +138,15 @@ def test_overfit_gate_fails_when_nothing_can_be_learned(ledger: Ledger, tmp_path
     assert result["overfit"][0] == "fail" and "loss fell only" in result["overfit"][1]
 
 
+def test_a_task_that_prints_does_not_break_the_fresh_process_checks(
+    ledger: Ledger, tmp_path: Path
+) -> None:
+    """The resume and export checks read their answers from their own file, not stdout."""
+    config = _config(ledger, task=FAULTY, config={"task.fault": "chatty"})
+    result = _pilot(FAULTY, config, tmp_path)
+    assert result["resume"][0] == "pass" and result["export"][0] == "pass", result
+
+
 def test_overfit_gate_refuses_a_single_class_subset(ledger: Ledger, tmp_path: Path) -> None:
     """Eight examples of one class are learned by a constant predictor: proof of nothing."""
     config = _config(ledger, task="tests.tasks.broken:digits", config={"task.fault": "one_class"})

@@ -119,10 +119,12 @@ def replay(source: LedgerSource, run_id: str, output_format: str) -> None:
 
     Example: campaign replay 01jd8x3m5k2q9w7c4v6b1n0r8t --format json
     """
+    from campaign.loop.fresh_process import answer
     from campaign.loop.replay import replay as replay_final
 
     with source.open() as ledger:
         result = replay_final(ledger, run_id)
+    answer(result)  # a run's own replay check reads this file, never stdout
     if output_format == "json":
         click.echo(json.dumps(result, default=str))
     word = "identical" if result["identical"] else "DIFFER"

@@ -32,6 +32,7 @@ from collections.abc import Container, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+ANSWER_VARIABLE = "CAMPAIGN_ANSWER_FILE"  # where a fresh process writes its JSON answer
 MODE_VARIABLE = "CAMPAIGN_FRESH_PROCESS"
 # What the checks import (never the modules they run: runpy wants to execute those afresh).
 PRELOAD = ("torch", "numpy", "safetensors.torch", "campaign.loop.engine", "campaign.cli")
@@ -54,17 +55,31 @@ def run_json(
     if arguments[:1] != ["-m"] or len(arguments) < 2:
         raise ValueError("run_json runs a module: arguments start with -m MODULE")
     environment = dict(env if env is not None else os.environ)
-    if os.environ.get(MODE_VARIABLE) == "spawn":
-        returncode, stdout, stderr = _spawn(arguments, environment, timeout_s)
-    else:
-        returncode, stdout, stderr = _preloaded().run(arguments, environment, timeout_s)
+    with tempfile.TemporaryDirectory(prefix="campaign-answer-") as folder:
+        answer_path = Path(folder) / "answer.json"
+        environment[ANSWER_VARIABLE] = str(answer_path)
+        if os.environ.get(MODE_VARIABLE) == "spawn":
+            returncode, stdout, stderr = _spawn(arguments, environment, timeout_s)
+        else:
+            returncode, stdout, stderr = _preloaded().run(arguments, environment, timeout_s)
+        written = answer_path.read_text() if answer_path.exists() else None
     if returncode not in answers_with:
         lines = stderr.strip().splitlines()
         raise FreshProcessFailed(lines[-1] if lines else f"exit status {returncode}")
-    try:
-        return json.loads(stdout)
+    try:  # the answer channel; stdout only for modules that do not use it
+        return json.loads(written if written is not None else stdout)
     except json.JSONDecodeError as error:
-        raise FreshProcessFailed(f"no JSON answer on stdout ({error})") from None
+        raise FreshProcessFailed(f"no JSON answer ({error})") from None
+
+
+def answer(document: Any) -> bool:
+    """Give ``document`` to the process that asked (:func:`run_json`) through its own file,
+    never through stdout, where a task's prints would corrupt it. False when nobody asked."""
+    path = os.environ.get(ANSWER_VARIABLE)
+    if not path:
+        return False
+    Path(path).write_text(json.dumps(document, default=str))
+    return True
 
 
 def _spawn(arguments: Sequence[str], env: dict[str, str], timeout_s: float) -> tuple[int, str, str]:

@@ -43,7 +43,10 @@ class FaultyPilotDigits(DigitsTask):
             return DetachedMLP(self.hidden)
         if self.fault == "unsaved_state":
             return UnsavedScaleMLP(self.hidden)
-        return super().model()
+        model = super().model()
+        if self.fault == "chatty":  # like nanoGPT's "number of parameters: ..." on stdout
+            print(f"number of parameters: {sum(p.numel() for p in model.parameters())}")
+        return model
 
     def predict(self, model: nn.Module, batch: dict[str, Any]) -> list[dict[str, Any]]:
         if self.fault == "predict_in_train_mode":
