@@ -84,12 +84,26 @@ class GridSection(_Section):
     axes: dict[str, list[Scalar]] = {}
 
 
+class PilotSection(_Section):
+    """How the pilot's overfit gate proves the task learnable (shown with its verdict)."""
+
+    overfit_examples: int = Field(8, ge=2)
+    overfit_steps: int = Field(60, ge=1)
+    overfit_lr: float = Field(1e-2, gt=0)
+    overfit_factor: float = Field(5.0, ge=1)
+    # A key of the task's score() and the value it must reach on the overfit examples
+    # (token accuracy for a language model); without it every prediction must be exact.
+    overfit_metric: str | None = None
+    overfit_threshold: float | None = None
+
+
 class SpecDocument(_Section):
     campaign: CampaignSection
     hold: dict[str, Value] = {}
     config: dict[str, Value] = {}
     validation: ValidationSection
     stop: StopSection = StopSection()
+    pilot: PilotSection = PilotSection()
     grid: GridSection
 
 

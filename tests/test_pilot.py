@@ -313,3 +313,31 @@ def test_stack_differences_name_what_changed() -> None:
         "devices: pilot ['cpu'], now ['NVIDIA H200']",
     ]
     assert stack_differences(None, moved) == ["no stack recorded with the pilot"]
+
+
+def test_the_overfit_criterion_comes_from_the_spec_and_is_shown(
+    ledger: Ledger, sqlite_url: str, tmp_path: Path
+) -> None:
+    """[pilot] sets the overfit gate (a score threshold instead of exact match); the pilot
+    table records the criterion with the verdict, and a command-line option still wins."""
+    import copy
+
+    from campaign.plan import make_plan, record_plan
+    from campaign.spec import resolve_spec
+    from tests.loop_helpers import BASE
+
+    spec = copy.deepcopy(BASE)
+    spec["pilot"] = {"overfit_examples": 6, "overfit_metric": "accuracy",
+                     "overfit_threshold": 0.5}  # fmt: skip
+    record_plan(ledger, make_plan(resolve_spec(spec, "<criterion>")))
+    result = CliRunner().invoke(main, ["--ledger", sqlite_url, "pilot", "loop", "--artifacts",
+                                       str(tmp_path), "--format", "json"])  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    (only,) = json.loads(result.stdout)["pilots"]
+    overfit = next(p for p in only["phases"] if p["phase"] == "overfit")
+    assert "6 examples, 60 steps at lr 0.01: loss falls 5x and accuracy >= 0.5" in overfit["detail"]
+    inputs = ledger.phases("loop").set_index("phase").loc["overfit", "inputs"]
+    assert inputs["criterion"].startswith("6 examples") and inputs["examples"] == 6
+    stricter = CliRunner().invoke(main, ["--ledger", sqlite_url, "pilot", "loop", "--all",
+                                         "--artifacts", str(tmp_path), "--overfit-factor", "1e6"])
+    assert stricter.exit_code == 1 and "needed 1e+06x" in stricter.stdout

@@ -57,24 +57,21 @@ def inspect(
 @device_option
 @click.option(
     "--overfit-examples",
-    default=8,
-    show_default=True,
+    default=None,
     type=click.IntRange(1),
-    help="Training examples the overfit gate must learn.",
+    help="Training examples the overfit gate must learn (default: the spec's [pilot], 8).",
 )
 @click.option(
     "--overfit-steps",
-    default=60,
-    show_default=True,
+    default=None,
     type=click.IntRange(1),
-    help="Updates the overfit gate may take.",
+    help="Updates the overfit gate may take (default: the spec's [pilot], 60).",
 )
 @click.option(
     "--overfit-factor",
-    default=5.0,
-    show_default=True,
+    default=None,
     type=click.FloatRange(1),
-    help="By how much the overfit loss must fall.",
+    help="By how much the overfit loss must fall (default: the spec's [pilot], 5).",
 )
 @click.option("--class", "only", metavar="ID",
               help="Pilot this gate class (its id or a prefix), even when it is covered.")
@@ -94,12 +91,12 @@ def pilot(source: LedgerSource, campaign: str, artifacts: Path, device: str,
     Example: campaign pilot digits-lr --device cpu
     """
     from campaign.pilot.by_class import pilot_classes
-    from campaign.pilot.phase_gates import PilotOptions
 
-    options = PilotOptions(overfit_examples, overfit_steps, overfit_factor)
+    overrides = {"overfit_examples": overfit_examples, "overfit_steps": overfit_steps,
+                 "overfit_factor": overfit_factor}  # None: the spec's [pilot] table decides
     with source.open() as ledger:
         reports = pilot_classes(ledger, campaign, artifacts=artifacts, device=device,
-                                options=options, only=only, every=every)  # fmt: skip
+                                overrides=overrides, only=only, every=every)  # fmt: skip
     if not reports:
         click.echo(f"campaign: every gate class of {campaign!r} that could run has a passing "
                    "pilot (--all pilots them again)", err=True)  # fmt: skip

@@ -49,11 +49,13 @@ def pilot_classes(
     *,
     artifacts: Path,
     device: str = "cpu",
-    options: PilotOptions | None = None,
+    overrides: dict[str, Any] | None = None,
     only: str | None = None,
     every: bool = False,
 ) -> list[tuple[GateClass, PilotReport]]:
-    """Pilot each class of :func:`classes_to_pilot` on its run closest to the control."""
+    """Pilot each class of :func:`classes_to_pilot` on its run closest to the control, with
+    the spec's ``[pilot]`` criterion (``overrides``: the command line's, where given)."""
+    options = PilotOptions.from_spec(ledger.campaign(campaign).spec_document, **(overrides or {}))
     runs = ledger.runs(campaign).set_index("run_id", drop=False)
     reports = []
     for found, ids in classes_to_pilot(ledger, campaign, only=only, every=every):
@@ -61,7 +63,7 @@ def pilot_classes(
         ordered = mine.sort_values(["is_control", "seed"], ascending=[False, True])
         chosen: dict[str, Any] = ordered.iloc[0].to_dict()
         report = run_pilot(ledger, campaign, artifacts=artifacts, device=device,
-                           options=options or PilotOptions(), run=chosen,
+                           options=options, run=chosen,
                            gate_class=found.id)  # fmt: skip
         reports.append((found, report))
     return reports

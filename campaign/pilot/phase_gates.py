@@ -28,6 +28,7 @@ from campaign.loop.measure import PhaseRecord, Probe
 from campaign.loop.replay import replay_file_in_subprocess, write_final
 from campaign.loop.task import Task, build_task
 from campaign.pilot.data_gate import check_data
+from campaign.pilot.overfit import PilotOptions, varied
 from campaign.pilot.session import PilotSession
 from campaign.stack import environment
 
@@ -59,14 +60,6 @@ class PhaseFailure(Exception):
 
 
 @dataclass(frozen=True)
-class PilotOptions:
-    overfit_examples: int = 8
-    overfit_steps: int = 60
-    overfit_factor: float = 5.0
-    overfit_lr: float = 1e-2
-
-
-@dataclass(frozen=True)
 class PilotReport:
     pilot_id: int | None
     passed: bool
@@ -92,6 +85,7 @@ def worst_case(runs: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
     return max(runs, key=weight)
 
 
+DEFAULT_OPTIONS = PilotOptions()
 REPEATS = 5  # timed repetitions of forward, backward and update (after the first update)
 
 
@@ -105,7 +99,7 @@ class Pilot:
         folder: Path,
         *,
         device: str = "cpu",
-        options: PilotOptions = PilotOptions(),
+        options: PilotOptions = DEFAULT_OPTIONS,
         session_factory: Callable[
             [Task, Mapping[str, Any], torch.device], PilotSession
         ] = PilotSession,
@@ -358,11 +352,8 @@ class Pilot:
         config["scheduler"] = {"name": "constant", "warmup": 0}
         session = self.session_factory(self.task, config, self.device)
         examples = varied(session.train_set, options.overfit_examples)
-        record.inputs = {
-            "examples": len(examples),
-            "steps": options.overfit_steps,
-            "lr": options.overfit_lr,
-        }
+        record.inputs = {"examples": len(examples), "steps": options.overfit_steps,
+                         "lr": options.overfit_lr, "criterion": options.criterion()}
         losses = []
         for _ in range(options.overfit_steps):
             loss_sum, units = session.backward(examples)
@@ -389,37 +380,31 @@ class Pilot:
         if ratio < options.overfit_factor:
             raise PhaseFailure(
                 f"loss fell only {ratio:.2f}x ({losses[0]:.4g} -> "
-                f"{losses[-1]:.4g}), needed {options.overfit_factor:g}x"
+                f"{losses[-1]:.4g}), needed {options.overfit_factor:g}x ({options.criterion()})"
             )
+        if options.overfit_metric:  # the task's own score, for tasks where exact match is unfair
+            scores = session.task.score(records)
+            if options.overfit_metric not in scores:
+                raise PhaseFailure(f"[pilot] overfit_metric {options.overfit_metric!r} is not "
+                                   f"one of the task's scores ({', '.join(scores)})")  # fmt: skip
+            value = float(scores[options.overfit_metric])
+            threshold = float(options.overfit_threshold or 1.0)
+            if value < threshold:
+                raise PhaseFailure(f"{options.overfit_metric} {value:.4g} after overfitting, "
+                                   f"needed {threshold:g} ({options.criterion()})")  # fmt: skip
+            return (f"loss {losses[0]:.4g} -> {losses[-1]:.4g} ({ratio:.0f}x), "
+                    f"{options.overfit_metric} {value:.4g} ({options.criterion()})")
         if wrong:
             raise PhaseFailure(
                 f"{len(wrong)} of {len(records)} examples not recovered after "
-                f"overfitting: {', '.join(map(str, wrong[:5]))}"
+                f"overfitting: {', '.join(map(str, wrong[:5]))} ({options.criterion()})"
             )
         kept = f"all {len(records) - len(cut)} predictions right" + (
             f" ({len(cut)} with targets cut by max_length, loss only)" if cut else "")
         return (
             f"loss {losses[0]:.4g} -> {losses[-1]:.4g} ({ratio:.0f}x) in "
-            f"{options.overfit_steps} steps; {kept}"
+            f"{options.overfit_steps} steps; {kept} ({options.criterion()})"
         )
-
-
-def varied(examples: Sequence[dict[str, Any]], count: int) -> list[dict[str, Any]]:
-    """``count`` examples taking each ``label`` (or ``target``) in turn, so that the overfit
-    gate sees several targets whenever the split has them; the first ``count`` otherwise."""
-    by_value: dict[str, list[dict[str, Any]]] = {}
-    for example in examples:
-        key = example.get("label", example.get("target"))
-        by_value.setdefault(str(key), []).append(example)
-    if len(by_value) < 2:
-        return list(examples[:count])
-    queues = [list(v) for v in by_value.values()]
-    chosen: list[dict[str, Any]] = []
-    while len(chosen) < count and any(queues):
-        for queue in queues:
-            if queue and len(chosen) < count:
-                chosen.append(queue.pop(0))
-    return chosen
 
 
 def run_pilot(
@@ -428,7 +413,7 @@ def run_pilot(
     *,
     artifacts: Path,
     device: str = "cpu",
-    options: PilotOptions = PilotOptions(),
+    options: PilotOptions = DEFAULT_OPTIONS,
     run: Mapping[str, Any] | None = None,
     gate_class: str | None = None,
 ) -> PilotReport:
