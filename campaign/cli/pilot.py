@@ -181,10 +181,16 @@ def size(source: LedgerSource, campaign: str, target: str | None, reserve: float
     help="Seconds without a heartbeat after which a running run is declared lost.",
 )
 @click.option("--dry-run", is_flag=True, help="List heartbeat-stale runs without marking them.")
+@click.argument("campaign", required=False)
+@click.option("--device", default="cpu", show_default=True,
+              help="With CAMPAIGN: the device its runs would use here.")
 @output_options
 @click.pass_obj
-def doctor(source: LedgerSource, stale_after: float, dry_run: bool, output_format: str) -> None:
-    """The software stack, the ledger's revision, and runs whose heartbeat stopped.
+def doctor(source: LedgerSource, stale_after: float, dry_run: bool, campaign: str | None,
+           device: str, output_format: str) -> None:  # fmt: skip
+    """The software stack, the ledger's revision, and runs whose heartbeat stopped; with
+    CAMPAIGN, whether this stack can run it (its task's declared requirements, each
+    precision its runs use on --device). Exit 1 when it cannot.
 
     Running runs whose heartbeat is older than --stale-after (on the database's clock)
     are declared lost (stop cause heartbeat_lost, with an event); continue them with
@@ -195,6 +201,17 @@ def doctor(source: LedgerSource, stale_after: float, dry_run: bool, output_forma
     from campaign.doctor import examine
 
     document = examine(source.url, stale_after_s=stale_after, dry_run=dry_run)
+    unfit: list[str] = []
+    if campaign is not None:
+        from campaign.launch.worker import StackRefused, refuse_unfit_stack
+
+        with source.open() as ledger:
+            try:
+                refuse_unfit_stack(ledger, campaign, device)
+            except StackRefused as refused:
+                unfit = [str(refused)]
+        document["campaign"] = {"name": campaign, "device": device, "fit": not unfit,
+                                "problems": unfit}  # fmt: skip
     stale = document["stale_runs"]
     if stale and not dry_run:
         click.echo(
@@ -204,8 +221,16 @@ def doctor(source: LedgerSource, stale_after: float, dry_run: bool, output_forma
         )
     if output_format == "json":
         click.echo(json.dumps(document, indent=2, default=str))
+        if unfit:
+            raise click.exceptions.Exit(1)
         return
     items = {**document["stack"], **{f"ledger {k}": v for k, v in document["ledger"].items()}}
     click.echo(render_rows([{"item": k, "value": v} for k, v in items.items()], output_format))
     click.echo("")
     click.echo(render_rows(stale, output_format) if stale else "no running run without a heartbeat")
+    if campaign is not None:
+        click.echo("")
+        click.echo(f"campaign {campaign!r} on {device}: "
+                   + ("this stack can run it" if not unfit else unfit[0]))  # fmt: skip
+    if unfit:
+        raise click.exceptions.Exit(1)

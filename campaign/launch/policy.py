@@ -13,7 +13,7 @@ from campaign.launch.defaults import EXECUTORS
 from campaign.launch.gate import GateDecision, open_gate
 from campaign.launch.local import DeviceError, LocalLauncher, plan_slots
 from campaign.launch.progress import ProgressDisplay, Snapshot
-from campaign.launch.worker import WorkerOptions
+from campaign.launch.worker import StackRefused, WorkerOptions, refuse_unfit_stack
 from campaign.ledger import Ledger
 from campaign.ledger.locality import check_single_host
 
@@ -97,6 +97,11 @@ def launch_campaign(
             slots = plan_slots(request.devices, request.workers)
         except DeviceError as error:
             raise LaunchRefused(str(error)) from None
+        for device in dict.fromkeys(slot.label for slot in slots):
+            try:  # before any worker starts, not once per refusing worker
+                refuse_unfit_stack(ledger, campaign, device)
+            except StackRefused as refused:
+                raise LaunchRefused(str(refused)) from None
         launcher = LocalLauncher(url, options, slots, display=display, grace_s=request.grace_s)
         result = launcher.run(ledger)
         return LaunchOutcome(gate, result.snapshot, result.interrupted)

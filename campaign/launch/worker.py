@@ -79,13 +79,36 @@ def worker_name(device: str, name: str | None = None, pid: int | None = None) ->
     return name or f"{socket.gethostname()}:{pid or os.getpid()}:{device}"
 
 
+class StackRefused(RunSetupFailed):
+    """This worker's software stack or device cannot run the campaign's runs as declared."""
+
+
+def refuse_unfit_stack(ledger: Ledger, campaign: str, device: str) -> None:
+    """Raise :class:`StackRefused` naming what this stack misses, before any claim."""
+    from campaign.stack_gate import precision_problem, stack_problems
+
+    problems = stack_problems(ledger.campaign(campaign).task, device)
+    runs = ledger.runs(campaign)
+    waiting = runs[runs["status"].isin(("planned", "interrupted", "lost"))]
+    precisions = {c["loop"]["precision"] for c in waiting["config"] if "loop" in c}
+    problems += [p for p in (precision_problem(x, device) for x in sorted(precisions)) if p]
+    if problems:
+        raise StackRefused(f"worker on {device} refuses to claim runs of {campaign!r}: "
+                           + "; ".join(problems))  # fmt: skip
+
+
 def run_worker(
     ledger: Ledger,
     options: WorkerOptions,
     *,
     on_outcome: Callable[[RunOutcome], None] | None = None,
 ) -> WorkerReport:
-    """Claim and execute runs of ``options.campaign`` until none is left (or a signal)."""
+    """Claim and execute runs of ``options.campaign`` until none is left (or a signal).
+
+    A worker whose stack misses what the task declares, or whose device cannot run a
+    precision the campaign's runs use, refuses to claim (:class:`StackRefused`).
+    """
+    refuse_unfit_stack(ledger, options.campaign, options.device)
     if options.threads:
         torch.set_num_threads(options.threads)
     report = WorkerReport(worker_name(options.device, options.name))

@@ -31,6 +31,7 @@ from campaign.pilot.data_gate import check_data
 from campaign.pilot.overfit import PilotOptions, varied
 from campaign.pilot.session import PilotSession
 from campaign.stack import environment
+from campaign.stack_gate import precision_problem, stack_problems
 
 # What to do when a phase fails (DESIGN.md §5).
 ADVICE = {
@@ -158,6 +159,10 @@ class Pilot:
     # -- the gates --------------------------------------------------------------------
 
     def _data(self, record: PhaseRecord) -> str:
+        unfit = stack_problems(self.reference, str(self.device)) + [
+            p for p in [precision_problem(self.config["loop"]["precision"], str(self.device))] if p]
+        if unfit:  # the stack is a gate too: a pilot on a stack that cannot run it proves nothing
+            raise PhaseFailure("software stack: " + "; ".join(unfit))
         started = time.perf_counter()
         self.task = build_task(self.reference, self.config)
         built = time.perf_counter() - started

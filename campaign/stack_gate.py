@@ -1,0 +1,99 @@
+"""The software stack as a gate: what a task declares it needs, and precision against the device.
+
+Enough memory is not enough: a configuration is accepted only on a stack that
+can run it. A task declares its needs next to its factory, as the factory's
+(or its module's) ``REQUIREMENTS``::
+
+    REQUIREMENTS = {
+        "packages": {"torch": ">=2.6", "transformers": ">=4.40,<5"},
+        "modules": ["flash_attn"],          # extensions that must import
+        "cuda_capability": "8.0",           # the least compute capability
+    }
+
+:func:`stack_problems` lists what this process's stack misses (one line
+each); the pilot refuses to pass, ``doctor CAMPAIGN`` reports it, and a worker
+refuses to claim rather than only warning. :func:`precision_problem` refuses
+bf16 on a CUDA device without bf16 support (and fp16 off CUDA) before any run
+starts. Declared needs are read from the factory's module without building
+the task (no data is loaded for a check).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata as metadata
+from collections.abc import Mapping
+from typing import Any
+
+from campaign.taskref import TaskReferenceError, load_factory
+
+
+def declared(task_reference: str) -> Mapping[str, Any]:
+    """The task's declared requirements (empty when it declares none)."""
+    try:
+        factory = load_factory(task_reference)
+    except TaskReferenceError:
+        return {}
+    found = getattr(factory, "REQUIREMENTS", None)
+    if found is None:
+        module = importlib.import_module(factory.__module__)
+        found = getattr(module, "REQUIREMENTS", None)
+    return found if isinstance(found, Mapping) else {}
+
+
+def stack_problems(task_reference: str, device: str = "cpu") -> list[str]:
+    """What this process's stack misses of the task's declared requirements."""
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+    needs = declared(task_reference)
+    problems = []
+    for package, wanted in (needs.get("packages") or {}).items():
+        try:
+            version = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            problems.append(f"package {package} ({wanted}) is not installed")
+            continue
+        try:
+            allowed = SpecifierSet(str(wanted))
+        except InvalidSpecifier:
+            problems.append(f"package {package}: {wanted!r} is not a version range")
+            continue
+        if not allowed.contains(version, prereleases=True):
+            problems.append(f"package {package} {version} is installed, the task needs {wanted}")
+    for module in needs.get("modules") or []:
+        try:
+            importlib.import_module(module)
+        except Exception as error:  # an extension that fails to import, for whatever reason
+            problems.append(f"module {module} does not import ({type(error).__name__}: {error})")
+    least = needs.get("cuda_capability")
+    if least is not None:
+        problems += _capability(str(least), device)
+    return problems
+
+
+def _capability(least: str, device: str) -> list[str]:
+    import torch
+
+    if not device.startswith("cuda"):
+        return [f"the task needs a CUDA device of capability {least} or more; this is {device}"]
+    if not torch.cuda.is_available():
+        return [f"the task needs CUDA capability {least}; CUDA is not available here"]
+    index = int(device.split(":")[1]) if ":" in device else 0
+    major, minor = torch.cuda.get_device_capability(index)
+    wanted = tuple(int(p) for p in least.split("."))
+    if (major, minor) < wanted:
+        return [f"{torch.cuda.get_device_name(index)} has capability {major}.{minor}; the task "
+                f"needs {least}"]  # fmt: skip
+    return []
+
+
+def precision_problem(precision: str, device: str) -> str | None:
+    """Why ``precision`` cannot run on ``device`` (None when it can)."""
+    if precision == "fp16" and not device.startswith("cuda"):
+        return f"fp16 with a GradScaler needs a CUDA device, not {device}"
+    if precision == "bf16" and device.startswith("cuda"):
+        import torch
+
+        if torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
+            return f"{device} does not support bf16 (use fp16 or fp32)"
+    return None

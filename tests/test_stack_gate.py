@@ -1,0 +1,43 @@
+"""The software stack is a gate (DESIGN.md §5): a task's declared needs and the precision
+against the device are checked by the pilot, `doctor CAMPAIGN`, the launch and each worker."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from campaign.cli import main
+from campaign.launch.worker import StackRefused, WorkerOptions, run_worker
+from campaign.ledger import Ledger
+from campaign.stack_gate import precision_problem, stack_problems
+from tests.loop_helpers import plan_loop
+
+DEMANDING = "tests.tasks.demanding:build"
+
+
+def test_declared_needs_are_named() -> None:
+    problems = stack_problems(DEMANDING)
+    assert any("package torch" in p and "the task needs >=99" in p for p in problems)
+    assert any("module no_such_extension_for_campaign does not import" in p for p in problems)
+    assert stack_problems("campaign.tasks.digits:build") == []
+    assert precision_problem("fp16", "cpu") and precision_problem("bf16", "cpu") is None
+
+
+def test_a_stack_that_misses_the_needs_is_refused_everywhere(
+    sqlite_ledger: Ledger, sqlite_url: str, tmp_path: Path
+) -> None:
+    run_id = plan_loop(sqlite_ledger, task=DEMANDING)[0]
+    runner = CliRunner()
+    pilot = runner.invoke(main, ["--ledger", sqlite_url, "pilot", "loop", "--artifacts",
+                                 str(tmp_path)])  # fmt: skip
+    assert pilot.exit_code == 1 and "software stack: package torch" in pilot.stdout
+    doctor = runner.invoke(main, ["--ledger", sqlite_url, "doctor", "loop", "--format", "json"])
+    assert doctor.exit_code == 1 and "refuses to claim" in doctor.stdout
+    with pytest.raises(StackRefused, match="the task needs >=99"):
+        run_worker(sqlite_ledger, WorkerOptions("loop", tmp_path / "a"))
+    launch = runner.invoke(main, ["--ledger", sqlite_url, "launch", "loop", "--skip-pilot",
+                                  "--reason", "x", "--artifacts", str(tmp_path)])  # fmt: skip
+    assert launch.exit_code != 0 and "refuses to claim" in launch.stderr
+    assert sqlite_ledger.run(run_id).status == "planned"  # nothing was claimed
