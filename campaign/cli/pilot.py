@@ -15,7 +15,8 @@ from campaign.cli.source import LedgerSource
 @click.command()
 @click.argument("campaign")
 @click.option("--n", "count", default=4, show_default=True, help="How many examples to show.")
-@click.option("--split", default="train", show_default=True, type=click.Choice(["train", "val"]))
+@click.option("--split", default="train", show_default=True,
+              help="Any split the task has: train, val, and test when it has one.")
 @output_options
 @click.pass_obj
 def inspect(

@@ -12,28 +12,16 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from campaign.loop.task import Task
+from campaign.pilot.findings import Finding
 from campaign.pilot.label_gate import check_targets
 
 IGNORE = -100
 CHUNK = 64
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One check's verdict; ``warning`` marks a pass that proves less than it could (a check
-    with nothing to look at), said so that nobody reads it as evidence."""
-
-    check: str
-    ok: bool
-    detail: str
-    advice: str = ""
-    warning: bool = False
 
 
 def check_data(task: Task, config: Mapping[str, Any]) -> list[Finding]:

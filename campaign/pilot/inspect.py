@@ -71,6 +71,11 @@ def inspect_campaign(ledger: LedgerReader, campaign: str, split: str, count: int
     runs = ledger.runs(campaign)
     config = runs[runs["is_control"]].iloc[0]["config"]
     task = build_task(record.task, config)
+    names = list(task.splits())
+    if split not in names:
+        from campaign.ledger.errors import LedgerInputError
+
+        raise LedgerInputError(f"--split {split!r}: the task's splits are {', '.join(names)}")
     findings = check_data(task, config)
     return {
         "campaign": campaign,

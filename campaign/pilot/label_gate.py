@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from campaign.loop.task import Task, check_records
+from campaign.pilot.findings import Finding
 
 SAMPLE = 2000  # examples checked per split; every one in smaller splits
 CHUNK = 64
@@ -35,8 +36,6 @@ CHUNK = 64
 
 def check_targets(task: Task, splits: Mapping[str, Sequence[dict[str, Any]]]) -> list[Any]:
     """One finding per split that has something to compare (see the module docstring)."""
-    from campaign.pilot.data_gate import Finding  # the gate's own type (it imports this one)
-
     classes = getattr(task, "classes", None)
     model = task.model()
     model.eval()
