@@ -65,7 +65,7 @@ def test_ledger_option_before_or_after_the_subcommand(tmp_path: Path) -> None:
 def test_run_exits_1_when_the_run_fails_in_setup(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'l.db'}"
     with Ledger.open(url, create=True) as ledger:
-        run_id = plan_loop(ledger, task="tests.tasks.tiny:build")[0]  # no model(): setup fails
+        run_id = plan_loop(ledger, task="tests.tasks.tiny:build_partial")[0]  # no model()
     ungated = CliRunner().invoke(main, ["--ledger", url, "run", run_id])
     assert ungated.exit_code == 1 and "has no passing pilot" in ungated.stderr  # nothing ran
     with Ledger.open(url) as ledger:

@@ -110,7 +110,7 @@ def test_out_of_memory_records_phase_and_inputs(ledger: Ledger, tmp_path: Path) 
 def test_a_task_that_breaks_the_contract_fails_the_run_cleanly(
     ledger: Ledger, tmp_path: Path
 ) -> None:
-    run_id = plan_loop(ledger, task="tests.tasks.tiny:build")[0]  # has only splits()
+    run_id = plan_loop(ledger, task="tests.tasks.tiny:build_partial")[0]  # has only splits()
     with pytest.raises(Exception, match="missing model, collate, loss"):
         execute(ledger, run_id, artifacts=tmp_path, replay_in_subprocess=False)
     run = ledger.run(run_id)

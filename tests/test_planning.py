@@ -246,3 +246,15 @@ def test_a_stated_training_set_size_must_match_the_task() -> None:
         make_plan(resolve_spec(spec, "<size>"))
     spec["hold"]["budget.train_examples"] = 240
     assert make_plan(resolve_spec(spec, "<size>")).runs
+
+
+def test_plan_checks_the_task_contract_before_writing(tmp_path: Path) -> None:
+    spec = tmp_path / "partial.toml"
+    text = SPEC.read_text()
+    spec.write_text(text.replace("tests.tasks.tiny:build", "tests.tasks.tiny:build_partial"))
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    refused = cli(url, "plan", str(spec))
+    assert refused.exit_code == 2 and "Traceback" not in refused.stderr
+    assert "campaign.task: task tests.tasks.tiny:build_partial: missing model, collate" in (
+        refused.stderr)  # fmt: skip
+    assert not (tmp_path / "l.db").exists()

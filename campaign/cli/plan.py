@@ -29,6 +29,7 @@ def plan(source: LedgerSource, spec_path: str, dry_run: bool, output_format: str
 
     resolved = load_spec(spec_path)
     the_plan = planning.make_plan(resolved)
+    _check_task_contract(resolved, spec_path)
     for warning in the_plan.warnings:
         click.echo(f"campaign: warning: {warning}", err=True)
     run_ids: list[str | None] = [None] * len(the_plan.runs)
@@ -71,6 +72,19 @@ def plan(source: LedgerSource, spec_path: str, dry_run: bool, output_format: str
     else:
         click.echo(f"campaign: {resolved.name!r} is already planned with this identical spec; "
                    "nothing written", err=True)  # fmt: skip
+
+
+def _check_task_contract(resolved: Any, spec_path: str) -> None:
+    """Build the task with the control's config and name every part of the contract it
+    lacks, before anything is written (a task without describe() is caught here, not
+    at the first inspect)."""
+    from campaign.loop.errors import TaskContractError
+    from campaign.loop.task import build_task
+
+    try:
+        build_task(resolved.task, resolved.control.config)
+    except TaskContractError as error:
+        raise LedgerInputError(f"{spec_path}: campaign.task: {error}") from None
 
 
 def _run_ids_in_plan_order(ledger: Any, name: str, the_plan: Any) -> list[str | None]:
