@@ -73,6 +73,10 @@ def test_a_replicated_run_trains_like_one_process_and_only_rank_0_writes(
     mine = ledger.metrics(runs=[run_id], all_segments=True)
     theirs = ledger.metrics(runs=[single], all_segments=True)
     assert len(mine) == len(theirs)
+    # Every rank's memory is its own: both ranks' update measurements are recorded.
+    phases = ledger.phases("replicated")
+    updates = phases[phases["phase"].isin(["update", "update_first"])]["device"]
+    assert {"cpu (rank 0)", "cpu (rank 1)"} <= set(updates), set(updates)
     kinds = ledger.artifacts("replicated")["kind"].value_counts()
     assert kinds["final"] == 1
     assert kinds["checkpoint"] == len(ledger.artifacts("single").query("kind == 'checkpoint'"))

@@ -134,6 +134,25 @@ def broadcast_json(document: Any, replica: Replica, device: torch.device) -> Any
     return json.loads(bytes(buffer.cpu().tolist()).decode())
 
 
+def gather_json(document: Any, replica: Replica, device: torch.device) -> list[Any] | None:
+    """Every rank's JSON-able document, in rank order, on rank 0 (None elsewhere); UTF-8
+    bytes in padded tensors, no pickle (``all_gather_object`` would unpickle)."""
+    payload = json.dumps(document).encode()
+    size = torch.tensor([len(payload)], dtype=torch.int64, device=device)
+    sizes = [torch.zeros_like(size) for _ in range(replica.world)]
+    dist.all_gather(sizes, size)
+    longest = max(int(s.item()) for s in sizes)
+    buffer = torch.zeros(longest, dtype=torch.uint8, device=device)
+    if payload:
+        buffer[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+    buffers = [torch.zeros_like(buffer) for _ in range(replica.world)]
+    dist.all_gather(buffers, buffer)
+    if not replica.leader:
+        return None
+    return [json.loads(bytes(b[: int(n.item())].cpu().tolist()).decode())
+            for b, n in zip(buffers, sizes, strict=True)]  # fmt: skip
+
+
 def environment_for(replica: Replica, address: str, port: int) -> dict[str, str]:
     """torchrun's variables, for tools that read them (and for humans reading `ps e`)."""
     return {

@@ -304,7 +304,7 @@ class RunLoop:
         self.step, self.examples_seen = next_step, self.examples_seen + len(examples)
         values = {"train/loss": loss, "train/grad_norm": grad_norm, "train/units": float(units)}
         self.metrics.log_dict(self.step, {**values, "train/lr": trainer.lr}, self.examples_seen)
-        self._write_phases()
+        self._write_phases(every_rank=True)
         return None
 
     @property
@@ -333,7 +333,7 @@ class RunLoop:
             name = f"step-{self.step:08d}{self._segment_suffix}.parquet"
             path = write_predictions(self.folder / "predictions" / name, records)
             record_file(self.ledger, self.run_id, "predictions", path, self.step, lease=self.lease)
-        self._write_phases()
+        self._write_phases(every_rank=True)
         stop = self.rules.after_validation(scores.get(self.config["validation"]["metric"]))
         return replace(stop, phase="validation") if stop is not None else None
 
@@ -439,13 +439,18 @@ class RunLoop:
         except Exception:  # the traceback is a courtesy; the run still ends as failed
             return None
 
-    def _write_phases(self) -> None:
+    def _write_phases(self, every_rank: bool = False) -> None:
+        """Record the measured phases. ``every_rank``: phases all replicas ran (updates,
+        validation): each rank's memory is its own, so rank 0 gathers and records them all,
+        labelled by rank (the ranks measure the same steps, so they all have records)."""
         records = self.probe.drain()
-        if records and self.writes:
-            self.ledger.add_phase_measurements(
-                [{**r.row(run_id=self.run_id), "inputs": r.inputs} for r in records],
-                lease=self.lease,
-            )
+        rows = [{**r.row(run_id=self.run_id), "inputs": r.inputs} for r in records]
+        if every_rank and self.replica.world > 1 and rows:
+            gathered = dp.gather_json(rows, self.replica, self._group_device)
+            rows = [{**row, "device": f"{row['device']} (rank {rank})"}
+                    for rank, mine in enumerate(gathered or []) for row in mine]  # fmt: skip
+        if rows and self.writes:
+            self.ledger.add_phase_measurements(rows, lease=self.lease)
 
     # -- signals and cleanup ------------------------------------------------------------
 
