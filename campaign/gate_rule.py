@@ -46,10 +46,12 @@ def gate_state(
 
 
 def gate_inputs(
-    pilots: Any, events: Any, spec_sha256: str, gate_class: str | None = None
+    pilots: Any, events: Any, spec_sha256: str, gate_class: str | None = None,
+    run_id: str | None = None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The arguments of :func:`gate_state` from the ledger's ``pilots`` and ``events`` frames,
-    for one gate class (a pilot recorded before pilots had classes speaks for every class).
+    for one gate class (a pilot recorded before pilots had classes speaks for every class)
+    and one run (the skips that name it).
     A pilot's verdict time is its ``pilot`` event's (it is created before it measures);
     a pilot without that event counts from its creation."""
     decided: dict[int, Any] = {}
@@ -66,9 +68,13 @@ def gate_inputs(
         if sha == spec_sha256 and (gate_class is None or not isinstance(cls, str)
                                    or cls == gate_class)
     ]  # fmt: skip
+    # A skip covers the runs it names (one event per run); a campaign-wide skip (a ledger
+    # written before skips were recorded per run) covers every run.
     skips = [{"at": at, "detail": detail}
-             for kind, at, detail in zip(events["kind"], events["at"], events["detail"],
-                                         strict=True) if kind == "pilot_skipped"]  # fmt: skip
+             for kind, at, detail, run in zip(events["kind"], events["at"], events["detail"],
+                                              events["run_id"], strict=True)
+             if kind == "pilot_skipped" and (not isinstance(run, str)
+                                             or (run_id is not None and run == run_id))]
     return mine, skips
 
 

@@ -67,3 +67,27 @@ def counts(config: Mapping[str, Any]) -> dict[str, int]:
     checkpoint_every = config["loop"].get("checkpoint_every") or every
     checkpoints = updates // int(checkpoint_every) + 1  # and one at the stop
     return {"updates": updates, "validations": validations, "checkpoints": checkpoints}
+
+
+def pilot_figures(rows: Any) -> dict[str, float] | None:
+    """The figures a projection takes from one pilot's phase rows (a frame with ``phase``,
+    ``duration_s`` and ``inputs``): the update, validation and checkpoint times and the per-run
+    fixed costs (building the task and model, export with its replay); None when a phase the
+    projection needs is missing."""
+    duration = dict(zip(rows["phase"], rows["duration_s"], strict=False))
+    inputs = dict(zip(rows["phase"], rows["inputs"], strict=False))
+    if not {"update", "validation", "checkpoint"} <= duration.keys():
+        return None
+    setup = float((inputs.get("data") or {}).get("setup_s") or 0.0)
+    return {"update_s": float(duration["update"]), "validation_s": float(duration["validation"]),
+            "checkpoint_s": float(duration["checkpoint"]),
+            "fixed_s": setup + float(duration.get("export") or 0.0)}  # fmt: skip
+
+
+def latest_passing_pilot(pilots: Any, spec_sha256: str, gate_class: str) -> int | None:
+    """The id of the latest passing pilot of the frozen spec that speaks for ``gate_class``
+    (its own, or one recorded before pilots had classes)."""
+    passing = pilots[(pilots["config_sha256"] == spec_sha256) & (pilots["verdict"] == "pass")]
+    if "gate_class" in passing:
+        passing = passing[passing["gate_class"].isna() | (passing["gate_class"] == gate_class)]
+    return int(passing["pilot_id"].iloc[-1]) if len(passing) else None

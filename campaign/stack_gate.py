@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata as metadata
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -46,6 +47,9 @@ def stack_problems(task_reference: str, device: str = "cpu") -> list[str]:
     from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
     needs = declared(task_reference)
+    shape = _malformed(needs)
+    if shape:
+        return [f"the task's REQUIREMENTS: {shape}"]
     problems = []
     for package, wanted in (needs.get("packages") or {}).items():
         try:
@@ -71,6 +75,18 @@ def stack_problems(task_reference: str, device: str = "cpu") -> list[str]:
     return problems
 
 
+def _malformed(needs: Mapping[str, Any]) -> str | None:
+    """What is wrong with the shape of REQUIREMENTS (None when it is well formed)."""
+    if not isinstance(needs.get("packages") or {}, Mapping):
+        return "'packages' must be a table of package -> version range"
+    if not isinstance(needs.get("modules") or [], list | tuple):
+        return "'modules' must be a list of module names"
+    least = needs.get("cuda_capability")
+    if least is not None and not re.fullmatch(r"\d+(\.\d+)?", str(least)):
+        return f"'cuda_capability' must be like 8.0, got {least!r}"
+    return None
+
+
 def _capability(least: str, device: str) -> list[str]:
     import torch
 
@@ -94,6 +110,10 @@ def precision_problem(precision: str, device: str) -> str | None:
     if precision == "bf16" and device.startswith("cuda"):
         import torch
 
-        if torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
-            return f"{device} does not support bf16 (use fp16 or fp32)"
+        if torch.cuda.is_available():  # native bf16 from compute capability 8.0 (Ampere) on;
+            index = int(device.split(":")[1]) if ":" in device else 0  # not emulation
+            major, minor = torch.cuda.get_device_capability(index)
+            if major < 8:
+                return (f"{device} ({torch.cuda.get_device_name(index)}, capability "
+                        f"{major}.{minor}) has no native bf16 (use fp16 or fp32)")
     return None

@@ -59,7 +59,7 @@ def inspect(
 @click.option(
     "--overfit-examples",
     default=None,
-    type=click.IntRange(1),
+    type=click.IntRange(2),
     help="Training examples the overfit gate must learn (default: the spec's [pilot], 8).",
 )
 @click.option(

@@ -43,25 +43,33 @@ def open_gate(
     """Check (and record) whether the campaign's runs may start; :class:`GateClosed` naming
     every uncovered gate class otherwise."""
     record = ledger.campaign(campaign)
+    classes = run_classes(ledger, campaign, run_ids)
     if skip_reason is not None:
         if not skip_reason.strip():
             raise GateClosed("--skip-pilot needs a --reason")
-        ledger.add_event(campaign, "pilot_skipped", f"{who}: {skip_reason.strip()}")
+        covered = [r for _, ids in classes.values() for r in ids]
+        # Recorded per run: a run planned later (a relaunch) is not covered by this decision.
+        ledger.add_run_events(campaign, "pilot_skipped", f"{who}: {skip_reason.strip()}",
+                              covered)  # fmt: skip
         return GateDecision(f"pilot skipped: {skip_reason.strip()}")
-    classes = run_classes(ledger, campaign, run_ids)
     if not classes:
         return GateDecision("nothing to run")
     pilots, events = ledger.pilots(campaign), ledger.events(campaign)
     closed, stacks, skipped = [], [], []
     for class_id, (found, ids) in classes.items():
-        state = gate_state(*gate_inputs(pilots, events, record.spec_sha256, class_id))
+        decided, _ = gate_inputs(pilots, events, record.spec_sha256, class_id)
+        state = gate_state(decided, [])
         if state.how == "pass":
             stored = state.evidence
             stacks.append(json.loads(stored) if isinstance(stored, str) else stored)
-        elif state.how == "skip":
-            skipped.append(str(state.evidence))
+            continue
+        states = [gate_state(*gate_inputs(pilots, events, record.spec_sha256, class_id, r))
+                  for r in ids]  # fmt: skip
+        uncovered = [r for r, s in zip(ids, states, strict=True) if s.how != "skip"]
+        if uncovered:
+            closed.append((found, uncovered))
         else:
-            closed.append((found, ids))
+            skipped.append(str(states[-1].evidence))
     if closed:
         raise GateClosed(_refusal(campaign, closed, len(classes), _control_class(ledger, campaign)))
     warnings = tuple(dict.fromkeys(

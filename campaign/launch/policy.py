@@ -87,21 +87,24 @@ def launch_campaign(
             "--executor ray --address: workers on other hosts cannot share a SQLite ledger; "
             "use a PostgreSQL ledger (--ledger postgresql://USER@HOST/DB)"
         )
+    local_slots = []
+    if request.executor == "local":  # every refusal before the gate records anything
+        try:
+            local_slots = plan_slots(request.devices, request.workers)
+        except DeviceError as error:
+            raise LaunchRefused(str(error)) from None
+        for device in dict.fromkeys(slot.label for slot in local_slots):
+            try:  # before any worker starts, not once per refusing worker
+                refuse_unfit_stack(ledger, campaign, device)
+            except StackRefused as refused:
+                raise LaunchRefused(str(refused)) from None
     who = f"launch --executor {request.executor}"
     gate = open_gate(ledger, campaign, skip_reason=request.skip_reason, who=who)
     if on_gate is not None:  # said before any worker starts: a launch may take hours
         on_gate(gate)
     display = display or ProgressDisplay()
     if request.executor == "local":
-        try:
-            slots = plan_slots(request.devices, request.workers)
-        except DeviceError as error:
-            raise LaunchRefused(str(error)) from None
-        for device in dict.fromkeys(slot.label for slot in slots):
-            try:  # before any worker starts, not once per refusing worker
-                refuse_unfit_stack(ledger, campaign, device)
-            except StackRefused as refused:
-                raise LaunchRefused(str(refused)) from None
+        slots = local_slots
         launcher = LocalLauncher(url, options, slots, display=display, grace_s=request.grace_s)
         result = launcher.run(ledger)
         return LaunchOutcome(gate, result.snapshot, result.interrupted)

@@ -5,7 +5,7 @@ adds opening, planning and the run lifecycle). Also the row helpers both use.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from sqlalchemy import Connection, insert, select, update
@@ -44,6 +44,22 @@ class EvidenceWrites(LedgerReader):
             record_event(conn, campaign_id, run_id, kind, detail)
 
         self._write(work, f"recording event {kind!r}")
+
+    def add_run_events(self, campaign: str, kind: str, detail: str,
+                       run_ids: Sequence[str]) -> None:  # fmt: skip
+        """The same event for each of ``run_ids`` (a decision that covers exactly these
+        runs, such as a recorded skip of the pilot), in one transaction."""
+
+        def work(conn: Connection) -> None:
+            campaign_id = self._campaign_id(conn, campaign)
+            for run_id in run_ids:
+                run_campaign(conn, run_id, campaign_id)
+            if run_ids:
+                conn.execute(sql.INSERT_EVENT, [
+                    {"campaign_id": campaign_id, "run_id": r, "kind": kind, "detail": detail}
+                    for r in run_ids])  # fmt: skip
+
+        self._write(work, f"recording event {kind!r} for {len(run_ids)} runs")
 
     def add_note(self, campaign: str, text: str) -> None:
         if not text.strip():

@@ -78,12 +78,25 @@ def _sample(examples: list[dict[str, Any]], split: str) -> list[dict[str, Any]]:
 
 
 def _expected(example: Mapping[str, Any], classes: Sequence[Any] | None) -> Any:
+    """The target strings ``predict()`` may report for ``example`` (the class name or the
+    label id itself), or None when the example states nothing to compare."""
     if "label" in example and classes is not None:
         label = int(example["label"])
-        return str(classes[label]) if 0 <= label < len(classes) else None
+        return (str(classes[label]), str(label)) if 0 <= label < len(classes) else None
     if "target" in example:
-        return str(example["target"])
+        return (str(example["target"]),)
     return None
+
+
+def _matches(seen: str, accepted: tuple[str, ...]) -> bool:
+    """Equal as text, or as numbers to float32 precision (a regression target)."""
+    if seen in accepted:
+        return True
+    try:
+        value = float(seen)
+        return any(abs(value - float(a)) <= 1e-6 * max(1.0, abs(value)) for a in accepted)
+    except ValueError:
+        return False
 
 
 def _out_of_range(example: Mapping[str, Any], classes: Sequence[Any] | None) -> bool:
@@ -105,16 +118,17 @@ def _targets_at_loss(task: Task, model: torch.nn.Module,
         if flags is not None:
             cut |= {e["id"] for e, flag in zip(chunk, flags.tolist(), strict=True) if flag}
         for record in check_records(task.predict(model, batch)):
-            seen[record["id"]] = str(record["target"])
+            seen[str(record["id"])] = str(record["target"])
     return seen, cut
 
 
 def _compare(expected: Mapping[Any, Any], seen: Mapping[Any, str]) -> str | None:
-    missing = [i for i in expected if i not in seen]
+    missing = [i for i in expected if str(i) not in seen]
     if missing:
         return (f"predict() reported no record for {len(missing)} examples: "
                 f"{', '.join(map(repr, missing[:5]))}")  # fmt: skip
-    wrong = [(i, e, seen[i]) for i, e in expected.items() if e is not None and seen[i] != e]
+    wrong = [(i, e[0], seen[str(i)]) for i, e in expected.items()
+             if e is not None and not _matches(seen[str(i)], e)]  # fmt: skip
     if not wrong:
         return None
     pairs = Counter((e, s) for _, e, s in wrong).most_common(4)
@@ -127,7 +141,7 @@ def _compare(expected: Mapping[Any, Any], seen: Mapping[Any, str]) -> str | None
 def _degenerate(examples: Sequence[dict[str, Any]], expected: Mapping[Any, Any],
                 seen: Mapping[Any, str]) -> str | None:  # fmt: skip
     values = set(seen.values())
-    stated = {v for v in expected.values() if v is not None}
+    stated = {v[0] for v in expected.values() if v is not None}
     if len(values) == 1 and len(stated) > 1:
         return (f"every target at the loss is {next(iter(values))!r} while the examples "
                 f"hold {len(stated)} different labels; first ids: "

@@ -34,7 +34,7 @@ class PilotOptions:
 
     def criterion(self) -> str:
         """The criterion in words, recorded with the verdict."""
-        learned = (f"{self.overfit_metric} >= {self.overfit_threshold:g}"
+        learned = (f"{self.overfit_metric} >= {self.overfit_threshold or 1.0:g}"
                    if self.overfit_metric else "every prediction exact")  # fmt: skip
         return (f"{self.overfit_examples} examples, {self.overfit_steps} steps at lr "
                 f"{self.overfit_lr:g}: loss falls {self.overfit_factor:g}x and {learned}")
@@ -44,8 +44,7 @@ FIELDS = ("overfit_examples", "overfit_steps", "overfit_factor", "overfit_lr", "
           "overfit_threshold")  # fmt: skip
 
 
-FIELDS = ("overfit_examples", "overfit_steps", "overfit_factor", "overfit_lr", "overfit_metric",
-          "overfit_threshold")  # fmt: skip
+
 
 
 def varied(examples: Sequence[dict[str, Any]], count: int) -> list[dict[str, Any]]:

@@ -1,10 +1,12 @@
 """The pilot: one recorded pass through every phase of the loop before the campaign runs.
 
-It runs on the campaign's worst case (the variant with the largest
-memory-relevant settings, the longest training sequences) and stores one
-``phase_measurements`` row per phase: inputs, duration, memory, a verdict
-and, on failure, what was wrong and what to do. The verdict is kept against
-the campaign's frozen spec hash; a launch without a passing pilot is refused.
+It runs one gate class's configuration (campaign/pilot/by_class.py chooses
+the run; every memory class gets its own pilot) on its longest training
+examples, and stores one ``phase_measurements`` row per phase: inputs,
+duration (the median of repetitions for forward, backward and update),
+memory, a verdict and, on failure, what was wrong and what to do. The
+verdict is kept against the frozen spec hash and the gate class; a launch of
+a class without a passing pilot is refused.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 
 import torch
 
+from campaign.gate_classes import gate_class as class_of
 from campaign.ledger import Ledger
 from campaign.ledger.canonical import canonical_json
 from campaign.loop import checkpoint as ckpt
@@ -176,7 +179,9 @@ class Pilot:
         # What every run pays before its first update: building the task and the model.
         record.inputs["setup_s"] = round(built + time.perf_counter() - started, 6)
         self.worst = self._longest_examples()
-        return f"{len(findings)} checks passed"
+        warned = [f"{f.check}: {f.detail}" for f in findings if f.warning]
+        return f"{len(findings)} checks passed" + (
+            f" (warning: {'; '.join(warned)})" if warned else "")
 
     def _longest_examples(self) -> list[dict[str, Any]]:
         """The training examples with the longest encoded length, one effective batch."""
@@ -429,6 +434,7 @@ def run_pilot(
         runs = ledger.runs(campaign)
         run = worst_case(runs[runs["relaunch_of"].isna()].to_dict("records"))
     chosen = run
+    gate_class = gate_class or class_of(chosen["config"]).id  # a pilot speaks for one class
     stack = environment(record.task)
     pilot_id = ledger.create_pilot(campaign, record.spec_sha256, stack, gate_class)
     folder = Path(artifacts) / "pilots" / f"{campaign}-{pilot_id}"

@@ -22,7 +22,14 @@ import pandas as pd
 
 from campaign.gate_classes import EXECUTABLE, gate_class
 from campaign.gate_rule import gate_inputs, gate_state
-from campaign.projection import RENTAL_DAYS, Projection, counts, project
+from campaign.projection import (
+    RENTAL_DAYS,
+    Projection,
+    counts,
+    latest_passing_pilot,
+    pilot_figures,
+    project,
+)
 
 if TYPE_CHECKING:
     from campaign.ledger.reads import LedgerReader
@@ -158,30 +165,21 @@ def _class_line(class_id: str, members: pd.DataFrame, pilots: pd.DataFrame,
                 gpu_memory: int | None) -> tuple[dict[str, Any], list[dict[str, Any]],
                                                  dict[str, float]]:  # fmt: skip
     decided, _ = gate_inputs(pilots, events, spec_sha256, class_id)
-    passing = pilots[(pilots["config_sha256"] == spec_sha256) & (pilots["verdict"] == "pass")]
-    mine = passing[passing["gate_class"].isna() | (passing["gate_class"] == class_id)]
     line: dict[str, Any] = {"gate_class": class_id, "runs": len(members),
                             "variants": ", ".join(dict.fromkeys(members["variant"]))}
-    if gate_state(decided, []).how != "pass" or mine.empty:
-        return {**line, "pilot_id": None}, [], {}
-    pilot_id = int(mine["pilot_id"].iloc[-1])
+    pilot_id = latest_passing_pilot(pilots, spec_sha256, class_id)
     rows = phases[phases["pilot_id"] == pilot_id]
-    duration = dict(zip(rows["phase"], rows["duration_s"], strict=False))
-    inputs = dict(zip(rows["phase"], rows["inputs"], strict=False))
-    setup = float((inputs.get("data") or {}).get("setup_s") or 0.0)
-    fixed = setup + float(duration.get("export") or 0.0)
-    seconds = {}
-    for run_id, config in zip(members["run_id"], members["config"], strict=True):
-        seconds[run_id] = project(update_s=float(duration["update"]),
-                                  validation_s=float(duration["validation"]),
-                                  checkpoint_s=float(duration["checkpoint"]), runs=1,
-                                  fixed_s=fixed, **counts(config)).seconds_per_run  # fmt: skip
+    figures = pilot_figures(rows) if pilot_id is not None and len(rows) else None
+    if gate_state(decided, []).how != "pass" or figures is None:
+        return {**line, "pilot_id": None}, [], {}
+    seconds = {run_id: project(runs=1, **figures, **counts(config)).seconds_per_run
+               for run_id, config in zip(members["run_id"], members["config"], strict=True)}
     line.update({
         "pilot_id": pilot_id, "device": str(rows["device"].iloc[0]),
-        "update_s": round(float(duration["update"]), 6),
-        "validation_s": round(float(duration["validation"]), 6),
-        "checkpoint_s": round(float(duration["checkpoint"]), 6),
-        "fixed_s": round(fixed, 3),
+        "update_s": round(figures["update_s"], 6),
+        "validation_s": round(figures["validation_s"], 6),
+        "checkpoint_s": round(figures["checkpoint_s"], 6),
+        "fixed_s": round(figures["fixed_s"], 3),
         "seconds_per_run": round(sum(seconds.values()) / len(seconds), 3),
         **_memory(rows, gpu_memory),
     })  # fmt: skip

@@ -5,14 +5,15 @@ counted). Each segment records the seconds it spent in updates and
 validation; the rest (start-up, checkpoints, the final export and its replay
 in a fresh process) is overhead. A 100-update run on a small model may train
 for 2 s and spend 15 s on overhead: comparing wall times alone would mislead.
-A planned run shows the time the pilot's measurements project for it.
+A planned run shows the time its gate class's pilot projects for it.
 """
 
 from __future__ import annotations
 
 import pandas as pd
 
-from campaign.projection import counts, project
+from campaign.gate_classes import gate_class
+from campaign.projection import counts, latest_passing_pilot, pilot_figures, project
 
 
 def run_times(segments: pd.DataFrame) -> dict[str, pd.Series]:
@@ -38,25 +39,26 @@ def run_times(segments: pd.DataFrame) -> dict[str, pd.Series]:
 def projected_seconds(
     runs: pd.DataFrame, pilots: pd.DataFrame, phases: pd.DataFrame, spec_sha256: str
 ) -> list[float | None]:
-    """For each planned run, the seconds the latest passing pilot projects; None otherwise."""
-    passed = pilots[(pilots["config_sha256"] == spec_sha256) & (pilots["verdict"] == "pass")]
-    if passed.empty or phases.empty:
-        return [None] * len(runs)
-    latest = phases[phases["pilot_id"] == passed["pilot_id"].iloc[-1]]
-    duration = latest.groupby("phase")["duration_s"].max().to_dict()
-    if not {"update", "validation", "checkpoint"} <= duration.keys():
-        return [None] * len(runs)
+    """For each planned run, the seconds its gate class's latest passing pilot projects
+    (per-run fixed costs included, as ``campaign size``); None otherwise."""
+    figures: dict[str, dict[str, float] | None] = {}
     projected: list[float | None] = []
     for status, config in zip(runs["status"], runs["config"], strict=True):
         try:
             count = counts(config)
+            class_id = gate_class(config).id
         except (KeyError, TypeError, ValueError):  # a partial config recorded through the API
             count = None
         if status != "planned" or count is None:
             projected.append(None)
             continue
-        per_run = project(update_s=float(duration["update"]),
-                          validation_s=float(duration["validation"]),
-                          checkpoint_s=float(duration["checkpoint"]), runs=1, **count)  # fmt: skip
-        projected.append(round(per_run.seconds_per_run, 3))
+        if class_id not in figures:
+            pilot_id = latest_passing_pilot(pilots, spec_sha256, class_id)
+            rows = phases[phases["pilot_id"] == pilot_id] if pilot_id is not None else None
+            figures[class_id] = pilot_figures(rows) if rows is not None and len(rows) else None
+        found = figures[class_id]
+        if found is None:
+            projected.append(None)
+            continue
+        projected.append(round(project(runs=1, **found, **count).seconds_per_run, 3))
     return projected
