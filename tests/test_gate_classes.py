@@ -96,3 +96,27 @@ def test_a_relaunch_that_cuts_targets_is_refused_until_truncation_is_allowed(
     ran = _cli(sqlite_url, "run", allowed, "--artifacts", artifacts)
     assert ran.exit_code == 0, ran.stderr
     assert sqlite_ledger.run(allowed).status == "completed"
+
+
+def test_a_run_planned_while_workers_run_is_gated_before_a_claim(
+    sqlite_ledger: Ledger, sqlite_url: str, tmp_path: Path
+) -> None:
+    from campaign.launch.gate import GateClosed
+    from campaign.launch.worker import _refuse_ungated_newcomers
+
+    spec = copy.deepcopy(BASE)
+    spec["campaign"]["name"] = "late"
+    record, _ = record_plan(sqlite_ledger, make_plan(resolve_spec(spec, "<late>")))
+    assert _cli(sqlite_url, "pilot", "late", "--artifacts", str(tmp_path)).exit_code == 0
+    gated: set[str] = set()
+    _refuse_ungated_newcomers(sqlite_ledger, "late", gated)  # the launch's look
+    assert gated == set(record.run_ids)
+    wide = _cli(sqlite_url, "relaunch", record.run_ids[0], "--set", "task.hidden=512",
+                "--reason", "a wider model, planned mid-launch")  # fmt: skip
+    assert wide.exit_code == 0, wide.stderr
+    try:
+        _refuse_ungated_newcomers(sqlite_ledger, "late", gated)
+    except GateClosed as closed:
+        assert "no passing pilot" in str(closed)
+    else:
+        raise AssertionError("a run of an unpiloted class was about to be claimed")

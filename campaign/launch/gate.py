@@ -39,6 +39,7 @@ def open_gate(
     skip_reason: str | None = None,
     who: str = "launch",
     run_ids: Sequence[str] | None = None,
+    check_stack: bool = True,
 ) -> GateDecision:
     """Check (and record) whether the campaign's runs may start; :class:`GateClosed` naming
     every uncovered gate class otherwise."""
@@ -72,6 +73,8 @@ def open_gate(
             skipped.append(str(states[-1].evidence))
     if closed:
         raise GateClosed(_refusal(campaign, closed, len(classes), _control_class(ledger, campaign)))
+    if not check_stack:
+        return GateDecision("pilot passed" if stacks else "pilot skipped earlier")
     warnings = tuple(dict.fromkeys(
         w for stack in stacks for w in stack_differences(stack, environment(record.task))))
     if warnings:

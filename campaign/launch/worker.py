@@ -112,6 +112,7 @@ def run_worker(
     if options.threads:
         torch.set_num_threads(options.threads)
     report = WorkerReport(worker_name(options.device, options.name))
+    gated: set[str] = set()  # planned runs whose gate was checked (by the launch, then here)
     with _stop_on_signals(options.preempt_signals) as stopping:
         while not stopping.is_set():
             if options.max_runs is not None and len(report.outcomes) >= options.max_runs:
@@ -119,7 +120,7 @@ def run_worker(
             report.lost_marked += [
                 lost.run_id for lost in ledger.mark_lost(options.lease_s, options.campaign)
             ]
-            taken = _next_run(ledger, options, report.worker)
+            taken = _next_run(ledger, options, report.worker, gated)
             if taken is None:
                 break
             outcome = _execute(ledger, options, report.worker, *taken, stopping)
@@ -179,7 +180,7 @@ def _loop_options(options: WorkerOptions, worker: str) -> dict[str, Any]:
 
 
 def _next_run(
-    ledger: Ledger, options: WorkerOptions, worker: str
+    ledger: Ledger, options: WorkerOptions, worker: str, gated: set[str]
 ) -> tuple[str, Claim | None] | None:
     """The next run this worker should execute (with its claim when it is already taken),
     or None when none is left.
@@ -197,8 +198,22 @@ def _next_run(
             if claim is not None:
                 return run_id, claim
         return None
+    _refuse_ungated_newcomers(ledger, options.campaign, gated)
     claim = ledger.claim_next(options.campaign, worker)
     return None if claim is None else (claim.run_id, claim)
+
+
+def _refuse_ungated_newcomers(ledger: Ledger, campaign: str, gated: set[str]) -> None:
+    """A run planned while workers run (a relaunch with a wider model) is gated like the rest:
+    before a claim, the planned runs this worker has not seen pass their class's gate, or the
+    worker stops (:class:`~campaign.launch.gate.GateClosed`, naming the class)."""
+    from campaign.launch.gate import open_gate
+
+    planned = set(ledger.runs(campaign, status="planned")["run_id"])
+    newcomers = sorted(planned - gated)
+    if gated and newcomers:  # the first look was the launch's (or the worker's own) gate
+        open_gate(ledger, campaign, run_ids=newcomers, check_stack=False)
+    gated |= planned
 
 
 def _candidates(ledger: Ledger, options: WorkerOptions, statuses: Sequence[str]) -> Iterator[str]:
