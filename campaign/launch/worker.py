@@ -209,7 +209,8 @@ def _refuse_ungated_newcomers(ledger: Ledger, campaign: str, gated: set[str]) ->
     worker stops (:class:`~campaign.launch.gate.GateClosed`, naming the class)."""
     from campaign.launch.gate import open_gate
 
-    planned = set(ledger.runs(campaign, status="planned")["run_id"])
+    _, rows = ledger.progress_rows(campaign)  # plain rows: a cheap query before each claim
+    planned = {row["id"] for row in rows if row["status"] == "planned"}
     newcomers = sorted(planned - gated)
     if gated and newcomers:  # the first look was the launch's (or the worker's own) gate
         open_gate(ledger, campaign, run_ids=newcomers, check_stack=False)
