@@ -66,6 +66,13 @@ def test_two_memory_classes_each_need_their_pilot(ledger: Ledger, ledger_url: st
     assert by_class[classes["wide"]]["memory_note"].startswith("no CUDA measurement")
     assert sheet["runs"] == 6 and sheet["packages"][0]["runs_that_fit"] == 6
     assert _cli(ledger_url, "size", "widths", "--gpu-memory", "lots").exit_code == 2
+    # The report shows each class's own pilot, the overfit criterion with the verdict.
+    from campaign.report.balance import balance_sheet
+
+    table = balance_sheet(ledger, "widths").phases
+    assert set(table["gate_class"]) == {classes["narrow"], classes["wide"]}
+    overfit = table[table["phase"] == "overfit"]["detail"]
+    assert len(overfit) == 2 and overfit.str.contains("every prediction exact").all()
 
 
 def test_a_relaunch_that_cuts_targets_is_refused_until_truncation_is_allowed(

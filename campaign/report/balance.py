@@ -252,10 +252,19 @@ def _deltas(originals: pd.DataFrame) -> pd.DataFrame:
 
 
 def _pilot_phases(pilots: pd.DataFrame, phases: pd.DataFrame) -> pd.DataFrame:
-    """The latest pilot's measurement per phase (what each phase cost before launch)."""
-    columns = ["phase", "device", "duration_s", "allocated_peak", "baseline_allocated",
-               "reserved_peak", "rss", "rss_peak", "verdict", "detail"]  # fmt: skip
+    """Each gate class's latest pilot, one row per phase (what each phase cost before launch,
+    and the overfit criterion it was held to); one table, a ``gate_class`` column first."""
+    columns = ["gate_class", "pilot_id", "phase", "device", "duration_s", "allocated_peak",
+               "baseline_allocated", "reserved_peak", "rss", "rss_peak", "verdict",
+               "detail"]  # fmt: skip
     if pilots.empty or phases.empty:
         return pd.DataFrame(columns=columns)
-    latest = int(pilots["pilot_id"].iloc[-1])
-    return phases[phases["pilot_id"] == latest][columns].reset_index(drop=True)
+    classes = pilots["gate_class"] if "gate_class" in pilots else pd.Series(
+        [None] * len(pilots), index=pilots.index)  # fmt: skip
+    latest = pilots.assign(gate_class=classes.fillna("(whole spec)")).groupby(
+        "gate_class", sort=False)["pilot_id"].max()  # fmt: skip
+    chosen = phases[phases["pilot_id"].isin(latest.to_numpy())]
+    owner = {int(p): c for c, p in latest.items()}
+    table = chosen.assign(gate_class=chosen["pilot_id"].map(lambda p: owner[int(p)]),
+                          pilot_id=chosen["pilot_id"].astype(int))  # fmt: skip
+    return table[columns].reset_index(drop=True)

@@ -147,6 +147,7 @@ def phase_memory(sheet: BalanceSheet) -> tuple[bytes | None, str]:
     phases = sheet.phases
     if phases.empty:
         return None, "no pilot has run yet: `campaign pilot CAMPAIGN` measures every phase"
+    phases = phases[phases["pilot_id"] == phases["pilot_id"].max()]  # one pilot: one process
     series: dict[str, pd.Series] = {}
     if phases["allocated_peak"].notna().any():
         added = phases["allocated_peak"] - phases["baseline_allocated"].fillna(0)
@@ -166,6 +167,8 @@ def phase_memory(sheet: BalanceSheet) -> tuple[bytes | None, str]:
     table.plot.barh(ax=axis)
     axis.invert_yaxis()
     axis.set_xlabel("MiB")
-    axis.set_title("pilot: what each phase adds to memory", fontsize=10)
+    axis.set_title(f"pilot {int(phases['pilot_id'].iloc[0])} (gate class "
+                   f"{phases['gate_class'].iloc[0]}): what each phase adds to memory",
+                   fontsize=10)  # fmt: skip
     axis.legend(fontsize=8)
     return _png(figure), ""
