@@ -48,10 +48,16 @@ def test_bad_urls(url: str, expected: str, command: tuple[str, ...]) -> None:
     _assert_one_line_exit_3(_invoke(url, *command), expected)
 
 
-def test_password_never_printed() -> None:
-    result = _invoke("postgresql://me:s3cret@127.0.0.1:1/test", "campaigns")
-    _assert_one_line_exit_3(result, "unreachable")
-    assert "s3cret" not in result.stderr
+@pytest.mark.parametrize("url", [
+    "postgresql://me:s3cret@127.0.0.1:1/test",
+    "postgresql://me@127.0.0.1:1/test?password=s3cret",  # libpq reads it from the query too
+    "postgresql:///test?host=127.0.0.1&port=1&password=s3cret&sslpassword=s3cret",
+])  # fmt: skip
+def test_password_never_printed(url: str) -> None:
+    for command in (("campaigns",), ("db", "current"), ("runs", "x")):
+        result = _invoke(url, *command)
+        _assert_one_line_exit_3(result, "unreachable")
+        assert "s3cret" not in result.stderr and "s3cret" not in result.stdout
 
 
 @pytest.mark.parametrize("command", [("campaigns",), ("db", "upgrade")])

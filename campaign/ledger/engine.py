@@ -68,8 +68,11 @@ def parse_url(text: str) -> URL:
 
 
 def safe_url(url: URL) -> str:
-    """The URL as it may be printed: never with its password."""
-    return url.render_as_string(hide_password=True)
+    """The URL as it may be printed: never with its password, wherever it sits (the userinfo,
+    or a query parameter such as ``?password=`` that libpq also reads)."""
+    secret = {k: "***" for k in url.query if "pass" in k.lower()}
+    shown = url.update_query_dict(secret) if secret else url
+    return shown.render_as_string(hide_password=True).replace("%2A%2A%2A", "***")
 
 
 def sqlite_path(url: URL) -> Path | None:
