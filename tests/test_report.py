@@ -181,3 +181,15 @@ def test_a_hostile_variant_name_from_the_api_is_text_in_every_format(
     assert HOSTILE not in render(sheet, "md")
     # JSON carries the name verbatim, as a string value (json.loads undoes only JSON escaping).
     assert {r["variant"] for r in json.loads(render(sheet, "json"))["runs"]} == {HOSTILE, "other"}
+
+
+def test_a_campaign_where_no_run_started_archives_and_verifies(
+    sqlite_ledger: Ledger, sqlite_url: str, tmp_path: Path
+) -> None:
+    plan_campaign(sqlite_ledger, "fresh", seeds=1)
+    path = tmp_path / "fresh.tar.gz"
+    made = CliRunner().invoke(main, ["--ledger", sqlite_url, "archive", "fresh", "--output",
+                                     str(path)])  # fmt: skip
+    assert made.exit_code == 0, made.stderr
+    checked = CliRunner().invoke(main, ["verify-archive", str(path)])
+    assert checked.exit_code == 0 and "every SHA-256 verified" in checked.stderr

@@ -138,7 +138,7 @@ def _parquet(frame: pd.DataFrame) -> bytes:
     buffer = io.BytesIO()
     plain = frame.copy()
     for column in plain.columns:  # decoded JSON documents go back to text
-        if plain[column].map(lambda v: isinstance(v, dict | list)).any():
+        if any(isinstance(v, dict | list) for v in plain[column]):  # (empty frames too)
             plain[column] = plain[column].map(lambda v: None if v is None else json.dumps(v))
     plain.to_parquet(buffer, index=False)
     return buffer.getvalue()
