@@ -45,21 +45,19 @@ def gate_state(
     return GateState("closed")
 
 
-def gate_inputs(
-    pilots: Any, events: Any, spec_sha256: str, gate_class: str | None = None,
-    run_id: str | None = None,
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The arguments of :func:`gate_state` from the ledger's ``pilots`` and ``events`` frames,
-    for one gate class (a pilot recorded before pilots had classes speaks for every class)
-    and one run (the skips that name it).
-    A pilot's verdict time is its ``pilot`` event's (it is created before it measures);
-    a pilot without that event counts from its creation."""
+def pilot_decisions(
+    pilots: Any, events: Any, spec_sha256: str, gate_class: str | None = None
+) -> list[dict[str, Any]]:
+    """The ``pilots`` argument of :func:`gate_state` from the ledger's ``pilots`` and
+    ``events`` frames, for one gate class (a pilot recorded before pilots had classes speaks
+    for every class). A pilot's verdict time is its ``pilot`` event's (it is created before
+    it measures); a pilot without that event counts from its creation."""
     decided: dict[int, Any] = {}
     for kind, detail, at in zip(events["kind"], events["detail"], events["at"], strict=True):
         found = PILOT_EVENT.match(str(detail)) if kind == "pilot" else None
         if found:
             decided[int(found.group(1))] = at
-    mine = [
+    return [
         {"verdict": verdict if isinstance(verdict, str) else None,
          "decided_at": decided.get(int(pilot_id), created), "environment": stack}
         for pilot_id, sha, verdict, stack, created, cls in zip(
@@ -68,14 +66,31 @@ def gate_inputs(
         if sha == spec_sha256 and (gate_class is None or not isinstance(cls, str)
                                    or cls == gate_class)
     ]  # fmt: skip
-    # A skip covers the runs it names (one event per run); a campaign-wide skip (a ledger
-    # written before skips were recorded per run) covers every run.
-    skips = [{"at": at, "detail": detail}
-             for kind, at, detail, run in zip(events["kind"], events["at"], events["detail"],
-                                              events["run_id"], strict=True)
-             if kind == "pilot_skipped" and (not isinstance(run, str)
-                                             or (run_id is not None and run == run_id))]
-    return mine, skips
+
+
+@dataclass(frozen=True)
+class SkipDecisions:
+    """The recorded decisions to skip the pilot: per run (one event per run it covers), and
+    campaign-wide (a ledger written before skips were recorded per run: every run)."""
+
+    everywhere: list[dict[str, Any]]
+    per_run: dict[str, list[dict[str, Any]]]
+
+    def of(self, run_id: str) -> list[dict[str, Any]]:
+        """The skips that cover ``run_id``, oldest first."""
+        return sorted(self.everywhere + self.per_run.get(run_id, []), key=lambda s: s["at"])
+
+
+def skip_decisions(events: Any) -> SkipDecisions:
+    """The ``skips`` arguments of :func:`gate_state`, read once from the ``events`` frame."""
+    found = SkipDecisions([], {})
+    for kind, run_id, at, detail in zip(events["kind"], events["run_id"], events["at"],
+                                        events["detail"], strict=True):  # fmt: skip
+        if kind == "pilot_skipped":
+            target = (found.per_run.setdefault(run_id, []) if isinstance(run_id, str)
+                      else found.everywhere)  # fmt: skip
+            target.append({"at": at, "detail": detail})
+    return found
 
 
 def _classes(pilots: Any) -> Any:

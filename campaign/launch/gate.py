@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from campaign.gate_classes import GateClass, gate_class, run_classes
-from campaign.gate_rule import gate_inputs, gate_state
+from campaign.gate_rule import gate_state, pilot_decisions, skip_decisions
 from campaign.ledger import Ledger, LedgerReader
 from campaign.stack import environment, stack_differences
 
@@ -56,16 +56,16 @@ def open_gate(
     if not classes:
         return GateDecision("nothing to run")
     pilots, events = ledger.pilots(campaign), ledger.events(campaign)
+    skips = skip_decisions(events)
     closed, stacks, skipped = [], [], []
     for class_id, (found, ids) in classes.items():
-        decided, _ = gate_inputs(pilots, events, record.spec_sha256, class_id)
+        decided = pilot_decisions(pilots, events, record.spec_sha256, class_id)
         state = gate_state(decided, [])
         if state.how == "pass":
             stored = state.evidence
             stacks.append(json.loads(stored) if isinstance(stored, str) else stored)
             continue
-        states = [gate_state(*gate_inputs(pilots, events, record.spec_sha256, class_id, r))
-                  for r in ids]  # fmt: skip
+        states = [gate_state(decided, skips.of(r)) for r in ids]
         uncovered = [r for r, s in zip(ids, states, strict=True) if s.how != "skip"]
         if uncovered:
             closed.append((found, uncovered))
@@ -111,7 +111,7 @@ def pilot_passed(ledger: LedgerReader, campaign: str) -> bool:
     pilots, events = ledger.pilots(campaign), ledger.events(campaign)
     classes = run_classes(ledger, campaign) or {None: None}
     for class_id in classes:
-        decided, _ = gate_inputs(pilots, events, record.spec_sha256, class_id)
+        decided = pilot_decisions(pilots, events, record.spec_sha256, class_id)
         if gate_state(decided, []).how != "pass":
             return False
     return True

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from campaign.loop.errors import LoopError
+from campaign.stack_gate import precision_problem
 
 
 def refuse_impossible(
@@ -27,7 +28,8 @@ def refuse_impossible(
         )
     if loop["replicas"] > 1 and loop["precision"] == "fp16":
         raise LoopError(f"run {run_id}: fp16 with replicas is not supported (use bf16)")
-    if loop["precision"] == "fp16" and device.type == "cpu":
-        raise LoopError(f"run {run_id}: fp16 with a GradScaler needs a CUDA device")
+    unfit = precision_problem(loop["precision"], str(device))  # the stack gate's own rule
+    if unfit:
+        raise LoopError(f"run {run_id}: {unfit}")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise LoopError(f"run {run_id}: device {device} requested, but CUDA is unavailable")

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from campaign.gate_classes import GateClass, run_classes
-from campaign.gate_rule import gate_inputs, gate_state
+from campaign.gate_rule import gate_state, pilot_decisions
 from campaign.ledger import Ledger, LedgerInputError
 from campaign.pilot.phase_gates import PilotOptions, PilotReport, run_pilot
 
@@ -39,7 +39,7 @@ def classes_to_pilot(
         return list(executable.values())
     pilots, events = ledger.pilots(campaign), ledger.events(campaign)
     return [(found, ids) for class_id, (found, ids) in executable.items()
-            if gate_state(*gate_inputs(pilots, events, record.spec_sha256, class_id)).how
+            if gate_state(pilot_decisions(pilots, events, record.spec_sha256, class_id), []).how
             != "pass"]  # fmt: skip
 
 

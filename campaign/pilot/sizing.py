@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from campaign.gate_classes import EXECUTABLE, gate_class
-from campaign.gate_rule import gate_inputs, gate_state
+from campaign.gate_rule import gate_state, pilot_decisions
 from campaign.projection import (
     RENTAL_DAYS,
     Projection,
@@ -164,7 +164,7 @@ def _class_line(class_id: str, members: pd.DataFrame, pilots: pd.DataFrame,
                 phases: pd.DataFrame, events: pd.DataFrame, spec_sha256: str,
                 gpu_memory: int | None) -> tuple[dict[str, Any], list[dict[str, Any]],
                                                  dict[str, float]]:  # fmt: skip
-    decided, _ = gate_inputs(pilots, events, spec_sha256, class_id)
+    decided = pilot_decisions(pilots, events, spec_sha256, class_id)
     line: dict[str, Any] = {"gate_class": class_id, "runs": len(members),
                             "variants": ", ".join(dict.fromkeys(members["variant"]))}
     pilot_id = latest_passing_pilot(pilots, spec_sha256, class_id)

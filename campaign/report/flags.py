@@ -23,7 +23,7 @@ import pandas as pd
 
 from campaign.config_keys import config_value, held_deviations
 from campaign.gate_classes import gate_class
-from campaign.gate_rule import gate_inputs, gate_state
+from campaign.gate_rule import gate_state, pilot_decisions, skip_decisions
 from campaign.stack import stack_differences
 
 KINDS = ("replay_differs", "determinism_differs", "pilot_skipped", "ungated", "stack_differs",
@@ -87,19 +87,13 @@ def _gate_flags(
     """How each started run got through the pilot gate: the launch's rule
     (:mod:`campaign.gate_rule`) applied at the run's start, to its own gate class."""
     inputs: dict[str, Any] = {}  # per gate class: one pilot speaks for its own class
-    skipped = events[events["kind"] == "pilot_skipped"]
-    legacy: list[dict[str, Any]] = []  # campaign-wide skips of older ledgers: every run
-    own: dict[str, list[dict[str, Any]]] = {}  # skips recorded per run
-    for run_id, at, detail in zip(skipped["run_id"], skipped["at"], skipped["detail"],
-                                  strict=True):  # fmt: skip
-        target = own.setdefault(run_id, []) if isinstance(run_id, str) else legacy
-        target.append({"at": at, "detail": detail})
+    skips = skip_decisions(events)
     found = []
     for row in runs[runs["started_at"].notna()].itertuples():
         class_id = gate_class(row.config).id
         if class_id not in inputs:
-            inputs[class_id] = gate_inputs(pilots, events, spec_sha256, class_id)[0]
-        state = gate_state(inputs[class_id], legacy + own.get(row.run_id, []), row.started_at)
+            inputs[class_id] = pilot_decisions(pilots, events, spec_sha256, class_id)
+        state = gate_state(inputs[class_id], skips.of(row.run_id), row.started_at)
         if state.how == "closed":
             found.append(_flag(row.run_id, "ungated",
                                "started with no passing pilot and no recorded skip"))  # fmt: skip
