@@ -65,7 +65,8 @@ def test_two_memory_classes_each_need_their_pilot(ledger: Ledger, ledger_url: st
     assert by_class[classes["wide"]]["runs"] == 2 and by_class[classes["narrow"]]["runs"] == 4
     assert by_class[classes["wide"]]["memory_note"].startswith("no CUDA measurement")
     assert sheet["runs"] == 6 and sheet["packages"][0]["runs_that_fit"] == 6
-    assert _cli(ledger_url, "size", "widths", "--gpu-memory", "lots").exit_code == 2
+    lots = _cli(ledger_url, "size", "widths", "--gpu-memory", "lots")
+    assert lots.exit_code == 2 and lots.stderr.startswith("campaign: --gpu-memory: 'lots' is not")
     # The report shows each class's own pilot, the overfit criterion with the verdict.
     from campaign.report.balance import balance_sheet
 

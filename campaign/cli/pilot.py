@@ -154,12 +154,13 @@ def size(source: LedgerSource, campaign: str, target: str | None, reserve: float
 
     Example: campaign size digits-lr --reserve 0.25 --gpu-memory 80GiB
     """
+    from campaign.cli.errors import BadInput
     from campaign.pilot.sizing import parse_memory, sizing_sheet
 
     try:
         card = None if gpu_memory is None else parse_memory(gpu_memory)
     except ValueError as error:
-        raise click.BadParameter(str(error), param_hint="--gpu-memory") from None
+        raise BadInput(f"--gpu-memory: {error}") from None  # one line, exit 2
     with source.open() as ledger:
         sheet = sizing_sheet(ledger, campaign, target=target, reserve=reserve, gpu_memory=card)
     if output_format == "json":
