@@ -213,8 +213,10 @@ def test_relaunch_links_and_leaves_the_old_run_untouched(ledger: Ledger, ledger_
         old.run_id, "OOM in validation", "planned")  # fmt: skip
     runs = ledger.runs("digits-lr")
     assert set(runs["run_id"]) == {old.run_id, new}
-    events = ledger.events("digits-lr", run_id=old.run_id)
-    assert events["kind"].iloc[-1] == "relaunched" and new in events["detail"].iloc[-1]
+    events = ledger.events("digits-lr")
+    assert events["kind"].iloc[-1] == "planned" and old.run_id in events["detail"].iloc[-1]
+    assert events["kind"].iloc[-2] == "relaunched" and events["run_id"].isna().iloc[-2]
+    assert f"run {old.run_id} as {new}" in events["detail"].iloc[-2]
 
 
 def test_unknown_names_are_bad_input(ledger: Ledger) -> None:

@@ -10,6 +10,8 @@ so that a mistake gets a precise message instead of a trigger's.
 
 from __future__ import annotations
 
+import json
+
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -164,8 +166,8 @@ class Ledger(EvidenceWrites):
     ) -> str:
         """Plan one more run; with ``relaunch_of`` it is a relaunch (reason required).
 
-        The old run is never touched: it keeps its status forever, and gets a
-        ``relaunched`` event pointing at the new id.
+        The old run is never touched: it keeps its status forever (an ended run takes no
+        more rows, so the ``relaunched`` event naming both ids is the campaign's).
         """
         if relaunch_of is not None and not (reason and reason.strip()):
             raise LedgerInputError(f"relaunch of run {relaunch_of} needs a reason")
@@ -192,7 +194,8 @@ class Ledger(EvidenceWrites):
             detail = f"variant {variant}, seed {seed}"
             if relaunch_of is not None:
                 detail += f", relaunch of {relaunch_of}: {reason}"
-                record_event(conn, campaign_id, relaunch_of, "relaunched", f"as {run_id}: {reason}")
+                record_event(conn, campaign_id, None, "relaunched",
+                             f"run {relaunch_of} as {run_id}: {reason}")
             record_event(conn, campaign_id, run_id, "planned", detail)
             return run_id
 
@@ -251,6 +254,13 @@ class Ledger(EvidenceWrites):
             hold_lease(conn, run_id, lease)
             if not can_transition(row.status, status):
                 raise IllegalTransition(transition_refusal(run_id, row.status, status))
+            # The end's event first: nothing is added to a run once its end is written (0005).
+            where = f" at step {stop.step}" if stop.step is not None else ""
+            phase = f" ({stop.phase})" if stop.phase else ""
+            detail = f"{row.status} -> {status}: {stop.cause}{where}{phase}"
+            if stop.detail:
+                detail += f": {stop.detail}"
+            record_event(conn, row.campaign_id, run_id, status, detail)
             changed = conn.execute(
                 sql.END_RUN if lease is None else sql.END_LEASED_RUN,
                 {"p_run_id": run_id, "p_old_status": row.status, "p_status": status,
@@ -261,12 +271,6 @@ class Ledger(EvidenceWrites):
                 raise IllegalTransition(f"run {run_id} changed status while it was being ended")
             conn.execute(sql.END_OPEN_SEGMENTS, {"p_run_id": run_id, "p_end_step": stop.step,
                                                  "p_training_s": training_s})  # fmt: skip
-            where = f" at step {stop.step}" if stop.step is not None else ""
-            phase = f" ({stop.phase})" if stop.phase else ""
-            detail = f"{row.status} -> {status}: {stop.cause}{where}{phase}"
-            if stop.detail:
-                detail += f": {stop.detail}"
-            record_event(conn, row.campaign_id, run_id, status, detail)
 
         self._write(work, f"ending run {run_id}")
 
@@ -313,13 +317,26 @@ class Ledger(EvidenceWrites):
     def set_environment(
         self, run_id: str, environment: Mapping[str, Any], *, lease: str | None = None
     ) -> None:
-        """Record the software stack a run executes on (torch, CUDA, devices, host...)."""
+        """Record the software stack a run executes on (torch, CUDA, devices, host...), once:
+        a resumed segment on another stack leaves the first record (the database refuses to
+        rewrite it) and adds an ``environment_differs`` event naming what changed."""
         text = canonical_json(dict(environment))
 
         def work(conn: Connection) -> None:
-            run_row(conn, run_id, self.url)
+            row = run_row(conn, run_id, self.url)
             hold_lease(conn, run_id, lease)
-            conn.execute(update(runs_t).where(runs_t.c.id == run_id).values(environment=text))
+            stored = conn.execute(
+                select(runs_t.c.environment).where(runs_t.c.id == run_id)
+            ).scalar()
+            if stored is None:
+                conn.execute(update(runs_t).where(runs_t.c.id == run_id).values(environment=text))
+            elif stored != text:
+                first, now = json.loads(stored), dict(environment)
+                changed = sorted(k for k in {*first, *now} if first.get(k) != now.get(k))
+                record_event(conn, row.campaign_id, run_id, "environment_differs",
+                             "this segment runs on another stack than the run's first: "
+                             + ", ".join(f"{k}: {first.get(k)!r} -> {now.get(k)!r}"
+                                         for k in changed))  # fmt: skip
 
         self._write(work, f"recording the environment of run {run_id}")
 
@@ -337,6 +354,7 @@ class Ledger(EvidenceWrites):
                     f"run {run_id} is {row.status}: only a planned run can be withdrawn"
                     + (" (relaunch or let it end instead)" if row.status == RUNNING else "")
                 )
+            record_event(conn, row.campaign_id, run_id, WITHDRAWN, f"withdrawn: {reason.strip()}")
             changed = conn.execute(
                 update(runs_t)
                 .where(runs_t.c.id == run_id, runs_t.c.status == PLANNED)
@@ -347,7 +365,6 @@ class Ledger(EvidenceWrites):
                     f"run {run_id} was claimed while it was being withdrawn: only a planned run "
                     "can be withdrawn"
                 )
-            record_event(conn, row.campaign_id, run_id, WITHDRAWN, f"withdrawn: {reason.strip()}")
 
         self._write(work, f"withdrawing run {run_id}")
 

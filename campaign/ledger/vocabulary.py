@@ -44,6 +44,7 @@ STOP_CAUSES: Final = (
     "interrupted",
     "preempted",
     "heartbeat_lost",
+    "stalled",
 )
 
 # Which stop causes make sense for which end status. The database only checks
@@ -54,7 +55,7 @@ CAUSES_BY_STATUS: Final[dict[str, frozenset[str]]] = {
     "stopped": frozenset({"early_stop", "wall_time"}),
     "diverged": frozenset({"non_finite_loss", "non_finite_grad", "loss_explosion"}),
     "oom": frozenset({"out_of_memory"}),
-    "failed": frozenset({"exception"}),
+    "failed": frozenset({"exception", "stalled"}),
     "interrupted": frozenset({"interrupted", "preempted"}),
     "lost": frozenset({"heartbeat_lost"}),
 }
@@ -66,7 +67,9 @@ TRANSITIONS: Final[dict[str, frozenset[str]]] = {
     "lost": frozenset({"running"}),
 }
 
-ARTIFACT_KINDS: Final = ("checkpoint", "final", "predictions", "report", "config", "traceback")
+ARTIFACT_KINDS: Final = (
+    "checkpoint", "final", "predictions", "report", "config", "log", "traceback",
+)  # fmt: skip
 PHASES: Final = (
     "data",
     "forward",

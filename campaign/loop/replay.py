@@ -19,6 +19,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from campaign.ledger import Ledger
+from campaign.ledger.vocabulary import TERMINAL_STATUSES
 from campaign.loop.checkpoint import CheckpointError, file_sha256
 from campaign.loop.data import to_device
 from campaign.loop.fresh_process import FreshProcessFailed, answer, run_json
@@ -37,13 +38,14 @@ def replay(ledger: Ledger, run_id: str) -> dict[str, Any]:
     if file_sha256(path) != row["sha256"]:
         raise CheckpointError(f"final artifact {path} does not match the ledger: refused")
     identical, outputs, expected = replay_artifact(path, ledger.campaign(record.campaign).task)
-    ledger.add_event(
-        record.campaign,
-        "replay",
+    detail = (
         f"final artifact {int(row['id'])} reloaded in process {os.getpid()}: "
-        f"{len(outputs)} control inputs, outputs {'identical' if identical else 'DIFFERENT'}",
-        run_id=run_id,
+        f"{len(outputs)} control inputs, outputs {'identical' if identical else 'DIFFERENT'}"
     )
+    if record.status in TERMINAL_STATUSES:  # an ended run takes no more rows: the campaign's
+        ledger.add_event(record.campaign, "replay", f"run {run_id}: {detail}")
+    else:  # the run's own check, before its end is recorded
+        ledger.add_event(record.campaign, "replay", detail, run_id=run_id)
     return {"run_id": run_id, "identical": identical, "outputs": outputs, "expected": expected}
 
 
