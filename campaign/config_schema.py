@@ -65,10 +65,18 @@ class SchedulerConfig(_Strict):
     warmup: int = Field(0, ge=0)
 
 
+class CheckpointConfig(_Strict):
+    """Retention: after a newer checkpoint is written and verified, only the newest
+    ``keep_last`` files stay on disk (their ledger rows stay forever)."""
+
+    keep_last: int = Field(3, ge=1)
+
+
 class RunConfig(_Strict):
     """The resolved config of one run, before the planner's accounting is added."""
 
     loop: LoopConfig = LoopConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
     budget: BudgetConfig
     optimizer: OptimizerConfig = OptimizerConfig()
     scheduler: SchedulerConfig = SchedulerConfig()

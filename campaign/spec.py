@@ -70,6 +70,8 @@ class StopSection(_Section):
     loss_explosion: float | None = Field(None, gt=1)
     patience: int = Field(0, ge=0)
     wall_time: str | None = Field(None, pattern=DURATION_PATTERN)
+    # No progress (no phase, microbatch or validation batch) for this long: failed/stalled.
+    stall: str | None = Field(None, pattern=DURATION_PATTERN)
 
 
 class VariantSection(_Section):

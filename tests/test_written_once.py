@@ -123,8 +123,9 @@ def test_no_metric_is_added_to_an_ended_segment(ended: dict, ledger: Ledger) -> 
         (running.run_id, running.segment_id),
     )
     assert "segment" in message
-    execute(url, "INSERT INTO metrics (run_id, segment_id, key, step, value, wall_time) "
-                 "VALUES (?, ?, 'train/loss', 7, 0.1, 0)", (running.run_id, resumed.segment_id))  # fmt: skip
+    insert = ("INSERT INTO metrics (run_id, segment_id, key, step, value, wall_time) "
+              "VALUES (?, ?, 'train/loss', 7, 0.1, 0)")  # fmt: skip
+    execute(url, insert, (running.run_id, resumed.segment_id))
 
 
 def test_campaign_level_events_and_notes_stay_open(ended: dict, ledger: Ledger) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from campaign.cli.options import artifacts_option, skip_reason
+from campaign.cli.options import artifacts_option, skip_reason, stop_grace_option
 from campaign.cli.output import output_options, render_rows
 from campaign.cli.source import LedgerSource
 from campaign.launch.defaults import DEFAULT_HEARTBEAT_S, DEFAULT_LEASE_S, EXECUTORS
@@ -20,11 +20,13 @@ def _worker_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """Options shared by `launch` and `worker`: heartbeat, lease, resume, pilot gate."""
     decorators = [
         artifacts_option,
-        click.option("--heartbeat-s", type=click.FloatRange(min=0.05), default=DEFAULT_HEARTBEAT_S,
+        stop_grace_option,
+        click.option("--heartbeat-s", type=click.FloatRange(min=0.1), default=DEFAULT_HEARTBEAT_S,
                      show_default=True, help="Seconds between a running run's heartbeats."),
-        click.option("--lease-s", type=click.FloatRange(min=0.1), default=DEFAULT_LEASE_S,
+        click.option("--lease-s", type=click.FloatRange(min=0.3), default=DEFAULT_LEASE_S,
                      show_default=True,
-                     help="Heartbeat age after which a running run is declared lost."),
+                     help="Heartbeat age after which a running run is declared lost "
+                     "(at least 3 heartbeats)."),
         click.option("--resume-lost", is_flag=True,
                      help="Also continue lost runs from their last verified checkpoint."),
         click.option("--resume-interrupted", is_flag=True,
@@ -47,7 +49,7 @@ def _options(campaign: str, artifacts: Path, **kw: Any) -> Any:
             campaign=campaign, artifacts=artifacts, device=kw.get("device", "cpu"),
             heartbeat_s=kw["heartbeat_s"], lease_s=kw["lease_s"], resume=resume,
             threads=kw.get("threads"), max_runs=kw.get("max_runs"),
-            replay_in_subprocess=not kw["no_replay_check"],
+            replay_in_subprocess=not kw["no_replay_check"], grace_s=kw["stop_grace_s"],
         )  # fmt: skip
     except ValueError as error:
         raise click.UsageError(str(error)) from None

@@ -36,3 +36,12 @@ def skip_reason(skip_pilot: bool, reason: str | None) -> str | None:
     if reason and not skip_pilot:
         raise click.UsageError("--reason goes with --skip-pilot")
     return reason if skip_pilot else None
+
+
+def stop_grace_option(command: Any) -> Any:
+    """``--stop-grace-s``: between a graceful signal to a supervised run and its kill."""
+    return click.option(
+        "--stop-grace-s", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
+        help="After a graceful signal to a run (wall time reached, SIGTERM), how long it "
+        "gets to checkpoint and end before it is killed.",
+    )(command)  # fmt: skip

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from campaign.cli.options import artifacts_option, device_option, skip_reason
+from campaign.cli.options import artifacts_option, device_option, skip_reason, stop_grace_option
 from campaign.cli.output import output_options
 from campaign.cli.source import LedgerSource
 
@@ -24,10 +24,11 @@ def _execute(
     *,
     expect: str,
     skip: str | None = None,
+    grace_s: float = 30.0,
 ) -> None:
     """Run or resume ``run_id`` in this process; exit 1 unless it completed or stopped.
     A planned run starts only through the pilot gate of its class (or a recorded skip)."""
-    from campaign.loop.train import execute
+    from campaign.launch.worker import WorkerOptions, execute_one
 
     with source.open() as ledger:
         record = ledger.run(run_id)
@@ -41,7 +42,8 @@ def _execute(
             raise click.UsageError(
                 f"run {run_id} is {status}: only interrupted or lost runs resume"
             )
-        outcome = execute(ledger, run_id, artifacts=artifacts, device=device)
+        options = WorkerOptions(record.campaign, artifacts, device, grace_s=grace_s)
+        outcome = execute_one(ledger, run_id, options)
         _warn_about_flags(ledger, run_id)
     click.echo(
         f"run {outcome.run_id}: {outcome.status} ({outcome.cause}) at update "
@@ -76,12 +78,13 @@ def _warn_about_flags(ledger: Ledger, run_id: str) -> None:
 @click.argument("run_id")
 @artifacts_option
 @device_option
+@stop_grace_option
 @click.option("--skip-pilot", is_flag=True,
               help="Run without a passing pilot of its gate class (needs --reason; recorded).")
 @click.option("--reason", default=None, help="Why the pilot is skipped (recorded).")
 @click.pass_obj
-def run(source: LedgerSource, run_id: str, artifacts: Path, device: str, skip_pilot: bool,
-        reason: str | None) -> None:  # fmt: skip
+def run(source: LedgerSource, run_id: str, artifacts: Path, device: str, stop_grace_s: float,
+        skip_pilot: bool, reason: str | None) -> None:  # fmt: skip
     """Execute one planned run in this process (what a worker calls).
 
     The run's gate class needs a passing pilot (`campaign pilot`), or --skip-pilot
@@ -92,20 +95,22 @@ def run(source: LedgerSource, run_id: str, artifacts: Path, device: str, skip_pi
     Example: campaign run 01jd8x3m5k2q9w7c4v6b1n0r8t --device cpu
     """
     _execute(source, run_id, artifacts, device, expect="planned",
-             skip=skip_reason(skip_pilot, reason))  # fmt: skip
+             skip=skip_reason(skip_pilot, reason), grace_s=stop_grace_s)  # fmt: skip
 
 
 @click.command()
 @click.argument("run_id")
 @artifacts_option
 @device_option
+@stop_grace_option
 @click.pass_obj
-def resume(source: LedgerSource, run_id: str, artifacts: Path, device: str) -> None:
+def resume(source: LedgerSource, run_id: str, artifacts: Path, device: str,
+           stop_grace_s: float) -> None:  # fmt: skip
     """Continue an interrupted or lost run from its last verified checkpoint (same id, new segment).
 
     Example: campaign resume 01jd8x3m5k2q9w7c4v6b1n0r8t
     """
-    _execute(source, run_id, artifacts, device, expect="resumable")
+    _execute(source, run_id, artifacts, device, expect="resumable", grace_s=stop_grace_s)
 
 
 @click.command()

@@ -132,6 +132,7 @@ class LocalLauncher:
             sys.executable, "-m", "campaign", "worker", o.campaign,
             "--device", slot.device, "--artifacts", str(o.artifacts),
             "--heartbeat-s", f"{o.heartbeat_s:g}", "--lease-s", f"{o.lease_s:g}", "--launched",
+            "--stop-grace-s", f"{o.grace_s:g}",
         ]  # fmt: skip
         if slot.threads:
             line += ["--threads", str(slot.threads)]

@@ -15,6 +15,7 @@ exits with :class:`LeaseLost`: another worker owns its run now.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import socket
@@ -29,10 +30,12 @@ import torch
 
 from campaign.launch.defaults import DEFAULT_HEARTBEAT_S, DEFAULT_LEASE_S
 from campaign.launch.replicated import replica_group
+from campaign.launch.supervisor import Supervision, supervise
 from campaign.ledger import Claim, IllegalTransition, Ledger, StopRecord
 from campaign.ledger.vocabulary import TERMINAL_STATUSES
 from campaign.loop import replicas as dp
-from campaign.loop.errors import LoopError, RunSetupFailed
+from campaign.loop.errors import CheckpointError, LoopError, RunSetupFailed
+from campaign.loop.resume import ResumePoint, choose_resume_point
 from campaign.loop.train import RunLoop, RunOutcome
 
 
@@ -54,13 +57,20 @@ class WorkerOptions:
     # Signals by which a scheduler announces preemption or a time limit (SLURM: USR2):
     # the run checkpoints and ends interrupted with stop cause ``preempted``.
     preempt_signals: tuple[int, ...] = ()
+    # Each run executes in a supervised child process (campaign/launch/supervisor.py);
+    # ``grace_s``: between a graceful signal to it (wall time, SIGTERM) and the kill.
+    supervised: bool = True
+    grace_s: float = 30.0
 
     def __post_init__(self) -> None:
-        if self.heartbeat_s <= 0 or self.lease_s <= self.heartbeat_s:
+        if not (self.heartbeat_s >= 0.1 and self.lease_s >= 3 * self.heartbeat_s):
             raise ValueError(
-                f"the lease limit ({self.lease_s:g} s) must exceed the heartbeat interval "
-                f"({self.heartbeat_s:g} s)"
+                f"the heartbeat interval ({self.heartbeat_s:g} s) must be at least 0.1 s and "
+                f"the lease limit ({self.lease_s:g} s) at least 3 heartbeats: a run would be "
+                "declared lost between two beats of a live worker"
             )
+        if self.grace_s <= 0:
+            raise ValueError(f"the grace period ({self.grace_s:g} s) must be positive")
 
 
 @dataclass
@@ -70,6 +80,8 @@ class WorkerReport:
     worker: str
     outcomes: list[RunOutcome] = field(default_factory=list)
     lost_marked: list[str] = field(default_factory=list)
+    # Resumable runs left as they were: no recorded checkpoint verifies (the reasons).
+    not_resumed: dict[str, str] = field(default_factory=dict)
     stopped_by_signal: bool = False
     preempted: bool = False
 
@@ -120,10 +132,14 @@ def run_worker(
             report.lost_marked += [
                 lost.run_id for lost in ledger.mark_lost(options.lease_s, options.campaign)
             ]
-            taken = _next_run(ledger, options, report.worker, gated)
+            taken = _next_run(ledger, options, report.worker, gated, set(report.not_resumed))
             if taken is None:
                 break
-            outcome = _execute(ledger, options, report.worker, *taken, stopping)
+            try:
+                outcome = _execute(ledger, options, report.worker, *taken, stopping)
+            except CheckpointError as refused:  # before the run left its status: it stays
+                report.not_resumed[taken[0]] = str(refused)
+                continue
             if outcome is None:  # another worker resumed it first
                 continue
             report.outcomes.append(outcome)
@@ -180,7 +196,7 @@ def _loop_options(options: WorkerOptions, worker: str) -> dict[str, Any]:
 
 
 def _next_run(
-    ledger: Ledger, options: WorkerOptions, worker: str, gated: set[str]
+    ledger: Ledger, options: WorkerOptions, worker: str, gated: set[str], refused: set[str]
 ) -> tuple[str, Claim | None] | None:
     """The next run this worker should execute (with its claim when it is already taken),
     or None when none is left.
@@ -191,7 +207,8 @@ def _next_run(
     """
     if options.resume:
         for run_id in _candidates(ledger, options, options.resume):
-            return run_id, None
+            if run_id not in refused:
+                return run_id, None
     if options.only_runs:
         for run_id in _candidates(ledger, options, ("planned",)):
             claim = _start_planned(ledger, run_id, worker)
@@ -239,29 +256,74 @@ def _execute(
     claim: Claim | None,
     stopping: StopRequest,
 ) -> RunOutcome | None:
-    """Execute one run; None when a resumable run was taken by another worker first."""
+    """Execute one run (supervised in a child process unless the options say otherwise); None
+    when a resumable run was taken by another worker first. A resumable run's checkpoint is
+    chosen and verified before it is taken (:class:`CheckpointError`: nothing changed)."""
+    record = ledger.run(run_id)
+    point = None
+    if claim is None:
+        point = choose_resume_point(ledger, record.campaign, run_id, record.config_sha256,
+                                    options.artifacts)  # fmt: skip
+        checkpoint = point.checkpoint
+        try:
+            claim = ledger.start(run_id, worker,
+                                 start_step=checkpoint["step"] if checkpoint else 0,
+                                 resumed_from=checkpoint["id"] if checkpoint else None)  # fmt: skip
+        except IllegalTransition:  # another worker took it between list and start
+            return None
+
+    if not options.supervised:
+        return _execute_here(ledger, options, worker, claim, point, stopping, None)
+    placed = replace(options, artifacts=options.artifacts.absolute())
+    body = functools.partial(_supervised_body, placed, worker, claim, point)
+    supervision = Supervision(options.heartbeat_s, options.grace_s)
+    return supervise(ledger, claim, body, supervision, folder=options.artifacts / run_id,
+                     config=record.config_document, stopping=stopping)  # fmt: skip
+
+
+def _supervised_body(
+    options: WorkerOptions,
+    worker: str,
+    claim: Claim,
+    point: ResumePoint | None,
+    ledger: Ledger,
+    log: Path,
+) -> RunOutcome:
+    """The run in its supervised process (a module-level function: it travels pickled to the
+    fork server, with plain data only)."""
+    return _execute_here(ledger, options, worker, claim, point, StopRequest(), log)
+
+
+def _execute_here(
+    ledger: Ledger,
+    options: WorkerOptions,
+    worker: str,
+    claim: Claim,
+    point: ResumePoint | None,
+    stopping: StopRequest,
+    log: Path | None,
+) -> RunOutcome:
+    """The run itself, in this process (the supervised child, or a worker told not to fork)."""
+    run_id = claim.run_id
     world = int(ledger.run(run_id).config_document["loop"]["replicas"])
     group: Any = contextlib.nullcontext()
     replica = None
     if world > 1:
         group = replica_group(ledger, run_id, world, options.device, options.artifacts)
         replica = dp.Replica(0, world)
+    loop_options = _loop_options(options, worker)
+    if log is not None:  # supervised: the parent holds the heartbeat
+        loop_options["heartbeat_s"] = None
     try:
-        loop = RunLoop(
-            ledger, run_id, claim=claim, replica=replica, **_loop_options(options, worker)
-        )
+        loop = RunLoop(ledger, run_id, claim=claim, replica=replica, resume=point, log=log,
+                       **loop_options)  # fmt: skip
     except LoopError as error:  # refused before any work: a claimed run must still end
-        if claim is not None:
-            stop = StopRecord("exception", 0, "setup", str(error))
-            ledger.finish(run_id, "failed", stop, lease=claim.lease, training_s=0.0)
-            return RunOutcome(run_id, "failed", "exception", 0, str(error))
-        raise
+        stop = StopRecord("exception", 0, "setup", str(error))
+        ledger.finish(run_id, "failed", stop, lease=claim.lease, training_s=0.0)
+        return RunOutcome(run_id, "failed", "exception", 0, str(error))
     with group:
         try:
             loop.setup()
-        except IllegalTransition:  # a resumable run another worker took between list and start
-            loop.cleanup()
-            return None
         except RunSetupFailed as error:  # the run is recorded as failed already
             loop.cleanup()
             return RunOutcome(loop.run_id, "failed", "exception", loop.step, str(error))
@@ -271,6 +333,18 @@ def _execute(
             return loop.train()
         finally:
             loop.cleanup()
+
+
+def execute_one(ledger: Ledger, run_id: str, options: WorkerOptions) -> RunOutcome:
+    """``campaign run`` / ``campaign resume``: one run, supervised, in this process's child.
+    A planned run is taken here; a resumable one after its checkpoint verifies."""
+    worker = worker_name(options.device, options.name)
+    claim = ledger.start(run_id, worker) if ledger.run(run_id).status == "planned" else None
+    with _stop_on_signals() as stopping:
+        outcome = _execute(ledger, options, worker, run_id, claim, stopping)
+    if outcome is None:
+        raise IllegalTransition(f"run {run_id} was taken by another worker first")
+    return outcome
 
 
 class StopRequest(threading.Event):

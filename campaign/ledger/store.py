@@ -11,7 +11,6 @@ so that a mistake gets a precise message instead of a trigger's.
 from __future__ import annotations
 
 import json
-
 from collections.abc import Mapping, Sequence
 from typing import Any
 

@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import random
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +54,8 @@ def file_sha256(path: Path) -> str:
 def save(path: Path, tensors: dict[str, torch.Tensor], state: Mapping[str, Any]) -> SavedCheckpoint:
     """Write atomically: temp file in the same directory, fsync, rename, fsync the directory."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    for leftover in path.parent.glob(".*.partial"):  # a killed writer's: never a checkpoint
+        leftover.unlink(missing_ok=True)
     temporary = path.with_name(f".{path.name}.{os.getpid()}.partial")
     document = json.dumps({"format": FORMAT_VERSION, **state}, allow_nan=True)
     contiguous = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
@@ -66,6 +69,22 @@ def save(path: Path, tensors: dict[str, torch.Tensor], state: Mapping[str, Any])
     finally:
         os.close(directory)
     return SavedCheckpoint(path, file_sha256(path), path.stat().st_size, int(state["step"]))
+
+
+def prune(folder: Path, keep_last: int, newest: Path) -> list[Path]:
+    """Delete all but the newest ``keep_last`` checkpoint files of ``folder`` (by step, the
+    file just written and verified always kept); their ledger rows stay, and a resume skips
+    a pruned file for the newest one that is still there. Returns what was deleted."""
+    files = sorted(folder.glob("step-*.safetensors"), key=_step_and_segment)
+    doomed = [f for f in files[: max(0, len(files) - keep_last)] if f != newest]
+    for path in doomed:
+        path.unlink(missing_ok=True)
+    return doomed
+
+
+def _step_and_segment(path: Path) -> tuple[int, int]:
+    match = re.fullmatch(r"step-(\d+)(?:-segment-(\d+))?\.safetensors", path.name)
+    return (int(match.group(1)), int(match.group(2) or 1)) if match else (-1, 0)
 
 
 def load(path: Path, expected_sha256: str | None) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

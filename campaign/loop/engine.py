@@ -31,6 +31,7 @@ import torch
 from torch.utils.checkpoint import checkpoint as activation_checkpoint
 
 from campaign.loop import checkpoint as ckpt
+from campaign.loop import progress
 from campaign.loop import replicas as dp
 from campaign.loop.data import DataOrder, to_device
 from campaign.loop.errors import LoopError
@@ -202,6 +203,7 @@ def accumulate(
         # can be normalised first and the extra pass over the gradients saved.
         with context:
             loss_sum, count = task.loss(model, batches[0])
+        _check_units(count)
         if int(count) == 0:
             raise LoopError(NO_UNITS)
         (loss_sum / count).backward()
@@ -209,8 +211,10 @@ def accumulate(
     total = torch.zeros((), dtype=torch.float64)
     units = 0
     for batch in batches:
+        progress.tick()
         with context:
             loss_sum, count = task.loss(model, batch)
+        _check_units(count)
         (scaler.scale(loss_sum) if scaler is not None else loss_sum).backward()
         total += loss_sum.detach().to(torch.float64).cpu()
         units += int(count)
@@ -220,6 +224,13 @@ def accumulate(
         if parameter.grad is not None:
             parameter.grad.div_(units)
     return float(total), units
+
+
+def _check_units(count: Any) -> None:
+    """``loss()`` counts units: a negative count would turn the normalised loss upside down
+    (the optimiser would climb it and the run end ``completed``)."""
+    if int(count) < 0:
+        raise LoopError(f"loss() returned {int(count)} units: a number of units is never negative")
 
 
 @torch.no_grad()
@@ -239,9 +250,11 @@ def evaluate(
     total, units, records = 0.0, 0, []
     try:
         for start in range(0, len(examples), batch_size):
+            progress.tick()
             batch = to_device(task.collate(list(examples[start : start + batch_size])), device)
             with autocast():
                 loss_sum, count = task.loss(model, batch)
+            _check_units(count)
             total += float(loss_sum)
             units += int(count)
             records.extend(check_records(task.predict(model, batch)))

@@ -24,7 +24,8 @@ class Heartbeat:
     """Calls ``beat()`` every ``every_s`` seconds until stopped; ``beat`` returns False when the
     run is no longer held."""
 
-    def __init__(self, beat: Callable[[], bool], every_s: float, name: str) -> None:
+    def __init__(self, beat: Callable[[], bool], every_s: float | None, name: str) -> None:
+        """``every_s`` None: no thread (a supervisor beats for the run, see launch/supervisor)."""
         self._beat, self.every_s, self.name = beat, every_s, name
         self.lease_lost = threading.Event()
         self.failure: BaseException | None = None
@@ -32,11 +33,13 @@ class Heartbeat:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
+        if self.every_s is None:
+            return
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        while not self._stopping.wait(self.every_s):
+        while not self._stopping.wait(self.every_s or 0):
             try:
                 held = self._beat()
             except RefusedWrite:

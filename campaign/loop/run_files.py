@@ -9,6 +9,7 @@ is whole, so every artifact row names a file whose hash was taken from disk.
 from __future__ import annotations
 
 import os
+import sys
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,11 +31,42 @@ def record_file(
     lease: str | None,
     sha256: str | None = None,
 ) -> int:
-    """Add the artifact row of a file already written (its hash taken now unless given)."""
+    """Add the artifact row of a file already written (its hash taken now unless given).
+
+    The path is recorded absolute: a resume from another working directory finds it (and
+    one given another ``--artifacts`` folder finds it there, see :func:`locate`)."""
     digest = sha256 if sha256 is not None else file_sha256(path)
     return ledger.add_artifact(
-        run_id, kind, str(path), digest, path.stat().st_size, step, lease=lease
+        run_id, kind, str(path.absolute()), digest, path.stat().st_size, step, lease=lease
     )
+
+
+def record_log(ledger: Ledger, run_id: str, path: Path, step: int, *, lease: str | None) -> None:
+    """Record the supervised process's output (its stdout and stderr) as the run's ``log``
+    artifact, then send later output nowhere: the recorded hash stays the file's."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    if not path.exists():
+        return
+    record_file(ledger, run_id, "log", path, step, lease=lease)
+    sink = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(sink, 1)
+    os.dup2(sink, 2)
+    os.close(sink)
+
+
+def locate(stored: str, artifacts: Path, run_id: str) -> Path:
+    """Where an artifact is now: its recorded path, else the same file under ``artifacts``
+    (the folder moved, or an old relative path read from another working directory)."""
+    path = Path(stored)
+    if path.exists():
+        return path
+    parts = path.parts
+    if run_id in parts:
+        moved = Path(artifacts, *parts[parts.index(run_id):])
+        if moved.exists():
+            return moved
+    return path
 
 
 def write_predictions(path: Path, records: Sequence[dict[str, Any]]) -> Path:

@@ -2,8 +2,9 @@
 
 The handler only remembers the signal; the loop finishes the current update,
 checkpoints and ends the run ``interrupted`` (cause ``interrupted`` or
-``preempted``). Handlers are installed only in the main thread (Python's rule)
-and restored when the run is cleaned up.
+``preempted``). SIGUSR1 is the supervisor's hard wall-time limit: the run ends
+``stopped``/``wall_time`` after the current update. Handlers are installed
+only in the main thread (Python's rule) and restored when the run is cleaned up.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import signal
 import threading
 from collections.abc import Sequence
 from typing import Any
+
+WALL_TIME_SIGNAL = signal.SIGUSR1
 
 
 class SignalLatch:
@@ -30,12 +33,16 @@ class SignalLatch:
         def handler(signum: int, _frame: Any) -> None:
             self.received = signum
 
-        for signum in (signal.SIGTERM, signal.SIGINT, *self.preempt_signals):
+        for signum in (signal.SIGTERM, signal.SIGINT, WALL_TIME_SIGNAL, *self.preempt_signals):
             self._previous[signum] = signal.signal(signum, handler)
 
     def request(self, signum: int) -> None:
         """Act as if ``signum`` had arrived (a worker that received it between runs)."""
         self.received = signum
+
+    @property
+    def wall_time(self) -> bool:
+        return self.received == WALL_TIME_SIGNAL
 
     @property
     def preempted(self) -> bool:

@@ -40,6 +40,7 @@ from campaign.ledger import Claim, Ledger, StopRecord
 from campaign.ledger.canonical import canonical_json
 from campaign.ledger.errors import LeaseLost
 from campaign.loop import checkpoint as ckpt
+from campaign.loop import progress
 from campaign.loop import replicas as dp
 from campaign.loop.data import describe_inputs
 from campaign.loop.engine import Trainer, seed_everything
@@ -48,8 +49,8 @@ from campaign.loop.heartbeat import Heartbeat
 from campaign.loop.measure import Probe
 from campaign.loop.preflight import refuse_impossible
 from campaign.loop.replay import replay_in_subprocess, write_final
-from campaign.loop.resume import latest_checkpoint, replayed_steps_report
-from campaign.loop.run_files import record_file, write_predictions, write_traceback
+from campaign.loop.resume import ResumePoint, choose_resume_point, replayed_steps_report
+from campaign.loop.run_files import record_file, record_log, write_predictions, write_traceback
 from campaign.loop.signals import SignalLatch
 from campaign.loop.stop import StopDecision, StopRules
 from campaign.loop.task import Batch, build_task
@@ -83,12 +84,14 @@ class RunLoop:
         artifacts: Path,
         worker: str | None = None,
         device: str = "cpu",
-        heartbeat_s: float = 30.0,
+        heartbeat_s: float | None = 30.0,
         measure_every: int = 100,
         replay_in_subprocess: bool = True,
         claim: Claim | None = None,
         preempt_signals: Sequence[int] = (),
         replica: dp.Replica | None = None,
+        resume: ResumePoint | None = None,
+        log: Path | None = None,
     ) -> None:
         self.ledger, self.run_id = ledger, run_id
         self.record = ledger.run(run_id)
@@ -106,6 +109,9 @@ class RunLoop:
             raise LoopError(f"run {run_id}: the claim given does not hold this run")
         self.lease: str | None = claim.lease if claim is not None else None
         self._claim = claim
+        self._resume = resume  # the checkpoint a supervisor verified before it claimed the run
+        self.artifacts = Path(artifacts)
+        self.log = log  # the supervised process's output, recorded just before the end
         self.segment_id: int | None = None
         self.segment_ordinal = 0
         self.heartbeat = Heartbeat(
@@ -118,8 +124,8 @@ class RunLoop:
         self.rules = StopRules(self.config)
         self.trainer: Trainer | None = None
         self.metrics: Any = None
-        self.phase = "setup"
         self.step, self.examples_seen = 0, 0
+        self.phase = "setup"
         self.replayed_from: int | None = None  # the step a resume restarted from
         self._pending: list[list[Any]] = []  # unflushed metric points of a resumed checkpoint
         self._batches: list[Batch] = []
@@ -134,10 +140,13 @@ class RunLoop:
             shared = dp.broadcast_json(None, self.replica, self._group_device)
             self._prepare(shared["resume_from"])
             return
-        resumable = self.record.status in ("interrupted", "lost")
-        resume_from = (
-            latest_checkpoint(self.ledger, self.record.campaign, self.run_id) if resumable else None
-        )
+        point = self._resume or ResumePoint(None)
+        if self._claim is None and self.record.status in ("interrupted", "lost"):
+            # Chosen and verified before the run leaves its status: a bad checkpoint changes
+            # nothing (CheckpointError), a newer damaged one is passed over and named.
+            point = choose_resume_point(self.ledger, self.record.campaign, self.run_id,
+                                        self.record.config_sha256, self.artifacts)  # fmt: skip
+        resume_from = point.checkpoint
         claim = self._claim or self.ledger.start(
             self.run_id,
             self.worker,
@@ -146,12 +155,14 @@ class RunLoop:
         )
         self.segment_id, self.segment_ordinal = claim.segment_id, claim.ordinal
         self.lease = claim.lease or None
+        if point.event_detail():
+            self._event("resume_fallback", str(point.event_detail()))
         self.heartbeat.start()  # from the claim on: building the model may take a while
         if self.replica.world > 1:
             dp.broadcast_json({"resume_from": resume_from}, self.replica, self._group_device)
         try:
             self._prepare(resume_from)
-        except Exception as error:  # the run left `planned`: it must end with a stop cause
+        except (Exception, SystemExit, KeyboardInterrupt) as error:  # it must end with a cause
             detail = f"{type(error).__name__}: {first_line(error)}"
             artifact = self._save_traceback()
             if artifact:
@@ -168,9 +179,12 @@ class RunLoop:
         if self.writes:
             stack = environment(self.task_reference)
             self.ledger.set_environment(self.run_id, stack, lease=self.lease)
+        progress.tick()
         seed_everything(int(self.config["seed"]))
         task = build_task(self.task_reference, self.record.config_document)
+        progress.tick()
         self.trainer = Trainer(task, self.config, self.device, self.replica)
+        progress.tick()
         self.rules = StopRules(self.config)  # the wall-time clock starts once the run is built
         if resume_from:
             self._restore(resume_from)
@@ -195,6 +209,16 @@ class RunLoop:
         self._pending = state.get("metric_buffer", [])
 
     @property
+    def phase(self) -> str:
+        return self._phase
+
+    @phase.setter
+    def phase(self, name: str) -> None:
+        """Every phase change tells a supervisor the run makes progress, and where it is."""
+        self._phase = name
+        progress.tick(name, self.step)
+
+    @property
     def _trainer(self) -> Trainer:
         if self.trainer is None:
             raise LoopError(f"run {self.run_id}: setup() has not built the trainer")
@@ -212,7 +236,7 @@ class RunLoop:
             inputs = canonical_json(self.phase_inputs)
             detail = f"{first_line(error)} in {self.phase} with inputs {inputs}"
             stop = StopDecision("oom", "out_of_memory", detail)
-        except Exception as error:
+        except (Exception, SystemExit, KeyboardInterrupt) as error:  # task code may raise these
             traceback_artifact = self._save_traceback()
             stop = StopDecision(
                 "failed", "exception", f"{type(error).__name__}: {first_line(error)}"
@@ -237,6 +261,9 @@ class RunLoop:
             if self.heartbeat.lease_lost.is_set():
                 raise LeaseLost(f"run {self.run_id}: {LEASE_GONE}")
             if self.signals.received is not None:
+                if self.signals.wall_time:
+                    detail = "the supervisor's hard wall-time limit was reached"
+                    return StopDecision("stopped", "wall_time", detail, "update")
                 if self.signals.preempted:
                     detail = (
                         f"{self.signals.name} received: the scheduler preempts or times out the job"
@@ -367,6 +394,8 @@ class RunLoop:
             self.ledger, self.run_id, "checkpoint", saved.path, saved.step,
             lease=self.lease, sha256=saved.sha256,
         )  # fmt: skip
+        keep = int(self.config.get("checkpoint", {}).get("keep_last", 3))
+        ckpt.prune(saved.path.parent, keep, saved.path)
         self._write_phases()
         return artifact
 
@@ -392,6 +421,8 @@ class RunLoop:
         with contextlib.suppress(Exception):
             self.metrics.close()
         self._record_replayed_steps()
+        if self.log is not None:  # before the end: nothing is added to an ended run
+            record_log(self.ledger, self.run_id, self.log, self.step, lease=self.lease)
         detail = stop.detail + (
             f" (traceback: artifact {traceback_artifact})" if traceback_artifact else ""
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from typing import Any
 
@@ -26,7 +27,8 @@ class FaultyDigits(DigitsTask):
         one: task code that behaves differently in another process, so the final artifact's
         replay in a fresh process predicts other labels."""
         model = super().model()
-        if os.environ.get("CAMPAIGN_TEST_DRIFT") == str(os.getpid()):
+        drifting = os.environ.get("CAMPAIGN_TEST_DRIFT")  # the test's process or its forked run
+        if drifting in (str(os.getpid()), str(os.getppid())) and "replay" not in sys.argv:
             model.register_forward_hook(lambda _m, _i, output: output.roll(1, dims=-1))
         return model
 
@@ -47,8 +49,10 @@ class FaultyDigits(DigitsTask):
                 open(self.marker, "w").close()  # once: the resumed process runs on
                 os.kill(os.getpid(), signal.SIGTERM)
             elif self.fault == "sigkill" and self.marker and not os.path.exists(self.marker):
-                open(self.marker, "w").close()  # dies without a word, like a lost machine
-                os.kill(os.getpid(), signal.SIGKILL)
+                open(self.marker, "w").close()  # dies without a word, like a lost machine:
+                supervisor = os.environ.get("CAMPAIGN_SUPERVISOR_PID")  # the worker with it
+                os.kill(int(supervisor) if supervisor else os.getpid(), signal.SIGKILL)
+                time.sleep(60)
             elif self.fault == "oom":
                 raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return total, units

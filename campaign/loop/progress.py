@@ -1,0 +1,76 @@
+"""A run's progress as its supervisor sees it: a page of memory shared with the run's process.
+
+The supervisor (:mod:`campaign.launch.supervisor`) decides whether a run is
+alive from this page, not from a thread that stamps regardless: the loop
+ticks it at every phase change, every microbatch and every validation batch,
+so a task hung in ``loss()`` stops the counter and the supervisor sees the
+stall, the phase it happened in and the last completed update. A tick is a
+few bytes written into a shared mapping of a small file beside the run's log:
+no system call, nothing to measure against a training step. Outside a supervised process nothing is
+installed and a tick does nothing.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+_LAYOUT = struct.Struct("<QQ32s")  # tick counter, last completed update, phase name
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What the page says: ``ticks`` grows while the run makes progress."""
+
+    ticks: int
+    step: int
+    phase: str
+
+
+class ProgressBoard:
+    """The shared page, mapped from ``path`` (``create``: the supervisor makes and zeroes it;
+    the run's process maps the same file, writes, and the supervisor reads)."""
+
+    def __init__(self, path: Path, *, create: bool = False) -> None:
+        if create:
+            path.write_bytes(bytes(mmap.PAGESIZE))
+        with open(path, "r+b") as handle:
+            self._page = mmap.mmap(handle.fileno(), mmap.PAGESIZE)
+        self._ticks, self._step, self._phase = 0, 0, b"setup"
+        if create:
+            self._write()
+
+    def tick(self, phase: str | None = None, step: int | None = None) -> None:
+        self._ticks += 1
+        if phase is not None:
+            self._phase = phase.encode("ascii", "replace")[:32]
+        if step is not None:
+            self._step = step
+        self._write()
+
+    def _write(self) -> None:
+        _LAYOUT.pack_into(self._page, 0, self._ticks, self._step, self._phase)
+
+    def read(self) -> Progress:
+        ticks, step, phase = _LAYOUT.unpack_from(self._page, 0)
+        return Progress(ticks, step, phase.rstrip(b"\0").decode("ascii", "replace"))
+
+    def close(self) -> None:
+        self._page.close()
+
+
+_installed: ProgressBoard | None = None
+
+
+def install(board: ProgressBoard | None) -> None:
+    """Make ``board`` the one :func:`tick` writes to (in the supervised child)."""
+    global _installed
+    _installed = board
+
+
+def tick(phase: str | None = None, step: int | None = None) -> None:
+    """Say the run is making progress (and, when given, in which phase and after which update)."""
+    if _installed is not None:
+        _installed.tick(phase, step)

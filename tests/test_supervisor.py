@@ -1,0 +1,149 @@
+"""The supervisor ends every run (issue 14): real `campaign run` processes, user code that
+hangs, exits, raises, segfaults, forks or prints, each ending with a recorded cause."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from campaign.ledger import Ledger
+from tests.loop_helpers import plan_loop
+
+TASK = "tests.tasks.misbehaving:build"
+
+
+@pytest.fixture
+def ledger(sqlite_url: str) -> Any:
+    with Ledger.open(sqlite_url, create=True) as opened:
+        yield opened
+
+
+def _plan_with_stop(ledger: Ledger, name: str, stop: dict[str, Any], **task: Any) -> str:
+    return plan_loop(
+        ledger, name, task=TASK,
+        hold={"loop.microbatch": 4, "loop.accumulation": 2, "budget.updates": 4},
+        config={"optimizer.lr": 0.1, "optimizer.name": "sgd",
+                **{f"task.{k}": v for k, v in task.items()}},
+        validation={"every": 4}, stop=stop, seeds=[0],
+    )[0]  # fmt: skip
+
+
+def _command(url: str, tmp_path: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "campaign", "--ledger", url, *args,
+            "--artifacts", str(tmp_path / "art")]  # fmt: skip
+
+
+def _run(url: str, tmp_path: Path, run_id: str, *extra: str, timeout: float = 120) -> tuple:
+    started = time.monotonic()
+    done = subprocess.run(
+        _command(url, tmp_path, "run", run_id, "--skip-pilot", "--reason", "supervisor test",
+                 "--stop-grace-s", "2", *extra),
+        capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+    return done, time.monotonic() - started
+
+
+def _end(ledger: Ledger, run_id: str) -> tuple:
+    run = ledger.run(run_id)
+    return run.status, run.stop_cause, run.stop_phase
+
+
+def test_a_hang_ends_at_the_hard_wall_time(ledger: Ledger, sqlite_url: str, tmp_path: Path) -> None:
+    run_id = _plan_with_stop(ledger, "wall", {"wall_time": "5s"}, misbehave="hang")
+    done, elapsed = _run(sqlite_url, tmp_path, run_id)
+    assert _end(ledger, run_id) == ("stopped", "wall_time", "forward"), done.stderr
+    assert done.returncode == 0 and "Traceback" not in done.stderr
+    assert elapsed < 5 + 2 + 15  # wall time + grace + interpreter start and planning slack
+    assert "hard wall-time limit 5s" in str(ledger.run(run_id).stop_detail)
+
+
+def test_a_hang_without_progress_is_stalled(
+    ledger: Ledger, sqlite_url: str, tmp_path: Path
+) -> None:
+    run_id = _plan_with_stop(ledger, "stall", {"wall_time": "10m", "stall": "4s"},
+                             misbehave="hang")  # fmt: skip
+    done, elapsed = _run(sqlite_url, tmp_path, run_id)
+    assert _end(ledger, run_id) == ("failed", "stalled", "forward")
+    assert done.returncode == 1 and elapsed < 4 + 20
+    assert "no progress for 4 s in forward after update 0" in str(ledger.run(run_id).stop_detail)
+    assert "run " + run_id + ": failed (stalled)" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("misbehave", "detail"),
+    [
+        ("exit0", "SystemExit: 0"),
+        ("exit7", "SystemExit: 7"),
+        ("keyboard", "KeyboardInterrupt"),
+        ("os_exit3", "exited with status 3 in forward after update 0"),
+        ("segv", "was killed by SIGSEGV in forward"),
+        ("negative", "a number of units is never negative"),
+    ],
+)
+def test_task_code_that_exits_or_crashes_ends_the_run(
+    ledger: Ledger, sqlite_url: str, tmp_path: Path, misbehave: str, detail: str
+) -> None:
+    run_id = _plan_with_stop(ledger, f"x-{misbehave}", {}, misbehave=misbehave)
+    done, _ = _run(sqlite_url, tmp_path, run_id)
+    status, cause, _ = _end(ledger, run_id)
+    assert (status, cause) == ("failed", "exception"), done.stderr
+    assert detail in str(ledger.run(run_id).stop_detail)
+    assert done.returncode == 1 and "Traceback" not in done.stderr and done.stdout == ""
+    assert f"run {run_id}: failed (exception)" in done.stderr
+
+
+def test_a_forked_orphan_dies_with_the_run(ledger: Ledger, sqlite_url: str, tmp_path: Path) -> None:
+    pidfile = tmp_path / "orphan.pid"
+    run_id = _plan_with_stop(ledger, "orphan", {"stall": "4s"}, misbehave="orphan",
+                             pidfile=str(pidfile))  # fmt: skip
+    _run(sqlite_url, tmp_path, run_id)
+    assert _end(ledger, run_id)[:2] == ("failed", "stalled"), ledger.run(run_id).stop_detail
+    orphan = int(pidfile.read_text())
+    time.sleep(0.5)
+    with pytest.raises(ProcessLookupError):
+        os.kill(orphan, 0)
+
+
+def test_task_output_goes_to_the_log_artifact(
+    ledger: Ledger, sqlite_url: str, tmp_path: Path
+) -> None:
+    run_id = _plan_with_stop(ledger, "chatty", {}, misbehave="chatty")
+    done, _ = _run(sqlite_url, tmp_path, run_id)
+    assert ledger.run(run_id).status == "completed", done.stderr
+    assert "hello" not in done.stdout + done.stderr
+    artifacts = ledger.artifacts("chatty")
+    logs = artifacts[(artifacts["run_id"] == run_id) & (artifacts["kind"] == "log")]
+    assert len(logs) == 1
+    text = Path(logs["path"].iloc[0]).read_text()
+    assert "task says hello on stdout" in text and "task says hello on stderr" in text
+
+
+def test_sigterm_to_launch_during_a_hang_ends_within_the_grace(
+    ledger: Ledger, sqlite_url: str, tmp_path: Path
+) -> None:
+    run_id = _plan_with_stop(ledger, "term", {"wall_time": "10m"}, misbehave="hang")
+    launcher = subprocess.Popen(
+        _command(sqlite_url, tmp_path, "launch", "term", "--skip-pilot", "--reason", "test",
+                 "--stop-grace-s", "2", "--no-replay-check"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while ledger.run(run_id).status != "running" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(2)  # inside the hang
+    signalled = time.monotonic()
+    launcher.send_signal(signal.SIGTERM)
+    try:
+        launcher.wait(timeout=60)
+    finally:
+        launcher.kill()
+    assert time.monotonic() - signalled < 2 + 10
+    assert _end(ledger, run_id)[:2] == ("interrupted", "interrupted")
+    assert "did not stop within 2 s" in str(ledger.run(run_id).stop_detail)
