@@ -40,8 +40,9 @@ class LoopConfig(_Strict):
 class BudgetConfig(_Strict):
     """Exactly one of ``updates`` or ``epochs``; the planner records the other."""
 
-    updates: int | None = Field(None, ge=1)
-    epochs: float | None = Field(None, gt=0)
+    # Sane upper bounds: a billion updates, a million epochs (1e300 planned as 7e302 updates).
+    updates: int | None = Field(None, ge=1, le=10**9)
+    epochs: float | None = Field(None, gt=0, le=1e6)
     train_examples: int | None = Field(None, ge=1)
 
     @model_validator(mode="after")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from sqlalchemy.exc import DBAPIError
+
 from campaign.ledger import migrate
 from campaign.ledger.store import Ledger
 from campaign.stack import environment
@@ -24,5 +26,20 @@ def examine(url: str, *, stale_after_s: float, dry_run: bool) -> dict[str, Any]:
                  "worker": lost.worker, "silent_s": round(lost.silent_s, 1), "action": action}
                 for lost in ledger.mark_lost(stale_after_s, dry_run=dry_run)
             ]  # fmt: skip
+    state["integrity"] = "; ".join(integrity_problems(url)) or "ok"
     stack = environment(None)
     return {"stack": stack, "ledger": state, "stale_runs": stale}
+
+
+def integrity_problems(url: str) -> list[str]:
+    """SQLite's ``quick_check`` of every page (a corrupted metrics page once went unnoticed,
+    reported as ``updates_done 0``); PostgreSQL checks its own pages."""
+    with Ledger.open(url, check=False) as ledger:
+        if ledger.engine.dialect.name != "sqlite":
+            return []
+        try:
+            with ledger.engine.connect() as conn:
+                found = [str(r) for r in conn.exec_driver_sql("PRAGMA quick_check").scalars()]
+        except DBAPIError as error:
+            return [str(error.orig).splitlines()[0] if error.orig else str(error)]
+    return [] if found == ["ok"] else found[:5]

@@ -22,6 +22,7 @@ from campaign.spec import ResolvedSpec, SpecError, resolve_config
 from campaign.taskref import load_factory
 
 ACCOUNTING_KEYS = ("examples_per_update", "examples_seen", "updates_per_epoch", "fixed")
+MAX_UPDATES = 10**9  # as budget.updates allows (config_schema)
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,9 @@ def account(
         else:
             updates = max(1, math.floor(epochs * train_examples / per_update))
             seen = updates * per_update
+        if updates > MAX_UPDATES:
+            raise ValueError(f"budget.epochs = {epochs:g} is {updates:,} updates; at most "
+                             f"{MAX_UPDATES:,} are planned")  # fmt: skip
     else:
         assert updates is not None
         seen = updates * per_update

@@ -37,6 +37,8 @@ from campaign.taskref import TaskReferenceError, load_factory
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
 TASK_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
 DURATION_PATTERN = r"^\d+(\.\d+)?(s|m|h|d)$"
+MAX_SPEC_BYTES = 1 << 20
+MAX_VARIANTS = 10_000
 CAMPAIGN_WIDE = ("validation", "stop")
 
 Scalar = StrictBool | StrictInt | StrictFloat | StrictStr
@@ -135,17 +137,27 @@ class ResolvedSpec:
 
 
 def load_spec(path: str | Path, *, check_task: bool = True) -> ResolvedSpec:
-    """Read, validate and resolve the spec at ``path``."""
+    """Read, validate and resolve the spec at ``path`` (a regular file of at most 1 MiB: a
+    spec is a page of settings, and ``/dev/zero`` or a pipe must not be read for ever)."""
     where = str(path)
     try:
-        document = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        if Path(path).exists() and not Path(path).is_file():
+            raise SpecError(f"{where}: not a regular file")
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_SPEC_BYTES + 1)
+        if len(data) > MAX_SPEC_BYTES:
+            raise SpecError(f"{where}: larger than {MAX_SPEC_BYTES >> 20} MiB: not a spec")
+        document = tomllib.loads(data.decode("utf-8"))
+        return resolve_spec(document, where, check_task=check_task)
     except FileNotFoundError:
         raise SpecError(f"{where}: no such spec file") from None
     except (OSError, UnicodeDecodeError) as error:
         raise SpecError(f"{where}: cannot read the spec ({error})") from None
     except tomllib.TOMLDecodeError as error:
         raise SpecError(f"{where}: not valid TOML ({error})") from None
-    return resolve_spec(document, where, check_task=check_task)
+    except RecursionError:
+        raise SpecError(f"{where}: nested too deeply (tables or arrays inside each other "
+                        "hundreds of levels deep): not a spec") from None  # fmt: skip
 
 
 def resolve_spec(
@@ -219,6 +231,10 @@ def _variants(spec: SpecDocument, where: str) -> list[tuple[str, str, dict[str, 
             raise SpecError(f"{where}: grid.axes.{_quote(key)}: expected at least one value")
     if axes:
         keys = list(axes)
+        count = math.prod(len(v) for v in axes.values()) + len(found)
+        if count > MAX_VARIANTS:
+            raise SpecError(f"{where}: grid.axes: the grid expands to {count:,} variants; "
+                            f"at most {MAX_VARIANTS:,} are planned at once (split the question)")
         for combination in itertools.product(*(axes[k] for k in keys)):
             name = "_".join(f"{k.rsplit('.', 1)[-1]}-{_format(v)}" for k, v in
                             zip(keys, combination, strict=True))  # fmt: skip

@@ -15,7 +15,6 @@ import torch
 
 from campaign.ledger import Ledger
 from campaign.loop import checkpoint as ckpt
-from campaign.loop.errors import LoopError
 from campaign.loop.train import execute
 from tests import checkpoint_writer
 from tests.loop_helpers import plan_loop
@@ -78,30 +77,38 @@ def test_a_pickle_offered_as_a_checkpoint_never_runs(tmp_path: Path, sqlite_url:
 
         ledger.finish(run_id, "interrupted", StopRecord("interrupted", 4, "update"))
         assert claim.ordinal == 1
-        with pytest.raises(LoopError, match="not a readable campaign checkpoint"):
+        with pytest.raises(ckpt.CheckpointError, match="not a readable campaign checkpoint"):
             execute(ledger, run_id, artifacts=tmp_path, replay_in_subprocess=False)
-        assert ledger.run(run_id).status == "failed"
+        assert ledger.run(run_id).status == "interrupted"  # refused before it was taken
+        assert list(ledger.segments("loop")["ordinal"]) == [1]
     assert not marker.exists()
 
 
-def test_a_resume_refuses_a_checkpoint_changed_after_recording(
+def test_a_resume_passes_over_a_checkpoint_changed_after_recording(
     tmp_path: Path, sqlite_url: str
 ) -> None:
+    """The newest checkpoint truncated after the ledger recorded it: the resume falls back to
+    the one before, names both, and the run completes; nothing is lost."""
     with Ledger.open(sqlite_url, create=True) as ledger:
         run_id = plan_loop(
             ledger,
             task="tests.tasks.faulty:build",
-            config={"task.fault": "sigterm", "task.at": 5, "task.marker": str(tmp_path / "m")},
+            config={"task.fault": "sigterm", "task.at": 11, "task.marker": str(tmp_path / "m")},
         )[0]
         execute(ledger, run_id, artifacts=tmp_path / "a", replay_in_subprocess=False)
         assert ledger.run(run_id).status == "interrupted"
         frame = ledger.artifacts("loop")
-        newest = Path(frame[frame["kind"] == "checkpoint"]["path"].iloc[-1])
+        checkpoints = frame[frame["kind"] == "checkpoint"].sort_values("step")
+        newest, previous = (Path(p) for p in checkpoints["path"].iloc[[-1, -2]])
         newest.write_bytes(newest.read_bytes()[:-100])  # truncated after the ledger recorded it
-        with pytest.raises(LoopError, match="does not match the ledger"):
-            execute(ledger, run_id, artifacts=tmp_path / "a", replay_in_subprocess=False)
-        run = ledger.run(run_id)
-        assert (run.status, run.stop_cause, run.stop_phase) == ("failed", "exception", "resume")
+        outcome = execute(ledger, run_id, artifacts=tmp_path / "a", replay_in_subprocess=False)
+        assert outcome.status == "completed"
+        events = ledger.events("loop", run_id=run_id)
+        fallback = events[events["kind"] == "resume_fallback"]["detail"].iloc[0]
+        assert str(newest) in fallback and str(previous) in fallback
+        assert "differs from the recorded" in fallback
+        resumed = ledger.segments("loop").iloc[-1]
+        assert int(resumed["start_step"]) == int(checkpoints["step"].iloc[-2])
 
 
 @pytest.mark.slow

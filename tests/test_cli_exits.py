@@ -73,7 +73,8 @@ def test_run_exits_1_when_the_run_fails_in_setup(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["--ledger", url, "run", run_id, *SKIP,
                                        "--artifacts", str(tmp_path / "a")])  # fmt: skip
     assert result.exit_code == 1, result.output
-    assert result.stderr.startswith(f"campaign: run {run_id} failed in setup")
+    assert result.stderr.startswith(f"run {run_id}: failed (exception) at update 0: run "
+                                    f"{run_id} failed in setup")  # fmt: skip
     assert "Traceback" not in result.output
     with Ledger.open(url) as ledger:
         assert ledger.run(run_id).status == "failed"

@@ -29,8 +29,16 @@ def demo(source: Any, folder: Path, updates: int, seeds: int, workers: int) -> N
 
     Example: campaign demo --dir /tmp/demo
     """
+    from campaign.cli.errors import BadInput
     from campaign.demo import run_demo  # the whole stack: imported only when it runs
 
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / ".campaign-demo-write-check"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as error:
+        raise BadInput(f"demo --dir {folder}: cannot write there ({error.strerror})") from None
     result = run_demo(folder, updates=updates, seeds=seeds, workers=workers,
                       say=lambda line: click.echo(f"campaign demo: {line}", err=True))  # fmt: skip
     counts = result.snapshot.counts

@@ -57,8 +57,12 @@ def db_upgrade(source: LedgerSource, revision: str) -> None:
 
     Example: campaign --ledger sqlite:///campaign.db db upgrade
     """
+    from campaign.cli.errors import BadInput
     from campaign.ledger import migrate
 
+    if revision != "head" and not migrate.is_known_revision(revision):
+        known = ", ".join(sorted(s.revision for s in migrate.known_scripts()))
+        raise BadInput(f"db upgrade: unknown revision {revision!r} (known: {known}, head)")
     where, before, after = migrate.upgrade_url(source.url, revision)
     if before == after:
         click.echo(f"ledger {where} already at revision {after}", err=True)

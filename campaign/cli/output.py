@@ -52,7 +52,8 @@ def _csv(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
     if names:
         writer = csv.DictWriter(buffer, fieldnames=names, lineterminator="\n")
         writer.writeheader()
-        writer.writerows(rows)
+        writer.writerows({k: printable(v) if isinstance(v, str) else v for k, v in row.items()}
+                         for row in rows)  # fmt: skip
     return buffer.getvalue().rstrip("\n")
 
 
@@ -71,4 +72,14 @@ def _line(values: Sequence[str], widths: Sequence[int]) -> str:
 
 
 def _cell(value: Any) -> str:
-    return "" if value is None else str(value)
+    return "" if value is None else printable(str(value))
+
+
+def printable(text: str) -> str:
+    """``text`` safe for a terminal: control characters (ANSI escapes, carriage returns, the
+    terminal-title sequence), line and paragraph separators and bidirectional overrides
+    shown as escapes (``\\x1b``, ``\\u202e``), never acted on."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
+                   for c in text)  # fmt: skip

@@ -221,9 +221,12 @@ def doctor(source: LedgerSource, stale_after: float, dry_run: bool, campaign: st
             "`campaign resume RUN_ID` or `campaign launch CAMPAIGN --resume-lost`",
             err=True,
         )
+    corrupted = document["ledger"]["integrity"] != "ok"
+    if corrupted:
+        click.echo(f"campaign: the ledger is damaged: {document['ledger']['integrity']}", err=True)
     if output_format == "json":
         click.echo(json.dumps(document, indent=2, default=str))
-        if unfit:
+        if unfit or corrupted:
             raise click.exceptions.Exit(1)
         return
     items = {**document["stack"], **{f"ledger {k}": v for k, v in document["ledger"].items()}}
@@ -234,5 +237,5 @@ def doctor(source: LedgerSource, stale_after: float, dry_run: bool, campaign: st
         click.echo("")
         click.echo(f"campaign {campaign!r} on {device}: "
                    + ("this stack can run it" if not unfit else unfit[0]))  # fmt: skip
-    if unfit:
+    if unfit or corrupted:
         raise click.exceptions.Exit(1)

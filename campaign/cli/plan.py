@@ -203,10 +203,15 @@ def _parse_set(item: str) -> tuple[str, Any]:
     key, sep, text = item.partition("=")
     if not sep or not key.strip():
         raise LedgerInputError(f"--set {item!r}: expected KEY=VALUE, e.g. loop.microbatch=1")
+    if len(item) > 10_000:
+        raise LedgerInputError(f"--set {key.strip()[:40]!r}: the value is {len(item):,} "
+                               "characters long: not a setting")  # fmt: skip
     try:
         value = tomllib.loads(f"value = {text}")["value"]
     except tomllib.TOMLDecodeError:
         value = text  # a bare word such as adamw is a string
+    except RecursionError:
+        raise LedgerInputError(f"--set {key.strip()!r}: nested too deeply") from None
     if isinstance(value, dict):
         raise LedgerInputError(f"--set {item!r}: one value per dotted key, not a table "
                                f"(e.g. --set {key.strip()}.NAME=VALUE)")  # fmt: skip

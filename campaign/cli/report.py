@@ -41,13 +41,17 @@ def report(source: LedgerSource, campaign: str, output_format: str, output: Path
     if output is not None and str(output) == "-":
         if output_format == "parquet":
             raise click.UsageError("--format parquet needs a file (--output PATH)")
-        sys.stdout.write(render(sheet, output_format))
+        try:
+            sys.stdout.write(render(sheet, output_format))
+            sys.stdout.flush()
+        except OSError as error:  # a full disk or a closed pipe behind stdout
+            raise BadInput(f"cannot write the report to stdout: {error.strerror}") from None
         return
     path = output or Path(f"{campaign}-report.{output_format}")
     try:
         written = write(sheet, output_format, path)
     except OSError as error:  # a user's path: one line, exit 2, nothing half written
-        reason = error.strerror or type(error).__name__
+        reason = error.strerror or str(error)
         raise BadInput(f"cannot write the report to {path}: {reason}") from None
     click.echo(f"campaign: {campaign}: {len(sheet.runs)} runs -> {written}", err=True)
 
@@ -74,6 +78,9 @@ def archive(source: LedgerSource, campaign: str, output: Path | None) -> None:
         except ArchiveError as error:
             click.echo(f"campaign: {error}", err=True)
             raise click.exceptions.Exit(1) from None
+        except OSError as error:  # a user's path: one line, exit 2, nothing half written
+            reason = error.strerror or str(error)
+            raise BadInput(f"cannot write the archive to {path}: {reason}") from None
     click.echo(f"campaign: {campaign} archived to {written} ({written.stat().st_size:,} bytes)",
                err=True)  # fmt: skip
 
@@ -85,12 +92,12 @@ def verify_archive_command(path: Path) -> None:
 
     Example: campaign verify-archive digits-lr-archive.tar.gz
     """
-    from campaign.report.archive import ArchiveError, verify_archive
+    from campaign.report.archive import ArchiveError, ArchiveUnusable, verify_archive
 
     try:
         verified = verify_archive(path)
-    except ArchiveError as error:
+    except ArchiveError as error:  # unusable input: 2; an archive that does not verify: 1
         click.echo(f"campaign: {error}", err=True)
-        raise click.exceptions.Exit(1) from None
+        raise click.exceptions.Exit(2 if isinstance(error, ArchiveUnusable) else 1) from None
     click.echo(f"campaign: {path}: {verified.members} members, {verified.bytes:,} bytes, "
                "every SHA-256 verified", err=True)  # fmt: skip

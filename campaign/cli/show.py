@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from campaign.cli.output import output_options, render_rows
+from campaign.cli.output import output_options, printable, render_rows
 from campaign.cli.source import LedgerSource
 from campaign.ledger.vocabulary import RUN_STATUSES
 
@@ -71,7 +71,7 @@ def _show_run(run: Any, frame: Any, output_format: str) -> None:
             for key, value in flatten(config).items()]  # fmt: skip
     if output_format == "table":
         for key, value in header.items():
-            click.echo(f"{key + ':':<16} {'' if value is None else value}")
+            click.echo(f"{key + ':':<16} {'' if value is None else printable(str(value))}")
         click.echo("")
         different = ", ".join(changes) or "none"
         click.echo(f"differs from the control run in: {different}")
@@ -114,7 +114,7 @@ def _show_campaign(record: Any, frame: Any, note_count: int, output_format: str)
     if output_format == "table":
         held = ", ".join(f"{k}={v!r}" for k, v in sorted(hold.items()))
         for key, value in {**header, "hold": held}.items():
-            click.echo(f"{key + ':':<13} {value}")
+            click.echo(f"{key + ':':<13} {printable(str(value))}")
         click.echo("")
     shown = [{**v, "control": "yes" if v["control"] else ""} for v in variants]
     click.echo(render_rows(shown, output_format))

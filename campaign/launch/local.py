@@ -195,10 +195,23 @@ class LocalLauncher:
                     worker.process.send_signal(signal.SIGTERM)
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
-        snapshot = take_snapshot(ledger, self.options.campaign, len(self.slots))
+        snapshot = self._until_others_end(ledger)
         self.display.show(snapshot)
         self.display.close()
         return LaunchResult(snapshot, self._stopping.is_set(), finished, self._lost)
+
+    def _until_others_end(self, ledger: Ledger) -> Snapshot:
+        """Our workers found nothing more to claim, but runs may still be running under
+        another launcher's workers: wait for their end (or for the lease rule to declare them
+        lost), so the exit code speaks of every run, not only of those this launcher ran."""
+        snapshot = take_snapshot(ledger, self.options.campaign, len(self.slots))
+        while snapshot.running and not self._stopping.is_set():
+            time.sleep(self.poll_s)
+            swept = ledger.mark_lost(self.options.lease_s, self.options.campaign)
+            self._lost += [lost.run_id for lost in swept]
+            snapshot = take_snapshot(ledger, self.options.campaign, len(self.slots))
+            self.display.show(snapshot)
+        return snapshot
 
     def _work_left(self, ledger: Ledger) -> bool:
         snapshot = take_snapshot(ledger, self.options.campaign)

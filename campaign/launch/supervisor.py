@@ -17,18 +17,18 @@ heartbeat, and stamps only while the child's progress page
 - a child that exits, is killed or segfaults without recording its end:
   ``failed``/``exception`` with its exit status or signal.
 
-The child is a fork of a parent that imported torch and never initialised
-CUDA (no fresh interpreter per run: the launcher's overhead stays in
-milliseconds), in its own process group (so a task's forked orphans die with
-it), with stdin from ``/dev/null`` and stdout/stderr captured into the run's
-``log`` artifact: a command's JSON output stays clean.
+The child is forked from a fork server that imported torch and never
+initialised CUDA (no fresh interpreter per run: a run starts in milliseconds;
+no fork of a process whose threads or OpenMP pool could hold a lock), in its
+own process group (so a task's forked orphans die with it), with stdin from
+``/dev/null`` and stdout/stderr captured into the run's ``log`` artifact: a
+command's JSON output stays clean. It follows its supervisor: it dies when
+the supervisor dies and stops while the supervisor is stopped.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import io
 import json
 import multiprocessing
@@ -55,7 +55,6 @@ from campaign.loop.train import RunOutcome
 
 DEFAULT_STALL_S = 600.0
 CHILD_FAILED = 70  # the child's exit code when its body raised (EX_SOFTWARE)
-PR_SET_PDEATHSIG = 1
 SUPERVISOR_ENV = "CAMPAIGN_SUPERVISOR_PID"  # in the run's process: its supervisor's id
 
 
@@ -113,7 +112,8 @@ def supervise(
     job.result.unlink(missing_ok=True)
     board = progress.ProgressBoard(job.board, create=True)
     child = _context().Process(target=_child, args=(job,), name=f"run-{claim.run_id}")
-    child.start()
+    with _main_module_hidden():
+        child.start()
     try:
         with _forwarding() as received:
             verdict = _watch(ledger, claim, child, board, supervision, config, received, stopping)
@@ -139,6 +139,23 @@ def supervise(
             record_file(ledger, claim.run_id, "log", job.log, seen.step, lease=claim.lease)
     ledger.finish(claim.run_id, verdict.status, stop, lease=claim.lease)
     return RunOutcome(claim.run_id, verdict.status, verdict.cause, seen.step, verdict.detail)
+
+
+@contextlib.contextmanager
+def _main_module_hidden() -> Iterator[None]:
+    """The run's process needs nothing of the caller's ``__main__``: multiprocessing would
+    re-run a user's script there (or fail on ``python -`` from stdin), so it is not told."""
+    main = sys.modules.get("__main__")
+    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if main and k in main.__dict__}
+    if main is not None:
+        main.__dict__.pop("__file__", None)
+        main.__dict__["__spec__"] = None
+    try:
+        yield
+    finally:
+        if main is not None:
+            main.__dict__.pop("__spec__", None)
+            main.__dict__.update(saved)
 
 
 def _context() -> Any:
@@ -168,10 +185,15 @@ def _watch(
     last_ticks, kill_at, verdict = -1, None, None
     wall_signalled = forwarded = False
     pid = child.pid
+    polled = time.monotonic()
     while True:
         if child.exitcode is not None:
             return verdict
         now = time.monotonic()
+        if now - polled > 1.0:  # this process was stopped, and the run with it: continue it
+            _signal(pid, signal.SIGCONT)
+            last_progress = now  # a pause of the whole worker is no stall of the run
+        polled = now
         seen = board.read()
         if seen.ticks != last_ticks:
             last_ticks, last_progress = seen.ticks, now
@@ -181,7 +203,7 @@ def _watch(
             forwarded = True
             if stopping is not None:
                 stopping.set()
-            _signal(pid, signal.SIGTERM)
+            _signal(pid, received[0])  # SIGTERM, SIGINT or a scheduler's preemption signal
             kill_at = now + supervision.grace_s
             verdict = _Verdict("interrupted", "interrupted",
                                f"{signal.Signals(received[0]).name} received; the run did not "
@@ -284,7 +306,7 @@ def _child(job: ChildJob) -> NoReturn:
     code, answer = 0, {}
     try:
         os.setpgid(0, 0)
-        _die_with_parent()
+        _follow_supervisor(int(job.environment[SUPERVISOR_ENV]))
         for signum in (signal.SIGTERM, signal.SIGINT, WALL_TIME_SIGNAL):
             signal.signal(signum, signal.SIG_DFL)
         os.environ.clear()
@@ -311,16 +333,37 @@ def _child(job: ChildJob) -> NoReturn:
         os._exit(code)
 
 
-def _die_with_parent() -> None:
-    """Linux: SIGKILL this child when the fork server that forked it ends, which it does when
-    its worker dies (a killed worker's run becomes ``lost`` and resumable, never an orphan
-    training on without a heartbeat)."""
-    server = os.getppid()
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != server:  # the server ended before the prctl
-        os._exit(CHILD_FAILED)
+def _follow_supervisor(supervisor: int) -> None:
+    """A thread of the run's process that mirrors its supervisor: when the supervisor dies
+    (``kill -9`` of a worker, a lost machine) the run dies with it, so its run becomes
+    ``lost`` and resumable and never trains on without a heartbeat; when the supervisor is
+    stopped (SIGSTOP, a paused VM) the run stops too, until the supervisor continues it."""
+
+    def follow() -> None:
+        while True:
+            state = _process_state(supervisor)
+            if state is None or state in ("Z", "X"):  # gone, or dead and not yet reaped
+                os.killpg(0, signal.SIGKILL)
+            if state in ("T", "t"):
+                os.kill(os.getpid(), signal.SIGSTOP)
+            time.sleep(0.2)
+
+    threading.Thread(target=follow, name="follow-supervisor", daemon=True).start()
+
+
+def _process_state(pid: int) -> str | None:
+    """The one-letter state of process ``pid`` (``R``, ``S``, ``T``...), None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().rsplit(b")", 1)[1].split()[0].decode()
+    except FileNotFoundError:
+        return None
+    except (OSError, IndexError):  # no /proc here: liveness only
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        return "R"
 
 
 def _redirect(log: Path) -> None:

@@ -15,12 +15,16 @@ transactions and, in WAL mode, never block writers.
 
 from __future__ import annotations
 
+import os
 import random
+import re
+import sqlite3
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 from sqlalchemy import Connection, Engine, create_engine, event, exc
 from sqlalchemy.engine import URL, make_url
@@ -53,9 +57,10 @@ def parse_url(text: str) -> URL:
     """
     try:
         url = make_url(text)
-    except exc.ArgumentError:
+        url.port  # noqa: B018 - a port that is not a number raises here, not at connect time
+    except (exc.ArgumentError, ValueError, TypeError):
         raise LedgerUrlError(
-            f"malformed ledger URL {text!r}: expected sqlite:///PATH or "
+            f"malformed ledger URL {_masked(text)!r}: expected sqlite:///PATH or "
             "postgresql+psycopg://USER@HOST:PORT/DATABASE"
         ) from None
     if url.drivername in ("postgresql", "postgres", "postgresql+psycopg"):
@@ -65,6 +70,12 @@ def parse_url(text: str) -> URL:
     raise LedgerUrlError(
         f"unsupported ledger URL {safe_url(url)!r}: the ledger runs on sqlite:/// or postgresql://"
     )
+
+
+def _masked(text: str) -> str:
+    """A URL too malformed to parse, with anything that may be a password replaced."""
+    text = re.sub(r"(://[^/@:]*:)[^/@]*@", r"\1***@", text)
+    return re.sub(r"((?:ssl)?password=)[^&]*", r"\1***", text, flags=re.IGNORECASE)
 
 
 def safe_url(url: URL) -> str:
@@ -112,11 +123,25 @@ def _sqlite_engine(url: URL) -> Engine:
     }
     if path is None:
         kwargs["poolclass"] = StaticPool  # one shared in-memory database
+    elif path.exists() and _read_only_place(path):
+        # A ledger on a read-only mount (an archive disk, a colleague's share) is still read:
+        # opened read-only and immutable, as SQLite cannot create its WAL index beside it.
+        uri = f"file:{quote(str(path))}?mode=ro&immutable=1"
+        kwargs["creator"] = lambda: sqlite3.connect(uri, uri=True, check_same_thread=False,
+                                                    timeout=SQLITE_BUSY_TIMEOUT_S)  # fmt: skip
     engine = create_engine(url, **kwargs)
     event.listen(engine, "connect", _sqlite_on_connect)
     event.listen(engine, "begin", _sqlite_on_begin)
     event.listen(engine, "checkin", _sqlite_on_checkin)
     return engine
+
+
+def _read_only_place(path: Path) -> bool:
+    """True when nobody can write beside ``path``: its filesystem is mounted read-only."""
+    try:
+        return bool(os.statvfs(path.parent).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
 
 
 def _sqlite_on_checkin(dbapi_connection: Any, _record: Any) -> None:
@@ -220,6 +245,11 @@ def translate_error(error: exc.DBAPIError, url: URL, what: str) -> LedgerError:
         return RefusedWrite(f"{what}: {REFUSAL_PREFIX}: {message}")
     if "file is not a database" in message:
         return NotALedger(f"{where} is not a campaign ledger: the file is not a SQLite database")
+    if "malformed" in message or "database corruption" in message:
+        return LedgerError(f"ledger {where} is corrupted ({message}) while {what}: see "
+                           "`campaign doctor`; restore it from a copy or an archive")
+    if "readonly database" in message:
+        return RefusedWrite(f"{what}: ledger {where} is read-only here (its file or mount)")
     if "database is locked" in message:
         return LedgerUnreachable(
             f"ledger {where} stayed locked by another writer for over "

@@ -104,8 +104,13 @@ def _assignments(source: str) -> list[tuple[str, Any]]:
     return found
 
 
+def known_scripts() -> list[Any]:
+    """The migration scripts this code carries (Alembic's ``Script`` objects)."""
+    return list(_script().walk_revisions())
+
+
 def is_known_revision(revision: str) -> bool:
-    return any(script.revision == revision for script in _script().walk_revisions())
+    return any(script.revision == revision for script in known_scripts())
 
 
 def read_state(conn: Connection) -> SchemaState:

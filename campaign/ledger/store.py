@@ -81,12 +81,16 @@ class Ledger(EvidenceWrites):
         path = sqlite_path(parsed)
         if not create and path is not None and not path.exists():
             raise NoLedger(f"no ledger at {path}")
+        existed = path is None or path.exists()
         engine = create_ledger_engine(parsed)
         try:
             if check:
                 migrate.ensure_ready(engine, create=create)
         except BaseException:
             engine.dispose()
+            if not existed and path is not None:  # a new ledger that failed (a full disk):
+                for leftover in (path, *(path.with_name(path.name + s) for s in ("-wal", "-shm"))):
+                    leftover.unlink(missing_ok=True)  # no empty file that looks like a ledger
             raise
         return cls(engine)
 

@@ -35,6 +35,8 @@ def replay(ledger: Ledger, run_id: str) -> dict[str, Any]:
         raise CheckpointError(f"run {run_id} has no final artifact")
     row = finals.sort_values("id").iloc[-1]
     path = Path(row["path"])
+    if not path.is_file():
+        raise CheckpointError(f"run {run_id}: final artifact {path} is missing (moved or deleted)")
     if file_sha256(path) != row["sha256"]:
         raise CheckpointError(f"final artifact {path} does not match the ledger: refused")
     identical, outputs, expected = replay_artifact(path, ledger.campaign(record.campaign).task)

@@ -15,6 +15,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from campaign.loop.stop import StopDecision
+
 WALL_TIME_SIGNAL = signal.SIGUSR1
 
 
@@ -39,6 +41,17 @@ class SignalLatch:
     def request(self, signum: int) -> None:
         """Act as if ``signum`` had arrived (a worker that received it between runs)."""
         self.received = signum
+
+    def decision(self) -> StopDecision:
+        """How the run ends after the signal received: stopped at the supervisor's hard wall
+        time, interrupted by a scheduler's preemption, or interrupted."""
+        if self.wall_time:
+            detail = "the supervisor's hard wall-time limit was reached"
+            return StopDecision("stopped", "wall_time", detail, "update")
+        if self.preempted:
+            detail = f"{self.name} received: the scheduler preempts or times out the job"
+            return StopDecision("interrupted", "preempted", detail, "update")
+        return StopDecision("interrupted", "interrupted", f"{self.name} received", "update")
 
     @property
     def wall_time(self) -> bool:

@@ -261,17 +261,7 @@ class RunLoop:
             if self.heartbeat.lease_lost.is_set():
                 raise LeaseLost(f"run {self.run_id}: {LEASE_GONE}")
             if self.signals.received is not None:
-                if self.signals.wall_time:
-                    detail = "the supervisor's hard wall-time limit was reached"
-                    return StopDecision("stopped", "wall_time", detail, "update")
-                if self.signals.preempted:
-                    detail = (
-                        f"{self.signals.name} received: the scheduler preempts or times out the job"
-                    )
-                    return StopDecision("interrupted", "preempted", detail, "update")
-                return StopDecision(
-                    "interrupted", "interrupted", f"{self.signals.name} received", "update"
-                )
+                return self.signals.decision()
             if stop is not None:
                 if stop.cause == "budget_reached" and self.step % every != 0:
                     stop = self._training(self._validate) or stop  # end on a validation point

@@ -28,6 +28,9 @@ def classes_to_pilot(
         runs = ledger.runs(campaign)
         executable = run_classes(ledger, campaign, list(runs[runs["status"] != "withdrawn"][
             "run_id"]))  # fmt: skip
+    if not executable:
+        raise LedgerInputError(f"campaign {campaign!r} has no run that will execute (every run "
+                               "is withdrawn): nothing to pilot")  # fmt: skip
     if only is not None:
         matches = [c for c in executable if c.startswith(only)]
         if len(matches) != 1:

@@ -7,9 +7,10 @@ events as Parquet, the validation predictions and the final artifacts
 report, a README on how to reload and replay, and ``MANIFEST.json``: the
 SHA-256 and size of every other member. Artifacts are verified against the
 ledger's hashes before they are packed (a file that changed since is
-refused). ``campaign verify-archive`` reads every member (nothing is
-extracted to disk) and checks it against the manifest: a flipped byte, a
-missing or an unlisted member is named.
+refused). ``campaign verify-archive`` streams every member (nothing is
+extracted to disk, nothing held whole in memory) and checks it against the
+manifest: a flipped byte, a missing, unlisted, duplicated or oversized member,
+a link or a name that leaves the archive's folder is named.
 """
 
 from __future__ import annotations
@@ -19,13 +20,17 @@ import io
 import json
 import tarfile
 import time
+import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from campaign.ledger import Ledger
+from campaign.report.atomic import check_target, write_atomically
 from campaign.report.balance import balance_sheet
 from campaign.report.render import html
 
@@ -45,6 +50,7 @@ class Verification:
 
 def write_archive(ledger: Ledger, campaign: str, output: Path) -> Path:
     """Pack ``campaign`` into ``output`` (a .tar.gz), atomically."""
+    check_target(output)  # an unusable path is said before minutes of packing
     record = ledger.campaign(campaign)
     runs = ledger.runs(campaign)
     root = f"{campaign}-archive"
@@ -86,48 +92,137 @@ def write_archive(ledger: Ledger, campaign: str, output: Path) -> Path:
         "members": {name: {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
                     for name, data in sorted(members.items())},
     }  # fmt: skip
-    members[f"{root}/{MANIFEST}"] = _json(manifest)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    temporary = output.with_name(f".{output.name}.partial")
-    with tarfile.open(temporary, "w:gz") as tar:
-        for name, data in members.items():
-            info = tarfile.TarInfo(name)
-            info.size, info.mtime, info.mode = len(data), int(time.time()), 0o644
-            tar.addfile(info, io.BytesIO(data))
-    temporary.replace(output)
-    return output
+    members = {f"{root}/{MANIFEST}": _json(manifest), **members}  # first: checked before the rest
+
+    def packed_into(temporary: Path) -> None:
+        with tarfile.open(temporary, "w:gz") as tar:
+            for name, data in members.items():
+                info = tarfile.TarInfo(name)
+                info.size, info.mtime, info.mode = len(data), int(time.time()), 0o644
+                tar.addfile(info, io.BytesIO(data))
+
+    return write_atomically(output, packed_into)
 
 
 def verify_archive(path: Path) -> Verification:
-    """Check every member of the archive at ``path`` against its manifest."""
-    digests: dict[str, tuple[str, int]] = {}
-    manifest: dict[str, Any] | None = None
+    """Check every member of the archive at ``path`` against its manifest, streaming.
+
+    Two sequential passes over the gzip stream, never more than one buffer of a member in
+    memory: the first reads the headers (refusing unsafe names, links, duplicates) and the
+    manifest (schema-checked); the second compares each member's declared size with the
+    manifest *before* reading it (an inflating bomb is refused unread) and hashes it in
+    1 MiB blocks. :class:`ArchiveUnusable` for input that is not an archive of ours,
+    :class:`ArchiveError` for one that does not verify.
+    """
+    if not path.is_file():
+        raise ArchiveUnusable(f"{path}: no such file")
+    listed = _manifest_of(path)
+    seen: set[str] = set()
+    total = 0
+    for member, handle in _members(path):
+        if member.name.endswith(f"/{MANIFEST}") and member.name.count("/") == 1:
+            continue
+        expected = _check_listed(path, member, listed)
+        digest = hashlib.sha256()
+        for block in iter(lambda: handle.read(1 << 20), b""):  # noqa: B023 - read at once
+            digest.update(block)
+        if digest.hexdigest() != expected.sha256:
+            raise ArchiveError(f"{path}: {member.name} does not match its SHA-256 in the manifest")
+        seen.add(member.name)
+        total += member.size
+    missing = sorted(set(listed) - seen)
+    if missing:
+        raise ArchiveError(f"{path}: {missing[0]} is listed in the manifest but missing")
+    return Verification(len(seen), total)
+
+
+class ArchiveUnusable(ArchiveError):
+    """Not an archive this tool can check: missing, not a .tar.gz, no or a malformed manifest."""
+
+
+class _Listed(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    bytes: int = Field(ge=0)
+
+
+class _Manifest(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+    members: dict[str, _Listed]
+
+
+MANIFEST_LIMIT = 64 << 20  # a manifest lists names and hashes: far below this
+
+
+def _manifest_of(path: Path) -> dict[str, _Listed]:
+    """First pass: every header checked for safety, and the manifest read and validated."""
+    names: set[str] = set()
+    listed: dict[str, _Listed] | None = None
+    for member, handle in _members(path):
+        if member.name in names:
+            raise ArchiveError(f"{path}: {member.name} appears twice in the archive")
+        names.add(member.name)
+        if member.name.endswith(f"/{MANIFEST}") and member.name.count("/") == 1:
+            if member.size > MANIFEST_LIMIT:
+                raise ArchiveUnusable(f"{path}: {member.name} is {member.size:,} bytes: not a "
+                                      "manifest")  # fmt: skip
+            listed = _parse_manifest(path, handle.read())
+        elif listed is not None:  # the manifest came first: refuse before inflating the member
+            _check_listed(path, member, listed)
+    if listed is None:
+        raise ArchiveUnusable(f"{path}: no {MANIFEST} inside")
+    return listed
+
+
+def _parse_manifest(path: Path, document: bytes) -> dict[str, _Listed]:
     try:
-        with tarfile.open(path, "r:gz") as tar:
+        manifest = _Manifest.model_validate_json(document)
+    except ValidationError as error:
+        problem = error.errors()[0]
+        where = ".".join(str(p) for p in problem["loc"]) or "the document"
+        raise ArchiveUnusable(f"{path}: {MANIFEST} is malformed at {where}: "
+                              f"{problem['msg']}") from None  # fmt: skip
+    for name in manifest.members:
+        _check_name(path, name)
+    return manifest.members
+
+
+def _check_listed(path: Path, member: tarfile.TarInfo, listed: dict[str, _Listed]) -> _Listed:
+    expected = listed.get(member.name)
+    if expected is None:
+        raise ArchiveError(f"{path}: {member.name} is not in the manifest")
+    if member.size != expected.bytes:
+        raise ArchiveError(f"{path}: {member.name} holds {member.size:,} bytes, the manifest "
+                           f"says {expected.bytes:,}: refused unread")  # fmt: skip
+    return expected
+
+
+def _members(path: Path) -> Iterator[tuple[tarfile.TarInfo, Any]]:
+    """The archive's members in order, each with a stream of its bytes (stream mode: one pass,
+    no seeking back), after its name and type are checked."""
+    started = False
+    try:
+        with tarfile.open(path, "r|gz") as tar:
             for member in tar:
+                started = True
+                _check_name(path, member.name)
                 if not member.isfile():
-                    raise ArchiveError(f"{path}: member {member.name} is not a plain file")
+                    kind = "a link" if member.issym() or member.islnk() else "not a plain file"
+                    raise ArchiveError(f"{path}: member {member.name} is {kind}: refused")
                 handle = tar.extractfile(member)
-                assert handle is not None
-                data = handle.read()
-                if member.name.endswith(f"/{MANIFEST}"):
-                    manifest = json.loads(data)
-                else:
-                    digests[member.name] = (hashlib.sha256(data).hexdigest(), len(data))
-    except (OSError, tarfile.TarError, EOFError, ValueError) as error:  # damaged or not a tar
-        raise ArchiveError(f"{path}: not a readable, intact .tar.gz archive ({error})") from None
-    if manifest is None:
-        raise ArchiveError(f"{path}: no {MANIFEST} inside")
-    listed = manifest["members"]
-    for name, expected in listed.items():
-        if name not in digests:
-            raise ArchiveError(f"{path}: {name} is listed in the manifest but missing")
-        if digests[name] != (expected["sha256"], expected["bytes"]):
-            raise ArchiveError(f"{path}: {name} does not match its SHA-256 in the manifest")
-    unlisted = sorted(set(digests) - set(listed))
-    if unlisted:
-        raise ArchiveError(f"{path}: {unlisted[0]} is not in the manifest")
-    return Verification(len(digests), sum(size for _, size in digests.values()))
+                if handle is None:
+                    raise ArchiveError(f"{path}: member {member.name} cannot be read")
+                yield member, handle
+    except (OSError, tarfile.TarError, EOFError, zlib.error) as error:
+        if started:  # an archive of ours, damaged on the way: it does not verify
+            raise ArchiveError(f"{path}: damaged .tar.gz archive ({error})") from None
+        raise ArchiveUnusable(f"{path}: not a readable .tar.gz archive ({error})") from None
+
+
+def _check_name(path: Path, name: str) -> None:
+    parts = PurePosixPath(name).parts
+    if name.startswith("/") or ".." in parts or "\\" in name or not parts:
+        raise ArchiveError(f"{path}: member name {name!r} leaves the archive's folder: refused")
 
 
 def _json(document: Any) -> bytes:

@@ -21,6 +21,7 @@ from typing import Any
 import jinja2
 import pandas as pd
 
+from campaign.report.atomic import write_atomically
 from campaign.report.balance import BalanceSheet
 from campaign.report.humane import cell, label, missing
 from campaign.report.markdown import markdown
@@ -37,18 +38,13 @@ RUN_DETAILS = ("run_id", "stop_detail", "stop_phase", "examples_seen", "final_me
 
 def write(sheet: BalanceSheet, output_format: str, path: Path) -> Path:
     """Write ``sheet`` as ``output_format`` to ``path`` (atomically: a temporary file renamed)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.partial")
-    try:
+    def written(temporary: Path) -> None:
         if output_format == "parquet":
             _flat(sheet.runs).to_parquet(temporary, index=False)
         else:
             temporary.write_text(render(sheet, output_format), encoding="utf-8")
-        temporary.replace(path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-    return path
+
+    return write_atomically(path, written)
 
 
 def render(sheet: BalanceSheet, output_format: str) -> str:

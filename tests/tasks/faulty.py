@@ -27,8 +27,9 @@ class FaultyDigits(DigitsTask):
         one: task code that behaves differently in another process, so the final artifact's
         replay in a fresh process predicts other labels."""
         model = super().model()
-        drifting = os.environ.get("CAMPAIGN_TEST_DRIFT")  # the test's process or its forked run
-        if drifting in (str(os.getpid()), str(os.getppid())) and "replay" not in sys.argv:
+        drifting = os.environ.get("CAMPAIGN_TEST_DRIFT")  # the test's process or the run it
+        supervisor = os.environ.get("CAMPAIGN_SUPERVISOR_PID")  # supervises (not a replay)
+        if drifting and drifting in (str(os.getpid()), supervisor) and "replay" not in sys.argv:
             model.register_forward_hook(lambda _m, _i, output: output.roll(1, dims=-1))
         return model
 

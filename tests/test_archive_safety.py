@@ -1,0 +1,156 @@
+"""verify-archive refuses hostile archives with the right exit code and bounded memory."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from campaign.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+PREFIX = "c-archive"
+
+
+def _entry(data: bytes) -> dict:
+    return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+
+
+def _archive(path: Path, members: list[tuple[str, bytes]], manifest: object = None,
+             *, links: tuple[str, ...] = ()) -> Path:  # fmt: skip
+    """A .tar.gz with ``members`` and a manifest (by default one listing every member)."""
+    if manifest is None:
+        manifest = {"campaign": "c", "members": {n: _entry(d) for n, d in members}}
+    document = manifest if isinstance(manifest, bytes) else json.dumps(manifest).encode()
+    with tarfile.open(path, "w:gz") as tar:
+        for name, data in [(f"{PREFIX}/MANIFEST.json", document), *members]:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        for name in links:
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = tarfile.SYMTYPE, "/etc/passwd"
+            tar.addfile(info)
+    return path
+
+
+def _verify(path: Path) -> tuple[int, str]:
+    result = CliRunner().invoke(main, ["verify-archive", str(path)])
+    assert "Traceback" not in result.stderr and result.stdout == ""
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    return result.exit_code, result.stderr
+
+
+GOOD = [(f"{PREFIX}/spec.json", b'{"a": 1}'), (f"{PREFIX}/notes.json", b"[]")]
+
+
+def test_a_well_formed_archive_verifies(tmp_path: Path) -> None:
+    code, said = _verify(_archive(tmp_path / "ok.tar.gz", GOOD))
+    assert code == 0 and "2 members" in said
+
+
+@pytest.mark.parametrize("name", ["../../../outside.txt", "/outside.txt",
+                                  f"{PREFIX}/../../outside.txt"])  # fmt: skip
+def test_names_that_leave_the_folder_are_refused(tmp_path: Path, name: str) -> None:
+    code, said = _verify(_archive(tmp_path / "t.tar.gz", [*GOOD, (name, b"pwned")]))
+    assert code == 1 and "leaves the archive's folder" in said
+
+
+def test_a_link_is_refused(tmp_path: Path) -> None:
+    path = _archive(tmp_path / "l.tar.gz", GOOD, links=(f"{PREFIX}/passwd",))
+    code, said = _verify(path)
+    assert code == 1 and "is a link" in said
+
+
+def test_a_tampered_member_followed_by_the_genuine_one_is_refused(tmp_path: Path) -> None:
+    genuine = GOOD[0]
+    members = [(genuine[0], b'{"a": 2}'), *GOOD]
+    manifest = {"members": {n: _entry(d) for n, d in GOOD}}
+    code, said = _verify(_archive(tmp_path / "d.tar.gz", members, manifest))
+    assert code == 1 and "appears twice" in said
+
+
+@pytest.mark.parametrize(
+    ("manifest", "where"),
+    [
+        (["a", "b"], "the document"),
+        ("members", "the document"),
+        ({"campaign": "c"}, "members"),
+        ({"members": {f"{PREFIX}/spec.json": "abc"}}, "members"),
+        ({"members": {f"{PREFIX}/spec.json": {"sha256": "xyz", "bytes": 8}}}, "sha256"),
+        (b"{not json", "the document"),
+    ],
+)
+def test_malformed_manifests_are_unusable_input(
+    tmp_path: Path, manifest: object, where: str
+) -> None:
+    code, said = _verify(_archive(tmp_path / "m.tar.gz", GOOD, manifest))
+    assert code == 2 and "MANIFEST.json is malformed" in said and where in said
+
+
+def test_unusable_paths(tmp_path: Path) -> None:
+    assert _verify(tmp_path / "missing.tar.gz")[0] == 2
+    text = tmp_path / "notes.tar.gz"
+    text.write_text("not an archive")
+    code, said = _verify(text)
+    assert code == 2 and "not a readable .tar.gz" in said
+    assert _verify(_archive(tmp_path / "none.tar.gz", GOOD, {"members": {}}))[0] == 1
+
+
+class _Zeros(io.RawIOBase):
+    def __init__(self, size: int) -> None:
+        self.left = size
+
+    def readinto(self, buffer: bytearray) -> int:  # type: ignore[override]
+        count = min(len(buffer), self.left)
+        buffer[:count] = bytes(count)
+        self.left -= count
+        return count
+
+    def readable(self) -> bool:
+        return True
+
+
+def _bomb(path: Path, size: int, manifest_first: bool) -> Path:
+    """A member of ``size`` zero bytes (a few MB compressed) that the manifest lists at 8."""
+    manifest = json.dumps({"members": {f"{PREFIX}/bomb.bin": _entry(bytes(8))}}).encode()
+    with tarfile.open(path, "w:gz", compresslevel=1, copybufsize=1 << 22) as tar:
+        entries = [("MANIFEST.json", manifest, None), ("bomb.bin", None, size)]
+        for name, data, length in entries if manifest_first else entries[::-1]:
+            info = tarfile.TarInfo(f"{PREFIX}/{name}")
+            info.size = len(data) if data is not None else length
+            tar.addfile(info, io.BytesIO(data) if data is not None else _Zeros(length))
+    return path
+
+
+@pytest.mark.parametrize("manifest_first", [True, False])
+def test_an_inflating_bomb_is_refused_with_bounded_memory(
+    tmp_path: Path, manifest_first: bool
+) -> None:
+    path = _bomb(tmp_path / "bomb.tar.gz", 1 << 30, manifest_first)
+    assert path.stat().st_size < 8 << 20
+    code, said, peak_mib = _verify_in_a_process(path)
+    assert code == 1, said
+    assert "holds 1,073,741,824 bytes, the manifest says 8: refused unread" in said
+    baseline = _verify_in_a_process(_archive(tmp_path / "small.tar.gz", GOOD))[2]
+    # Bounded: the same peak as for a 100-byte archive (the interpreter and its imports).
+    assert peak_mib < baseline + 64, f"peak RSS {peak_mib:.0f} MiB, baseline {baseline:.0f} MiB"
+
+
+def _verify_in_a_process(path: Path) -> tuple[int, str, float]:
+    """Exit code, stderr and peak RSS (MiB) of a real `campaign verify-archive` process."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "campaign", "verify-archive", str(path)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+    )  # fmt: skip
+    _, status, usage = os.wait4(process.pid, 0)
+    said = process.stderr.read() if process.stderr else ""
+    return os.waitstatus_to_exitcode(status), said, usage.ru_maxrss / 1024
