@@ -176,16 +176,31 @@ def count_train_examples(task: str, config: Mapping[str, Any], needed: bool) -> 
     ``needed``: an epoch budget cannot be planned without it (an error); for an
     update budget a task that cannot tell leaves the epochs unknown.
     """
+    from campaign.loop import guarded
+    from campaign.loop.errors import TaskContractError
+
     try:
-        built = load_factory(task)(copy.deepcopy(dict(config)))
+        counted = guarded.call(train_size, task, dict(config),
+                               what="counting the task's training examples")  # fmt: skip
+    except TaskContractError as error:  # it hung, exited or killed its process: say so
+        raise ValueError(str(error)) from None
+    if isinstance(counted, int):
+        return counted
+    if needed:
+        raise ValueError(
+            f"an epoch budget needs the training-set size: set budget.train_examples "
+            f"or give the task a splits() ({counted})"
+        )
+    return None
+
+
+def train_size(task: str, config: dict[str, Any]) -> int | str:
+    """The task's training-set size, or why it cannot tell (run in a guarded process)."""
+    try:
+        built = load_factory(task)(copy.deepcopy(config))
         return len(built.splits()["train"])
     except Exception as error:  # the user's task code: any failure means "cannot count"
-        if needed:
-            raise ValueError(
-                f"an epoch budget needs the training-set size: set budget.train_examples "
-                f"or give the task a splits() ({type(error).__name__}: {error})"
-            ) from None
-        return None
+        return f"{type(error).__name__}: {error}"
 
 
 def record_plan(ledger: Ledger, plan: Plan) -> tuple[CampaignRecord, bool]:

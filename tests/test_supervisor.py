@@ -3,6 +3,7 @@ hangs, exits, raises, segfaults, forks or prints, each ending with a recorded ca
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -147,3 +148,57 @@ def test_sigterm_to_launch_during_a_hang_ends_within_the_grace(
     assert time.monotonic() - signalled < 2 + 10
     assert _end(ledger, run_id)[:2] == ("interrupted", "interrupted")
     assert "did not stop within 2 s" in str(ledger.run(run_id).stop_detail)
+
+
+def _spec_file(tmp_path: Path, **task: str) -> str:
+    lines = "\n".join(f'"task.{k}" = "{v}"' for k, v in task.items())
+    path = tmp_path / "spec.toml"
+    path.write_text(f"""
+[campaign]
+name = "guarded"
+question = "does plan survive its task?"
+task = "{TASK}"
+[hold]
+"loop.microbatch" = 4
+"budget.updates" = 4
+[config]
+{lines}
+[validation]
+every = 4
+metric = "val/accuracy"
+mode = "max"
+[grid]
+seeds = [0]
+control = "only"
+[[grid.variants]]
+name = "only"
+""")
+    return str(path)
+
+
+def _plan_cli(url: str, spec: str, *extra: str, timeout_s: str = "300") -> Any:
+    env = {**os.environ, "CAMPAIGN_TASK_TIMEOUT_S": timeout_s}
+    return subprocess.run([sys.executable, "-m", "campaign", "--ledger", url, "plan", spec, *extra],
+                          capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
+
+
+def test_plan_refuses_a_factory_that_exits(sqlite_url: str, tmp_path: Path) -> None:
+    done = _plan_cli(sqlite_url, _spec_file(tmp_path, factory="exit0"), "--dry-run")
+    assert done.returncode == 2 and done.stdout == ""
+    assert "task code raised SystemExit(0)" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_plan_gives_up_on_a_hanging_task(sqlite_url: str, tmp_path: Path) -> None:
+    started = time.monotonic()
+    done = _plan_cli(sqlite_url, _spec_file(tmp_path, splits="hang"), "--dry-run", timeout_s="3")
+    assert done.returncode == 2, done.stderr
+    assert "did not return within 3 s" in done.stderr
+    assert time.monotonic() - started < 120
+
+
+def test_plan_json_stays_json_when_the_task_prints(sqlite_url: str, tmp_path: Path) -> None:
+    done = _plan_cli(sqlite_url, _spec_file(tmp_path, factory="chatty"), "--dry-run",
+                     "--format", "json")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["campaign"] == "guarded"
+    assert "a factory that talks on stdout" in done.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -224,7 +225,7 @@ def worker(source: LedgerSource, campaign: str, skip_pilot: bool, reason: str | 
     from campaign.launch.worker import run_worker
     from campaign.ledger.locality import check_single_host
 
-    options = _options(campaign, artifacts, **kw)
+    options = replace(_options(campaign, artifacts, **kw), fork_directly=True)
     with source.open() as ledger:
         ledger.campaign(campaign)
         check_single_host(ledger, options.lease_s)

@@ -78,11 +78,13 @@ def _check_task_contract(resolved: Any, spec_path: str) -> None:
     """Build the task with the control's config and name every part of the contract it
     lacks, before anything is written (a task without describe() is caught here, not
     at the first inspect)."""
+    from campaign.loop import guarded
     from campaign.loop.errors import TaskContractError
-    from campaign.loop.task import build_task
+    from campaign.loop.task import check_contract
 
     try:
-        build_task(resolved.task, resolved.control.config)
+        guarded.call(check_contract, resolved.task, resolved.control.config,
+                     what="building the task with the control's config")  # fmt: skip
     except TaskContractError as error:
         raise LedgerInputError(f"{spec_path}: campaign.task: {error}") from None
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import multiprocessing
 import os
 import signal
 import sys
@@ -48,6 +47,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from campaign.ledger import Claim, Ledger, LedgerError, RefusedWrite, StopRecord
 from campaign.ledger.errors import LeaseLost
 from campaign.loop import progress
+from campaign.loop.forkserver import fork_context, start
 from campaign.loop.run_files import record_file
 from campaign.loop.signals import WALL_TIME_SIGNAL
 from campaign.loop.stop import parse_duration
@@ -65,6 +65,7 @@ class Supervision:
     heartbeat_s: float
     grace_s: float = 30.0
     poll_s: float = 0.05
+    fork_directly: bool = False  # see campaign.loop.forkserver.fork_context
 
 
 @dataclass
@@ -111,9 +112,9 @@ def supervise(
                    os.getcwd(), {**os.environ, SUPERVISOR_ENV: str(os.getpid())})  # fmt: skip
     job.result.unlink(missing_ok=True)
     board = progress.ProgressBoard(job.board, create=True)
-    child = _context().Process(target=_child, args=(job,), name=f"run-{claim.run_id}")
-    with _main_module_hidden():
-        child.start()
+    context = fork_context(direct=supervision.fork_directly)
+    child = context.Process(target=_child, args=(job,), name=f"run-{claim.run_id}")
+    start(child)
     try:
         with _forwarding() as received:
             verdict = _watch(ledger, claim, child, board, supervision, config, received, stopping)
@@ -139,31 +140,6 @@ def supervise(
             record_file(ledger, claim.run_id, "log", job.log, seen.step, lease=claim.lease)
     ledger.finish(claim.run_id, verdict.status, stop, lease=claim.lease)
     return RunOutcome(claim.run_id, verdict.status, verdict.cause, seen.step, verdict.detail)
-
-
-@contextlib.contextmanager
-def _main_module_hidden() -> Iterator[None]:
-    """The run's process needs nothing of the caller's ``__main__``: multiprocessing would
-    re-run a user's script there (or fail on ``python -`` from stdin), so it is not told."""
-    main = sys.modules.get("__main__")
-    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if main and k in main.__dict__}
-    if main is not None:
-        main.__dict__.pop("__file__", None)
-        main.__dict__["__spec__"] = None
-    try:
-        yield
-    finally:
-        if main is not None:
-            main.__dict__.pop("__spec__", None)
-            main.__dict__.update(saved)
-
-
-def _context() -> Any:
-    """The fork server: a clean process started once (torch and the loop imported, CUDA never
-    initialised, no threads) from which every run's process is forked in milliseconds."""
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["torch", "campaign.loop.train", "campaign.launch.worker"])
-    return context
 
 
 def _watch(

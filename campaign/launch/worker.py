@@ -61,6 +61,7 @@ class WorkerOptions:
     # ``grace_s``: between a graceful signal to it (wall time, SIGTERM) and the kill.
     supervised: bool = True
     grace_s: float = 30.0
+    fork_directly: bool = False  # a `campaign worker` process: fork runs from it directly
 
     def __post_init__(self) -> None:
         if not (self.heartbeat_s >= 0.1 and self.lease_s >= 3 * self.heartbeat_s):
@@ -276,7 +277,8 @@ def _execute(
         return _execute_here(ledger, options, worker, claim, point, stopping, None)
     placed = replace(options, artifacts=options.artifacts.absolute())
     body = functools.partial(_supervised_body, placed, worker, claim, point)
-    supervision = Supervision(options.heartbeat_s, options.grace_s)
+    supervision = Supervision(options.heartbeat_s, options.grace_s,
+                              fork_directly=options.fork_directly)
     return supervise(ledger, claim, body, supervision, folder=options.artifacts / run_id,
                      config=record.config_document, stopping=stopping)  # fmt: skip
 

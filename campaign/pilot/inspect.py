@@ -64,13 +64,23 @@ def summary(task: Task, split: str, config: Mapping[str, Any]) -> dict[str, Any]
 def inspect_campaign(ledger: LedgerReader, campaign: str, split: str, count: int) -> dict[str, Any]:
     """What ``campaign inspect`` shows, with the control's config: examples, a summary of the
     split and the data gate's findings (``passed`` says whether every check held)."""
-    from campaign.loop.task import build_task
-    from campaign.pilot.data_gate import check_data, passed
+    from campaign.loop import guarded
 
     record = ledger.campaign(campaign)
     runs = ledger.runs(campaign)
     config = runs[runs["is_control"]].iloc[0]["config"]
-    task = build_task(record.task, config)
+    inspected: dict[str, Any] = guarded.call(inspect_task, record.task, config, campaign, split,
+                                             count, what=f"inspecting the {split} split")
+    return inspected
+
+
+def inspect_task(reference: str, config: dict[str, Any], campaign: str, split: str,
+                 count: int) -> dict[str, Any]:  # fmt: skip
+    """The task side of :func:`inspect_campaign` (run in a guarded process)."""
+    from campaign.loop.task import build_task
+    from campaign.pilot.data_gate import check_data, passed
+
+    task = build_task(reference, config)
     names = list(task.splits())
     if split not in names:
         from campaign.ledger.errors import LedgerInputError

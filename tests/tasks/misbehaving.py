@@ -5,8 +5,8 @@
 (raises ``KeyboardInterrupt``), ``os_exit3`` (``os._exit(3)``), ``segv``
 (a real segmentation fault), ``orphan`` (forks a child that ignores SIGTERM
 and sleeps, then hangs), ``chatty`` (prints on stdout and stderr),
-``negative`` (returns negative units). ``task.factory`` = ``exit0`` or
-``hang`` misbehaves in the factory instead, ``task.splits`` = ``hang`` in
+``negative`` (returns negative units). ``task.factory`` = ``exit0``,
+``hang`` or ``chatty`` misbehaves in the factory instead, ``task.splits`` = ``hang`` in
 ``splits()``. ``task.pidfile``: where ``orphan`` writes its child's pid.
 """
 
@@ -84,4 +84,6 @@ def build(config: dict[str, Any]) -> Misbehaving:
         sys.exit(0)
     if factory == "hang":
         _hang()
+    if factory == "chatty":
+        print("a factory that talks on stdout")
     return Misbehaving(config)
