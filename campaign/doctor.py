@@ -42,4 +42,7 @@ def integrity_problems(url: str) -> list[str]:
                 found = [str(r) for r in conn.exec_driver_sql("PRAGMA quick_check").scalars()]
         except DBAPIError as error:
             return [str(error.orig).splitlines()[0] if error.orig else str(error)]
-    return [] if found == ["ok"] else found[:5]
+    if found == ["ok"]:
+        return []
+    lines = [line for text in found for line in text.splitlines() if not line.startswith("***")]
+    return [*lines[:3], f"{len(lines)} problems in all"] if len(lines) > 3 else lines

@@ -113,7 +113,7 @@ def _cases() -> list[Case]:
               for name, (_, w) in list(SPECS.items())[:6]]  # fmt: skip: writing plans too
     cases += [
         Case("plan /dev/zero", lambda s: ["plan", "/dev/zero", "--dry-run"], 2, "not a regular"),
-        Case("plan a folder", lambda s: ["plan", s["tmp"], "--dry-run"], 2, "not a regular"),
+        Case("plan a folder", lambda s: ["plan", s["tmp"], "--dry-run"], 2, "is a directory"),
         Case("plan missing", lambda s: ["plan", s["tmp"] + "/no.toml"], 2, "no such spec"),
         Case("plan binary", lambda s: ["plan", s["binary"]], 2, "cannot read the spec"),
     ]
@@ -238,3 +238,28 @@ def test_every_bad_input_gets_one_line_and_its_exit_code(seeded: dict, tmp_path:
     assert not list(Path("/proc").glob("x")) and Path("/dev/full").is_char_device()
     leftovers = [p.name for p in tmp_path.rglob("*.partial")]
     assert leftovers == []
+
+
+def test_a_corrupted_page_is_named_by_doctor_and_by_every_read(sqlite_url: str) -> None:
+    path = Path(sqlite_url.removeprefix("sqlite:///"))
+    with Ledger.open(sqlite_url, create=True) as ledger:
+        (run_id,) = plan_quick(ledger, "damaged", runs=1, updates=40)
+        execute(ledger, run_id, artifacts=path.parent / "art", replay_in_subprocess=False)
+    import sqlite3
+
+    with sqlite3.connect(path) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        page = conn.execute("SELECT max(pageno) FROM dbstat WHERE name = 'metrics'").fetchone()[0]
+        size = conn.execute("PRAGMA page_size").fetchone()[0]
+    with open(path, "r+b") as handle:  # one damaged page of the metrics table
+        handle.seek((page - 1) * size + 100)
+        handle.write(b"\xde\xad\xbe\xef" * 200)
+    doctor = CliRunner().invoke(main, ["--ledger", sqlite_url, "doctor", "--format", "json"])
+    assert doctor.exit_code == 1 and "the ledger is damaged" in doctor.stderr
+    assert len(doctor.stderr.strip().splitlines()) == 1
+    for command in (["report", "damaged", "--output", str(path.parent / "r.html")],
+                    ["archive", "damaged", "--output", str(path.parent / "a.tar.gz")]):  # fmt: skip
+        result = CliRunner().invoke(main, ["--ledger", sqlite_url, *command])
+        assert result.exit_code == 3, (command, result.stderr, result.exception)
+        assert "is corrupted" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert not (path.parent / "a.tar.gz").exists()

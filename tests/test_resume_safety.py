@@ -122,3 +122,4 @@ def test_retention_keeps_only_the_last_checkpoints(sqlite_url: str, tmp_path: Pa
     with Ledger.open(sqlite_url) as ledger:
         frame = ledger.artifacts("kept")
     assert (frame["kind"] == "checkpoint").sum() == 80  # the rows stay: a ledger never forgets
+    assert frame[frame["kind"] == "checkpoint"]["step"].is_unique  # the last one saved once

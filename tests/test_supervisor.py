@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from campaign.launch.supervisor import _process_state
 from campaign.ledger import Ledger
 from tests.loop_helpers import plan_loop
 
@@ -108,8 +109,7 @@ def test_a_forked_orphan_dies_with_the_run(ledger: Ledger, sqlite_url: str, tmp_
     assert _end(ledger, run_id)[:2] == ("failed", "stalled"), ledger.run(run_id).stop_detail
     orphan = int(pidfile.read_text())
     time.sleep(0.5)
-    with pytest.raises(ProcessLookupError):
-        os.kill(orphan, 0)
+    assert _process_state(orphan) in (None, "Z", "X")  # gone, or dead and waiting for init
 
 
 def test_task_output_goes_to_the_log_artifact(

@@ -29,6 +29,8 @@ the supervisor dies and stops while the supervisor is stopped.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import io
 import json
 import os
@@ -55,6 +57,7 @@ from campaign.loop.train import RunOutcome
 
 DEFAULT_STALL_S = 600.0
 CHILD_FAILED = 70  # the child's exit code when its body raised (EX_SOFTWARE)
+PR_SET_PDEATHSIG = 1
 SUPERVISOR_ENV = "CAMPAIGN_SUPERVISOR_PID"  # in the run's process: its supervisor's id
 
 
@@ -282,7 +285,7 @@ def _child(job: ChildJob) -> NoReturn:
     code, answer = 0, {}
     try:
         os.setpgid(0, 0)
-        _follow_supervisor(int(job.environment[SUPERVISOR_ENV]))
+        _die_with(int(job.environment[SUPERVISOR_ENV]))
         for signum in (signal.SIGTERM, signal.SIGINT, WALL_TIME_SIGNAL):
             signal.signal(signum, signal.SIG_DFL)
         os.environ.clear()
@@ -307,6 +310,19 @@ def _child(job: ChildJob) -> NoReturn:
             sys.stderr.flush()
     finally:
         os._exit(code)
+
+
+def _die_with(supervisor: int) -> None:
+    """Forked by the supervisor itself (a ``campaign worker``): the kernel kills this process
+    the moment its parent dies (Linux ``PR_SET_PDEATHSIG``), before another write. In every
+    case a thread also follows the supervisor (the fork server's children, other systems)."""
+    if os.getppid() == supervisor:
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != supervisor:  # it died before the prctl took effect
+            os._exit(CHILD_FAILED)
+    _follow_supervisor(supervisor)
 
 
 def _follow_supervisor(supervisor: int) -> None:

@@ -35,6 +35,7 @@ from campaign.ledger import Claim, IllegalTransition, Ledger, StopRecord
 from campaign.ledger.vocabulary import TERMINAL_STATUSES
 from campaign.loop import replicas as dp
 from campaign.loop.errors import CheckpointError, LoopError, RunSetupFailed
+from campaign.loop.forkserver import fork_context, warm_up
 from campaign.loop.resume import ResumePoint, choose_resume_point
 from campaign.loop.train import RunLoop, RunOutcome
 
@@ -124,6 +125,9 @@ def run_worker(
     refuse_unfit_stack(ledger, options.campaign, options.device)
     if options.threads:
         torch.set_num_threads(options.threads)
+    direct = fork_context(direct=options.fork_directly).get_start_method() == "fork"
+    if options.supervised and not direct:
+        warm_up()
     report = WorkerReport(worker_name(options.device, options.name))
     gated: set[str] = set()  # planned runs whose gate was checked (by the launch, then here)
     with _stop_on_signals(options.preempt_signals) as stopping:

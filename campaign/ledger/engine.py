@@ -267,3 +267,5 @@ def translated(url: URL, what: str) -> Iterator[None]:
         yield
     except exc.DBAPIError as error:
         raise translate_error(error, url, what) from error
+    except sqlite3.Error as error:  # raw driver cursors (the frame reads) raise their own
+        raise translate_error(exc.DBAPIError(None, None, error), url, what) from error

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import os
 import sys
 import threading
 from collections.abc import Iterator
@@ -31,6 +32,14 @@ def fork_context(*, direct: bool = False) -> Any:
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(PRELOAD)
     return context
+
+
+def warm_up() -> None:
+    """Start the fork server now (its torch import takes seconds): before a worker claims a
+    run, so a run's first heartbeat never waits for it."""
+    probe = fork_context().Process(target=os.getpid, name="campaign-fork-server-ready")
+    start(probe)  # returns once the server has preloaded and forked: it is ready
+    probe.join()
 
 
 def start(process: Any) -> None:

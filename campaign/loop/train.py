@@ -130,6 +130,7 @@ class RunLoop:
         self._pending: list[list[Any]] = []  # unflushed metric points of a resumed checkpoint
         self._batches: list[Batch] = []
         self._validated = False
+        self._checkpointed: int | None = None  # the update this segment last saved
         self.training_s = 0.0  # updates and validation; the rest of the segment is overhead
 
     # -- setup ---------------------------------------------------------------------
@@ -384,6 +385,7 @@ class RunLoop:
             self.ledger, self.run_id, "checkpoint", saved.path, saved.step,
             lease=self.lease, sha256=saved.sha256,
         )  # fmt: skip
+        self._checkpointed = saved.step
         keep = int(self.config.get("checkpoint", {}).get("keep_last", 3))
         ckpt.prune(saved.path.parent, keep, saved.path)
         self._write_phases()
@@ -399,7 +401,9 @@ class RunLoop:
             return RunOutcome(self.run_id, stop.status, stop.cause, self.step, stop.detail)
         phase = stop.phase or self.phase
         try:
-            if stop.status in ("interrupted", "completed", "stopped"):
+            if stop.status in ("interrupted", "completed", "stopped") and (
+                self._checkpointed != self.step
+            ):  # the loop may have saved this very update already
                 self.save_checkpoint()
             if stop.status in ("completed", "stopped"):
                 self._export()
