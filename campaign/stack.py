@@ -7,6 +7,7 @@ or compare stacks without training. torch is imported when a stack is described
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.metadata as metadata
 import platform
@@ -42,7 +43,10 @@ def environment(task_reference: str | None) -> dict[str, Any]:
     return stack
 
 
+@functools.cache
 def package_version(name: str) -> str | None:
+    """An installed package's version (read once per process: a worker forks its runs from a
+    process that asked already)."""
     try:
         return metadata.version(name)
     except metadata.PackageNotFoundError:

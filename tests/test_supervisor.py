@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from campaign.launch.supervisor import _process_state
+from campaign.launch.run_process import process_state
 from campaign.ledger import Ledger
 from tests.loop_helpers import plan_loop
 
@@ -109,7 +109,7 @@ def test_a_forked_orphan_dies_with_the_run(ledger: Ledger, sqlite_url: str, tmp_
     assert _end(ledger, run_id)[:2] == ("failed", "stalled"), ledger.run(run_id).stop_detail
     orphan = int(pidfile.read_text())
     time.sleep(0.5)
-    assert _process_state(orphan) in (None, "Z", "X")  # gone, or dead and waiting for init
+    assert process_state(orphan) in (None, "Z", "X")  # gone, or dead and waiting for init
 
 
 def test_task_output_goes_to_the_log_artifact(

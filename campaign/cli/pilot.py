@@ -229,7 +229,8 @@ def doctor(source: LedgerSource, stale_after: float, dry_run: bool, campaign: st
         if unfit or corrupted:
             raise click.exceptions.Exit(1)
         return
-    items = {**document["stack"], **{f"ledger {k}": v for k, v in document["ledger"].items()}}
+    items = {**document["stack"], **{k if k == "ledger" else f"ledger {k}": v
+                                     for k, v in document["ledger"].items()}}  # fmt: skip
     click.echo(render_rows([{"item": k, "value": v} for k, v in items.items()], output_format))
     click.echo("")
     click.echo(render_rows(stale, output_format) if stale else "no running run without a heartbeat")

@@ -64,7 +64,7 @@ def report(source: LedgerSource, campaign: str, output_format: str, output: Path
 def archive(source: LedgerSource, campaign: str, output: Path | None) -> None:
     """Pack everything the campaign leaves into one .tar.gz with a manifest of SHA-256s.
 
-    Spec, configs, environments, raw metrics, events, predictions, final artifacts,
+    Spec, configs, environments, raw metrics, events, predictions, logs, final artifacts,
     pilot phases, notes, the HTML report and a README on reloading and replaying.
 
     Example: campaign archive digits-lr --output digits-lr.tar.gz

@@ -37,6 +37,7 @@ from campaign.loop import replicas as dp
 from campaign.loop.errors import CheckpointError, LoopError, RunSetupFailed
 from campaign.loop.forkserver import fork_context, warm_up
 from campaign.loop.resume import ResumePoint, choose_resume_point
+from campaign.loop.run_files import record_log
 from campaign.loop.train import RunLoop, RunOutcome
 
 
@@ -60,7 +61,6 @@ class WorkerOptions:
     preempt_signals: tuple[int, ...] = ()
     # Each run executes in a supervised child process (campaign/launch/supervisor.py);
     # ``grace_s``: between a graceful signal to it (wall time, SIGTERM) and the kill.
-    supervised: bool = True
     grace_s: float = 30.0
     fork_directly: bool = False  # a `campaign worker` process: fork runs from it directly
 
@@ -125,9 +125,7 @@ def run_worker(
     refuse_unfit_stack(ledger, options.campaign, options.device)
     if options.threads:
         torch.set_num_threads(options.threads)
-    direct = fork_context(direct=options.fork_directly).get_start_method() == "fork"
-    if options.supervised and not direct:
-        warm_up()
+    warm_up(direct=fork_context(direct=options.fork_directly).get_start_method() == "fork")
     report = WorkerReport(worker_name(options.device, options.name))
     gated: set[str] = set()  # planned runs whose gate was checked (by the launch, then here)
     with _stop_on_signals(options.preempt_signals) as stopping:
@@ -261,7 +259,7 @@ def _execute(
     claim: Claim | None,
     stopping: StopRequest,
 ) -> RunOutcome | None:
-    """Execute one run (supervised in a child process unless the options say otherwise); None
+    """Execute one run, supervised in a child process; None
     when a resumable run was taken by another worker first. A resumable run's checkpoint is
     chosen and verified before it is taken (:class:`CheckpointError`: nothing changed)."""
     record = ledger.run(run_id)
@@ -277,8 +275,6 @@ def _execute(
         except IllegalTransition:  # another worker took it between list and start
             return None
 
-    if not options.supervised:
-        return _execute_here(ledger, options, worker, claim, point, stopping, None)
     placed = replace(options, artifacts=options.artifacts.absolute())
     body = functools.partial(_supervised_body, placed, worker, claim, point)
     supervision = Supervision(options.heartbeat_s, options.grace_s,
@@ -297,7 +293,7 @@ def _supervised_body(
 ) -> RunOutcome:
     """The run in its supervised process (a module-level function: it travels pickled to the
     fork server, with plain data only)."""
-    return _execute_here(ledger, options, worker, claim, point, StopRequest(), log)
+    return _execute_here(ledger, options, worker, claim, point, log)
 
 
 def _execute_here(
@@ -306,10 +302,9 @@ def _execute_here(
     worker: str,
     claim: Claim,
     point: ResumePoint | None,
-    stopping: StopRequest,
-    log: Path | None,
+    log: Path,
 ) -> RunOutcome:
-    """The run itself, in this process (the supervised child, or a worker told not to fork)."""
+    """The run itself, in the supervised child process (the parent holds the heartbeat)."""
     run_id = claim.run_id
     world = int(ledger.run(run_id).config_document["loop"]["replicas"])
     group: Any = contextlib.nullcontext()
@@ -317,14 +312,13 @@ def _execute_here(
     if world > 1:
         group = replica_group(ledger, run_id, world, options.device, options.artifacts)
         replica = dp.Replica(0, world)
-    loop_options = _loop_options(options, worker)
-    if log is not None:  # supervised: the parent holds the heartbeat
-        loop_options["heartbeat_s"] = None
+    loop_options = {**_loop_options(options, worker), "heartbeat_s": None}
     try:
         loop = RunLoop(ledger, run_id, claim=claim, replica=replica, resume=point, log=log,
                        **loop_options)  # fmt: skip
     except LoopError as error:  # refused before any work: a claimed run must still end
         stop = StopRecord("exception", 0, "setup", str(error))
+        record_log(ledger, run_id, log, 0, lease=claim.lease)
         ledger.finish(run_id, "failed", stop, lease=claim.lease, training_s=0.0)
         return RunOutcome(run_id, "failed", "exception", 0, str(error))
     with group:
@@ -334,8 +328,6 @@ def _execute_here(
             loop.cleanup()
             return RunOutcome(loop.run_id, "failed", "exception", loop.step, str(error))
         try:
-            if stopping.is_set():  # a signal arrived before the loop's own handler was installed
-                loop.request_stop(stopping.signum)
             return loop.train()
         finally:
             loop.cleanup()

@@ -74,7 +74,7 @@ def parse_url(text: str) -> URL:
 
 def _masked(text: str) -> str:
     """A URL too malformed to parse, with anything that may be a password replaced."""
-    text = re.sub(r"(://[^/@:]*:)[^/@]*@", r"\1***@", text)
+    text = re.sub(r"(://[^/@:]*:).*@", r"\1***@", text)  # up to the last @: a / may be in it
     return re.sub(r"((?:ssl)?password=)[^&]*", r"\1***", text, flags=re.IGNORECASE)
 
 
@@ -126,7 +126,10 @@ def _sqlite_engine(url: URL) -> Engine:
     elif path.exists() and _read_only_place(path):
         # A ledger on a read-only mount (an archive disk, a colleague's share) is still read:
         # opened read-only and immutable, as SQLite cannot create its WAL index beside it.
-        uri = f"file:{quote(str(path))}?mode=ro&immutable=1"
+        # Read-only and, unless a writer elsewhere keeps a WAL beside it, immutable (SQLite
+        # cannot create its WAL index on a read-only mount).
+        live = any(path.with_name(path.name + s).exists() for s in ("-wal", "-shm"))
+        uri = f"file:{quote(str(path))}?mode=ro" + ("" if live else "&immutable=1")
         kwargs["creator"] = lambda: sqlite3.connect(uri, uri=True, check_same_thread=False,
                                                     timeout=SQLITE_BUSY_TIMEOUT_S)  # fmt: skip
     engine = create_engine(url, **kwargs)

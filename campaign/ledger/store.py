@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Connection, insert, select, update
@@ -88,9 +89,9 @@ class Ledger(EvidenceWrites):
                 migrate.ensure_ready(engine, create=create)
         except BaseException:
             engine.dispose()
-            if not existed and path is not None:  # a new ledger that failed (a full disk):
+            if not existed and path is not None and _empty_file(path):  # a new ledger that
                 for leftover in (path, *(path.with_name(path.name + s) for s in ("-wal", "-shm"))):
-                    leftover.unlink(missing_ok=True)  # no empty file that looks like a ledger
+                    leftover.unlink(missing_ok=True)  # failed (a full disk): no empty file left
             raise
         return cls(engine)
 
@@ -389,6 +390,14 @@ class Ledger(EvidenceWrites):
             interval_s=interval_s,
             lease=lease,
         )
+
+
+def _empty_file(path: Path) -> bool:
+    """Only an empty file is ours to remove (another process may be creating a ledger there)."""
+    try:
+        return path.stat().st_size == 0
+    except OSError:
+        return False
 
 
 def _refuse_second_original(conn: Connection, variant_id: int, variant: str, seed: int) -> None:

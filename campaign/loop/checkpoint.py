@@ -55,7 +55,8 @@ def save(path: Path, tensors: dict[str, torch.Tensor], state: Mapping[str, Any])
     """Write atomically: temp file in the same directory, fsync, rename, fsync the directory."""
     path.parent.mkdir(parents=True, exist_ok=True)
     for leftover in path.parent.glob(".*.partial"):  # a killed writer's: never a checkpoint
-        leftover.unlink(missing_ok=True)
+        if not _writer_alive(leftover):
+            leftover.unlink(missing_ok=True)
     temporary = path.with_name(f".{path.name}.{os.getpid()}.partial")
     document = json.dumps({"format": FORMAT_VERSION, **state}, allow_nan=True)
     contiguous = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
@@ -71,11 +72,28 @@ def save(path: Path, tensors: dict[str, torch.Tensor], state: Mapping[str, Any])
     return SavedCheckpoint(path, file_sha256(path), path.stat().st_size, int(state["step"]))
 
 
+def _writer_alive(partial: Path) -> bool:
+    """A ``.NAME.PID.partial`` file whose writer still runs (a live segment's save)."""
+    pid = partial.name.rsplit(".", 2)[-2]
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return int(pid) != os.getpid()
+
+
 def prune(folder: Path, keep_last: int, newest: Path) -> list[Path]:
-    """Delete all but the newest ``keep_last`` checkpoint files of ``folder`` (by step, the
-    file just written and verified always kept); their ledger rows stay, and a resume skips
-    a pruned file for the newest one that is still there. Returns what was deleted."""
-    files = sorted(folder.glob("step-*.safetensors"), key=_step_and_segment)
+    """Delete all but the newest ``keep_last`` checkpoint files of ``newest``'s segment (by
+    step; the file just written and verified always kept). Other segments' files are never
+    touched (a stale worker must not prune its successor's). Their ledger rows stay, and a
+    resume skips a pruned file for the newest one still there. Returns what was deleted."""
+    segment = _step_and_segment(newest)[1]
+    files = sorted((f for f in folder.glob("step-*.safetensors")
+                    if _step_and_segment(f)[1] == segment), key=_step_and_segment)  # fmt: skip
     doomed = [f for f in files[: max(0, len(files) - keep_last)] if f != newest]
     for path in doomed:
         path.unlink(missing_ok=True)

@@ -12,6 +12,7 @@ whose OpenMP pool or connection pool was busy can hang for ever).
 from __future__ import annotations
 
 import contextlib
+import importlib
 import multiprocessing
 import os
 import sys
@@ -19,7 +20,10 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-PRELOAD = ["torch", "campaign.loop.train", "campaign.launch.worker"]
+# torch._dynamo: the first optimizer a process builds imports it (over a second): done once
+# here, not in every run's process.
+PRELOAD = ["torch", "torch._dynamo", "pandas", "pyarrow.parquet", "safetensors.torch",
+           "campaign.loop.train", "campaign.launch.worker"]  # fmt: skip
 
 
 def fork_context(*, direct: bool = False) -> Any:
@@ -34,9 +38,18 @@ def fork_context(*, direct: bool = False) -> Any:
     return context
 
 
-def warm_up() -> None:
-    """Start the fork server now (its torch import takes seconds): before a worker claims a
-    run, so a run's first heartbeat never waits for it."""
+def warm_up(*, direct: bool = False) -> None:
+    """Before a worker claims a run: with ``direct``, import ``PRELOAD`` in this process (each
+    run's fork inherits them); else start the fork server now (its imports take seconds), so
+    a run's first heartbeat never waits for it."""
+    if direct:
+        for name in PRELOAD:
+            importlib.import_module(name)
+        from campaign.stack import PACKAGES, package_version
+
+        for package in PACKAGES:  # read once here, inherited by every run's process
+            package_version(package)
+        return
     probe = fork_context().Process(target=os.getpid, name="campaign-fork-server-ready")
     start(probe)  # returns once the server has preloaded and forked: it is ready
     probe.join()

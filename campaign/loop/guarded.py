@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import signal
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -30,33 +31,34 @@ DEFAULT_TIMEOUT_S = 300.0
 PASSED_ON = {
     ("campaign.loop.errors", "TaskContractError"),
     ("campaign.ledger.errors", "LedgerInputError"),
-    ("builtins", "ValueError"),
 }
 
 
 def call(function: Callable[..., Any], *args: Any, what: str) -> Any:
     """``function(*args)`` (module level, JSON-able result) in a guarded child process."""
-    timeout_s = float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S))
+    timeout_s = _timeout()
     with tempfile.TemporaryDirectory(prefix="campaign-guarded-") as folder:
         result = Path(folder) / "result.json"
         child = fork_context().Process(
             target=_child, args=(function, args, result, os.getcwd(), dict(os.environ)),
             name="campaign-task-code",
         )  # fmt: skip
-        start(child)
-        child.join(timeout_s)
-        if child.exitcode is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(child.pid, signal.SIGKILL)
-            child.join()
+        try:
+            start(child)
+            child.join(timeout_s)
+            timed_out = child.exitcode is None
+        finally:  # Ctrl-C or SIGTERM here must not leave the task's process behind
+            if child.pid is not None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(child.pid, signal.SIGKILL)  # the child and what it forked
+                child.join()
+        if timed_out:
             raise TaskContractError(f"task code did not return within {timeout_s:g} s while "
                                     f"{what} ({TIMEOUT_ENV} sets the limit)")  # fmt: skip
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(child.pid, signal.SIGKILL)  # anything the task forked
         try:
             answer = json.loads(result.read_text())
         except (OSError, ValueError):
-            how = (f"was killed by {signal.Signals(-child.exitcode).name}" if child.exitcode < 0
+            how = (f"was killed by signal {-child.exitcode}" if child.exitcode < 0
                    else f"exited with status {child.exitcode}")  # fmt: skip
             raise TaskContractError(f"task code ended its process ({how}) while {what}") from None
     if "value" in answer:
@@ -68,6 +70,17 @@ def call(function: Callable[..., Any], *args: Any, what: str) -> Any:
         module = __import__(error["module"], fromlist=[error["name"]])
         raise getattr(module, error["name"])(error["message"])
     raise TaskContractError(f"task code failed while {what}: {error['name']}: {error['message']}")
+
+
+def _timeout() -> float:
+    text = os.environ.get(TIMEOUT_ENV)
+    try:
+        value = DEFAULT_TIMEOUT_S if text is None else float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise TaskContractError(f"{TIMEOUT_ENV}={text!r}: expected a positive number of seconds")
+    return value
 
 
 def _child(function: Callable[..., Any], args: tuple[Any, ...], result: Path, cwd: str,
@@ -88,5 +101,8 @@ def _child(function: Callable[..., Any], args: tuple[Any, ...], result: Path, cw
         code = 1
     try:
         result.write_text(json.dumps(answer, default=str))
+        with contextlib.suppress(BaseException):  # what the task printed, before the exit
+            sys.stdout.flush()
+            sys.stderr.flush()
     finally:
         os._exit(code)

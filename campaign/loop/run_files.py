@@ -85,6 +85,18 @@ def write_predictions(path: Path, records: Sequence[dict[str, Any]]) -> Path:
     return path
 
 
+def save_traceback(
+    ledger: Ledger, run_id: str, folder: Path, step: int, *, lease: str | None
+) -> int | None:
+    """The exception being handled, as the run's ``traceback`` artifact; None when it could not
+    be written (a courtesy: the run still ends as failed)."""
+    try:
+        path = write_traceback(folder / "traceback.txt")
+        return record_file(ledger, run_id, "traceback", path, step, lease=lease)
+    except Exception:
+        return None
+
+
 def write_traceback(path: Path) -> Path:
     """The exception being handled, as text (called from an ``except`` block)."""
     path.parent.mkdir(parents=True, exist_ok=True)

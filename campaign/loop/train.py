@@ -50,7 +50,7 @@ from campaign.loop.measure import Probe
 from campaign.loop.preflight import refuse_impossible
 from campaign.loop.replay import replay_in_subprocess, write_final
 from campaign.loop.resume import ResumePoint, choose_resume_point, replayed_steps_report
-from campaign.loop.run_files import record_file, record_log, write_predictions, write_traceback
+from campaign.loop.run_files import record_file, record_log, save_traceback, write_predictions
 from campaign.loop.signals import SignalLatch
 from campaign.loop.stop import StopDecision, StopRules
 from campaign.loop.task import Batch, build_task
@@ -169,6 +169,8 @@ class RunLoop:
             if artifact:
                 detail += f" (traceback: artifact {artifact})"
             stop = StopRecord("exception", self.step, self.phase, detail)
+            if self.log is not None:  # what the task printed while failing: before the end
+                record_log(self.ledger, self.run_id, self.log, self.step, lease=self.lease)
             self.ledger.finish(self.run_id, "failed", stop, lease=self.lease, training_s=0.0)
             raise RunSetupFailed(f"run {self.run_id} failed in {self.phase}: {detail}") from error
 
@@ -456,13 +458,7 @@ class RunLoop:
     def _save_traceback(self) -> int | None:
         if not self.writes:
             return None
-        try:
-            path = write_traceback(self.folder / "traceback.txt")
-            return record_file(
-                self.ledger, self.run_id, "traceback", path, self.step, lease=self.lease
-            )
-        except Exception:  # the traceback is a courtesy; the run still ends as failed
-            return None
+        return save_traceback(self.ledger, self.run_id, self.folder, self.step, lease=self.lease)
 
     def _write_phases(self, every_rank: bool = False) -> None:
         """Record the measured phases. ``every_rank``: phases all replicas ran (updates,

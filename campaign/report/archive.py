@@ -2,8 +2,8 @@
 
 ``campaign archive`` writes a gzipped tar with the frozen spec, every run's
 resolved config and environment, the raw metrics (every segment) and the
-events as Parquet, the validation predictions and the final artifacts
-(safetensors) of every run, the pilot's phase table, the notes, the HTML
+events as Parquet, the validation predictions, output logs, tracebacks and
+final artifacts (safetensors) of every run, the pilot's phase table, the notes, the HTML
 report, a README on how to reload and replay, and ``MANIFEST.json``: the
 SHA-256 and size of every other member. Artifacts are verified against the
 ledger's hashes before they are packed (a file that changed since is
@@ -35,7 +35,9 @@ from campaign.report.balance import balance_sheet
 from campaign.report.render import html
 
 MANIFEST = "MANIFEST.json"
-PACKED_KINDS = ("final", "predictions")
+FOLDERS = {"final": "finals", "predictions": "predictions", "log": "logs",
+           "traceback": "tracebacks"}  # fmt: skip
+PACKED_KINDS = tuple(FOLDERS)
 
 
 class ArchiveError(Exception):
@@ -84,7 +86,7 @@ def write_archive(ledger: Ledger, campaign: str, output: Path) -> Path:
         if hashlib.sha256(data).hexdigest() != artifact.sha256:
             raise ArchiveError(f"artifact {artifact.id} of run {artifact.run_id}: {artifact.path} "
                                "no longer matches the ledger's SHA-256: refused")  # fmt: skip
-        folder = "finals" if artifact.kind == "final" else "predictions"
+        folder = FOLDERS[artifact.kind]
         add(f"{folder}/{artifact.run_id}/{Path(artifact.path).name}", data)
     add("README.md", _readme(record.name, record.task).encode())
     manifest = {
@@ -108,11 +110,11 @@ def verify_archive(path: Path) -> Verification:
     """Check every member of the archive at ``path`` against its manifest, streaming.
 
     Two sequential passes over the gzip stream, never more than one buffer of a member in
-    memory: the first reads the headers (refusing unsafe names, links, duplicates) and the
-    manifest (schema-checked); the second compares each member's declared size with the
-    manifest *before* reading it (an inflating bomb is refused unread) and hashes it in
-    1 MiB blocks. :class:`ArchiveUnusable` for input that is not an archive of ours,
-    :class:`ArchiveError` for one that does not verify.
+    memory: the first reads the manifest (the first member, schema-checked) and then only the
+    headers (refusing unsafe names, links, duplicates, unlisted members and any size other
+    than the manifest's before its bytes are inflated: a bomb is refused unread); the second
+    hashes each member in 1 MiB blocks. :class:`ArchiveUnusable` for input that is not an
+    archive of ours, :class:`ArchiveError` for one that does not verify.
     """
     if not path.is_file():
         raise ArchiveUnusable(f"{path}: no such file")
@@ -124,7 +126,7 @@ def verify_archive(path: Path) -> Verification:
             continue
         expected = _check_listed(path, member, listed)
         digest = hashlib.sha256()
-        for block in iter(lambda: handle.read(1 << 20), b""):  # noqa: B023 - read at once
+        for block in iter(lambda: _read(path, handle, 1 << 20), b""):  # noqa: B023 - read now
             digest.update(block)
         if digest.hexdigest() != expected.sha256:
             raise ArchiveError(f"{path}: {member.name} does not match its SHA-256 in the manifest")
@@ -162,16 +164,30 @@ def _manifest_of(path: Path) -> dict[str, _Listed]:
         if member.name in names:
             raise ArchiveError(f"{path}: {member.name} appears twice in the archive")
         names.add(member.name)
-        if member.name.endswith(f"/{MANIFEST}") and member.name.count("/") == 1:
+        is_manifest = member.name.endswith(f"/{MANIFEST}") and member.name.count("/") == 1
+        if listed is None:  # the first member
+            if not is_manifest:
+                raise ArchiveUnusable(f"{path}: its first member is {member.name}, not "
+                                      f"{MANIFEST}: not an archive written by campaign")
             if member.size > MANIFEST_LIMIT:
                 raise ArchiveUnusable(f"{path}: {member.name} is {member.size:,} bytes: not a "
                                       "manifest")  # fmt: skip
-            listed = _parse_manifest(path, handle.read())
-        elif listed is not None:  # the manifest came first: refuse before inflating the member
+            listed = _parse_manifest(path, _read(path, handle, MANIFEST_LIMIT))
+        elif is_manifest:
+            raise ArchiveError(f"{path}: a second manifest {member.name}: refused")
+        else:  # refused by its header, before a byte of it is inflated
             _check_listed(path, member, listed)
     if listed is None:
-        raise ArchiveUnusable(f"{path}: no {MANIFEST} inside")
+        raise ArchiveUnusable(f"{path}: an empty archive, no {MANIFEST} inside")
     return listed
+
+
+def _read(path: Path, handle: Any, size: int) -> bytes:
+    """Up to ``size`` bytes of a member; a damaged stream is a failed verification."""
+    try:
+        return bytes(handle.read(size))
+    except (OSError, tarfile.TarError, EOFError, zlib.error) as error:
+        raise ArchiveError(f"{path}: damaged .tar.gz archive ({error})") from None
 
 
 def _parse_manifest(path: Path, document: bytes) -> dict[str, _Listed]:

@@ -203,16 +203,16 @@ def _postgresql_triggers() -> None:
         """
     )
     op.execute(
-        "CREATE TRIGGER runs_environment_once BEFORE UPDATE ON runs FOR EACH ROW "
+        "CREATE TRIGGER runs_environment_once BEFORE UPDATE OF environment ON runs FOR EACH ROW "
         "EXECUTE FUNCTION campaign_written_once('environment', 'environment')"
     )
     segment_end = ", ".join(f"'{c}'" for c in SEGMENT_END)
     op.execute(
-        "CREATE TRIGGER segments_end_once BEFORE UPDATE ON segments FOR EACH ROW "
-        f"EXECUTE FUNCTION campaign_written_once('ended_at', {segment_end})"
+        f"CREATE TRIGGER segments_end_once BEFORE UPDATE OF {', '.join(SEGMENT_END)} ON segments "
+        f"FOR EACH ROW EXECUTE FUNCTION campaign_written_once('ended_at', {segment_end})"
     )
     op.execute(
-        "CREATE TRIGGER pilots_verdict_once BEFORE UPDATE ON pilots FOR EACH ROW "
+        "CREATE TRIGGER pilots_verdict_once BEFORE UPDATE OF verdict ON pilots FOR EACH ROW "
         "EXECUTE FUNCTION campaign_written_once('verdict', 'verdict')"
     )
     for table in RUN_TABLES:
