@@ -9,6 +9,10 @@ MLP, 2 updates, no replay check), each on a fresh campaign:
   (the loop's own ledger writes included: start, metrics, artifacts, end);
 - worker: ``run_worker`` in this process (adds the protocol: sweep for lost
   runs, atomic claim, lease-checked writes, heartbeat thread);
+- process: one ``campaign worker`` process (the production path: each run in
+  a supervised child forked from the worker; its cost per run is read from the
+  ledger's timestamps, run start to the next run's start, so the worker's own
+  start-up does not enter);
 - launch: ``campaign launch --workers N`` (adds worker processes, their
   start-up, the launcher's sweeps and progress display).
 
@@ -24,6 +28,7 @@ PostgreSQL.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import subprocess
@@ -87,6 +92,28 @@ def launch(url: str, name: str, workers: int, folder: Path) -> float:
     return time.perf_counter() - began
 
 
+def process(url: str, name: str, folder: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "campaign", "--ledger", url, "worker", name, "--artifacts",
+         str(folder / name), "--no-replay-check", "--skip-pilot", "--reason", "benchmark"],
+        cwd=ROOT, capture_output=True, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise SystemExit(f"worker failed: {done.stderr[-2000:]}")
+
+
+def cycle(ledger: Ledger, name: str) -> float:
+    """Median seconds from one run's start to the next run's start of the same worker: the
+    whole cost of a run, its placement included (ledger timestamps)."""
+    runs = ledger.runs(name).sort_values("started_at")
+    found: list[float] = []
+    for _, mine in runs.groupby("worker"):
+        starts = mine["started_at"].to_numpy()
+        found += [(b - a) / np.timedelta64(1, "s") for a, b in itertools.pairwise(starts)]
+    return statistics.median(found)
+
+
 def gaps(ledger: Ledger, name: str) -> list[float]:
     """Seconds between a worker's end of one run and its claim of the next, from the ledger's
     own timestamps (start-up and CPU sharing between workers do not enter)."""
@@ -115,6 +142,10 @@ def measure(url: str, runs: int, workers: int, rounds: int, folder: Path) -> dic
                 (direct if approach == "direct" else worker)(ledger, name, folder)
                 times[approach].append(time.perf_counter() - began)
                 gap[approach] += gaps(ledger, name)
+        plan(ledger, "process", runs)
+        process(url, "process", folder)
+        cycles = {"direct": cycle(ledger, f"direct-{rounds - 1}"),
+                  "process": cycle(ledger, "process")}  # fmt: skip
         plan(ledger, "launch", runs)
         wall = launch(url, "launch", workers, folder)
         gap["launch"] = gaps(ledger, "launch")
@@ -123,6 +154,7 @@ def measure(url: str, runs: int, workers: int, rounds: int, folder: Path) -> dic
         "worker": statistics.median(times["worker"]),
         "launch": wall,
         **{f"gap_{k}": statistics.median(v) for k, v in gap.items()},
+        **{f"cycle_{k}": v for k, v in cycles.items()},
     }
 
 
@@ -137,6 +169,11 @@ def show(engine: str, times: dict[str, float], runs: int, workers: int) -> None:
     print(f"  worker protocol, in-process   {times['worker']:7.2f} s   median gap "
           f"{times['gap_worker'] * 1000:6.1f} ms; overhead {worker_ms:6.1f} ms/run = "
           f"{worker_ms / 100:6.3f}% of a 10 s run")
+    process_ms = (times["cycle_process"] - times["cycle_direct"]) * 1000
+    cycle_ms = times["cycle_process"] * 1000
+    print(f"  {'campaign worker process':<29} {'':>9}   run to run {cycle_ms:6.1f} ms (direct "
+          f"{times['cycle_direct'] * 1000:.1f}); overhead {process_ms:6.1f} ms/run = "
+          f"{process_ms / 100:6.3f}% of a 10 s run")
     label = f"launch --workers {workers}"
     print(f"  {label:<29} {times['launch']:7.2f} s   median gap "
           f"{times['gap_launch'] * 1000:6.1f} ms; overhead {launch_ms:6.1f} ms/run = "

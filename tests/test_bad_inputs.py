@@ -249,11 +249,12 @@ def test_a_corrupted_page_is_named_by_doctor_and_by_every_read(sqlite_url: str) 
 
     with sqlite3.connect(path) as conn:
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        page = conn.execute("SELECT max(pageno) FROM dbstat WHERE name = 'metrics'").fetchone()[0]
+        pages = [row[0] for row in conn.execute("SELECT pageno FROM dbstat WHERE name = 'metrics'")]
         size = conn.execute("PRAGMA page_size").fetchone()[0]
-    with open(path, "r+b") as handle:  # one damaged page of the metrics table
-        handle.seek((page - 1) * size + 100)
-        handle.write(b"\xde\xad\xbe\xef" * 200)
+    with open(path, "r+b") as handle:  # the metrics table's pages damaged
+        for page in pages:
+            handle.seek((page - 1) * size + 100)
+            handle.write(b"\xde\xad\xbe\xef" * 200)
     doctor = CliRunner().invoke(main, ["--ledger", sqlite_url, "doctor", "--format", "json"])
     assert doctor.exit_code == 1 and "the ledger is damaged" in doctor.stderr
     assert len(doctor.stderr.strip().splitlines()) == 1
