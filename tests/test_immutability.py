@@ -126,6 +126,7 @@ def test_illegal_transitions(seeded: dict, state: str, target: str) -> None:
     end status), so what refuses it is the transition trigger itself."""
     url = seeded["url"]
     run_id = seeded[state]
+    _end_segments(url, run_id)  # so that the status rule alone speaks (0005 wants this first)
     cause = None if target in ("planned", "running", "withdrawn") else "exception"
     message = _refused(
         url, "UPDATE runs SET status = ?, stop_cause = ? WHERE id = ?", (target, cause, run_id)
@@ -149,8 +150,14 @@ def test_withdrawn_only_from_planned_and_final(seeded: dict) -> None:
     assert "final" in _refused(url, "UPDATE runs SET stop_detail = 'x' WHERE id = ?", (run_id,))
 
 
+def _end_segments(url: str, run_id: str) -> None:
+    execute(url, "UPDATE segments SET ended_at = CURRENT_TIMESTAMP WHERE run_id = ? "
+                 "AND ended_at IS NULL", (run_id,))  # fmt: skip
+
+
 def test_ended_run_needs_a_stop_cause(seeded: dict) -> None:
     url = seeded["url"]
+    _end_segments(url, seeded["running"])
     message = _refused(url, "UPDATE runs SET status = 'failed' WHERE id = ?", (seeded["running"],))
     assert "stop_cause_iff_ended" in message
 
@@ -180,6 +187,8 @@ def test_allowed_updates_succeed(seeded: dict) -> None:
     execute(url, "UPDATE runs SET status = 'running', worker = 'raw' WHERE id = ?", (planned,))
     execute(url, "UPDATE runs SET heartbeat_at = CURRENT_TIMESTAMP WHERE id = ?", (running,))
     execute(url, "UPDATE runs SET environment = '{}' WHERE id = ?", (running,))
+    execute(url, "UPDATE segments SET end_step = 12, ended_at = CURRENT_TIMESTAMP WHERE run_id = ?",
+            (running,))  # fmt: skip: a run ends after its segment (revision 0005)
     execute(
         url,
         "UPDATE runs SET status = 'diverged', stop_cause = 'loss_explosion', stop_step = 12, "
@@ -193,7 +202,6 @@ def test_allowed_updates_succeed(seeded: dict) -> None:
         "stop_phase = NULL, stop_detail = NULL WHERE id = ?",
         (interrupted,),
     )
-    execute(url, "UPDATE segments SET end_step = 12 WHERE run_id = ?", (running,))
     rows = execute(url, "SELECT id, status, stop_cause, stop_step FROM runs ORDER BY id")
     by_id = {row[0]: row[1:] for row in rows}
     assert by_id[planned][0] == "running"

@@ -143,3 +143,14 @@ def test_a_resumed_segment_on_another_stack_keeps_the_first(ended: dict, ledger:
     events = ledger.events("digits-lr", run_id=running.run_id)
     differs = events[events["kind"] == "environment_differs"]
     assert len(differs) == 1 and "host: 'a' -> 'b'" in differs["detail"].iloc[0]
+
+
+def test_a_run_cannot_end_around_its_open_segment(ended: dict) -> None:
+    """Metrics are checked by their segment alone (one lookup a row): that is sound because a
+    run in a terminal status never has an open segment."""
+    url, running = ended["url"], ended["running"]
+    sql = ("UPDATE runs SET status = 'completed', stop_cause = 'budget_reached', "
+           "ended_at = CURRENT_TIMESTAMP WHERE id = ?")  # fmt: skip
+    message = _refused(url, sql, (running.run_id,))
+    assert "end the segment first" in message
+    assert execute(url, "SELECT status FROM runs WHERE id = ?", (running.run_id,)) == [("running",)]

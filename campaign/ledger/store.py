@@ -265,16 +265,17 @@ class Ledger(EvidenceWrites):
             if stop.detail:
                 detail += f": {stop.detail}"
             record_event(conn, row.campaign_id, run_id, status, detail)
+            # Its segments end first: the database refuses a terminal run with an open one.
+            conn.execute(sql.END_OPEN_SEGMENTS, {"p_run_id": run_id, "p_end_step": stop.step,
+                                                 "p_training_s": training_s})  # fmt: skip
             changed = conn.execute(
                 sql.END_RUN if lease is None else sql.END_LEASED_RUN,
                 {"p_run_id": run_id, "p_old_status": row.status, "p_status": status,
                  "p_stop_cause": stop.cause, "p_stop_step": stop.step,
                  "p_stop_phase": stop.phase, "p_stop_detail": stop.detail, "p_lease": lease},
             ).rowcount  # fmt: skip
-            if changed != 1:
+            if changed != 1:  # (the transaction, segment ends included, is rolled back)
                 raise IllegalTransition(f"run {run_id} changed status while it was being ended")
-            conn.execute(sql.END_OPEN_SEGMENTS, {"p_run_id": run_id, "p_end_step": stop.step,
-                                                 "p_training_s": training_s})  # fmt: skip
 
         self._write(work, f"ending run {run_id}")
 

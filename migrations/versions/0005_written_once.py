@@ -44,7 +44,7 @@ OLD_CAUSES = (
 )  # fmt: skip
 NEW_CAUSES = (*OLD_CAUSES, "stalled")
 SEGMENT_END = ("end_step", "ended_at", "training_s", "worker", "lease_token")
-RUN_TABLES = ("metrics", "artifacts", "phase_measurements", "events")
+RUN_TABLES = ("artifacts", "phase_measurements", "events")  # and metrics, by its segment
 
 
 def _in(column: str, values: Sequence[str]) -> str:
@@ -74,7 +74,8 @@ def downgrade() -> None:
     else:
         for table, name in _postgresql_trigger_names():
             op.execute(f"DROP TRIGGER IF EXISTS {name} ON {table}")
-        for function in ("campaign_run_open", "campaign_segment_open", "campaign_written_once"):
+        for function in ("campaign_run_open", "campaign_segment_open", "campaign_written_once",
+                         "campaign_run_end_closes_segments"):  # fmt: skip
             op.execute(f"DROP FUNCTION IF EXISTS {function}()")
     _set_causes(OLD_CAUSES, NEW_CAUSES)
 
@@ -111,8 +112,8 @@ def _sqlite_raise(message: str) -> str:
 
 
 def _sqlite_trigger_names() -> list[str]:
-    return ["runs_environment_once", "segments_end_once", "pilots_verdict_once",
-            "metrics_segment_open", *(f"{t}_run_open" for t in RUN_TABLES)]  # fmt: skip
+    return ["runs_environment_once", "segments_end_once", "pilots_verdict_once", "metrics_open",
+            "runs_end_closes_segments", *(f"{t}_run_open" for t in RUN_TABLES)]  # fmt: skip
 
 
 def _sqlite_triggers() -> None:
@@ -139,16 +140,26 @@ def _sqlite_triggers() -> None:
             f"(SELECT status FROM runs WHERE id = NEW.run_id) IN ({', '.join(map(repr, TERMINAL))}) "
             "BEGIN " + _sqlite_raise(f"no {table} row is added to a run that has ended") + " END"
         )
+    # The high-volume table: one primary-key lookup a row (its segment). A terminal run has
+    # no open segment (next trigger), so an open segment means a run that has not ended.
     op.execute(
-        "CREATE TRIGGER metrics_segment_open BEFORE INSERT ON metrics FOR EACH ROW "
+        "CREATE TRIGGER metrics_open BEFORE INSERT ON metrics FOR EACH ROW "
         "WHEN (SELECT ended_at FROM segments WHERE id = NEW.segment_id) IS NOT NULL BEGIN "
-        + _sqlite_raise("no metric is added to a segment that has ended") + " END"
+        + _sqlite_raise("no metrics row is added to a segment that has ended (or its run)")
+        + " END"
+    )
+    op.execute(
+        "CREATE TRIGGER runs_end_closes_segments BEFORE UPDATE OF status ON runs FOR EACH ROW "
+        f"WHEN NEW.status IN ({', '.join(map(repr, TERMINAL))}) AND EXISTS (SELECT 1 FROM "
+        "segments WHERE run_id = NEW.id AND ended_at IS NULL) BEGIN "
+        + _sqlite_raise("a run ends after its open segment (end the segment first)") + " END"
     )
 
 
 def _postgresql_trigger_names() -> list[tuple[str, str]]:
     return [("runs", "runs_environment_once"), ("segments", "segments_end_once"),
-            ("pilots", "pilots_verdict_once"), ("metrics", "metrics_segment_open"),
+            ("pilots", "pilots_verdict_once"), ("metrics", "metrics_open"),
+            ("runs", "runs_end_closes_segments"),
             *((t, f"{t}_run_open") for t in RUN_TABLES)]  # fmt: skip
 
 
@@ -193,10 +204,24 @@ def _postgresql_triggers() -> None:
         f"""
         CREATE FUNCTION campaign_segment_open() RETURNS trigger LANGUAGE plpgsql AS $$
         BEGIN
-            IF EXISTS (SELECT 1 FROM segments WHERE id = NEW.segment_id AND ended_at IS NOT NULL)
-            THEN
-                RAISE EXCEPTION '{REFUSED}: no metric is added to segment %, which has ended',
-                    NEW.segment_id USING ERRCODE = 'restrict_violation';
+            IF EXISTS (SELECT 1 FROM segments WHERE id = NEW.segment_id
+                       AND ended_at IS NOT NULL) THEN
+                RAISE EXCEPTION '{REFUSED}: no metrics row is added to segment %, which has '
+                    'ended (or its run)', NEW.segment_id USING ERRCODE = 'restrict_violation';
+            END IF;
+            RETURN NEW;
+        END $$
+        """
+    )
+    op.execute(
+        f"""
+        CREATE FUNCTION campaign_run_end_closes_segments() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF {_in("NEW.status", TERMINAL)} AND EXISTS (
+                SELECT 1 FROM segments WHERE run_id = NEW.id AND ended_at IS NULL
+            ) THEN
+                RAISE EXCEPTION '{REFUSED}: run % ends after its open segment (end the segment '
+                    'first)', NEW.id USING ERRCODE = 'restrict_violation';
             END IF;
             RETURN NEW;
         END $$
@@ -221,6 +246,10 @@ def _postgresql_triggers() -> None:
             "EXECUTE FUNCTION campaign_run_open()"
         )
     op.execute(
-        "CREATE TRIGGER metrics_segment_open BEFORE INSERT ON metrics FOR EACH ROW "
+        "CREATE TRIGGER metrics_open BEFORE INSERT ON metrics FOR EACH ROW "
         "EXECUTE FUNCTION campaign_segment_open()"
+    )
+    op.execute(
+        "CREATE TRIGGER runs_end_closes_segments BEFORE UPDATE OF status ON runs FOR EACH ROW "
+        "EXECUTE FUNCTION campaign_run_end_closes_segments()"
     )
