@@ -220,3 +220,21 @@ def test_status_reads_the_campaign_from_the_ledger(ledger: Ledger, ledger_url: s
     live.close()
     assert claim.run_id in terminal.getvalue() and "2/4" in terminal.getvalue()
     assert set(run_ids) >= {claim.run_id}
+
+
+def test_two_launchers_on_one_campaign_both_report_every_run_ended(
+    sqlite_ledger: Ledger, sqlite_url: str, tmp_path: Path
+) -> None:
+    """The launcher that runs out of work first waits for the other's runs to end: both exit 0
+    (it used to exit 1 "runs left" while the other's last run was still training)."""
+    run_ids = plan_quick(sqlite_ledger, "shared", runs=4, updates=30, task={"sleep_s": 0.02})
+    launchers = [
+        start(sqlite_url, "launch", "shared", "--workers", "1", "--artifacts",
+              str(tmp_path / "artifacts"), "--no-replay-check", *SKIP)
+        for _ in range(2)
+    ]  # fmt: skip
+    outputs = [launcher.communicate(timeout=300) for launcher in launchers]
+    assert [launcher.returncode for launcher in launchers] == [0, 0], outputs
+    runs = sqlite_ledger.runs("shared")
+    assert set(runs["status"]) == {"completed"} and len(runs) == len(run_ids)
+    assert runs["worker"].nunique() == 2  # the work was shared between the two launchers
