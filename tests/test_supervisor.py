@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
+from campaign.cli import main
 from campaign.launch.run_process import process_state
 from campaign.ledger import Ledger
 from tests.loop_helpers import plan_loop
@@ -124,6 +126,8 @@ def test_task_output_goes_to_the_log_artifact(
     assert len(logs) == 1
     text = Path(logs["path"].iloc[0]).read_text()
     assert "task says hello on stdout" in text and "task says hello on stderr" in text
+    shown = CliRunner().invoke(main, ["--ledger", sqlite_url, "show", run_id, "--format", "json"])
+    assert json.loads(shown.stdout)["log"] == logs["path"].iloc[0]  # where to find it
 
 
 def test_sigterm_to_launch_during_a_hang_ends_within_the_grace(

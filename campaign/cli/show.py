@@ -39,14 +39,16 @@ def show(source: LedgerSource, target: str, output_format: str) -> None:
             except NotFound:
                 raise NotFound(f"{missing} (nor is it a run id)") from None
             frame = ledger.runs(run.campaign)
-            _show_run(run, frame, output_format)
+            artifacts = ledger.artifacts(run.campaign)
+            files = artifacts[artifacts["run_id"] == run.id]
+            _show_run(run, frame, files, output_format)
             return
         frame = ledger.runs(target)
         note_count = len(ledger.notes(target))
     _show_campaign(record, frame, note_count, output_format)
 
 
-def _show_run(run: Any, frame: Any, output_format: str) -> None:
+def _show_run(run: Any, frame: Any, files: Any, output_format: str) -> None:
     from campaign.config_keys import config_changes, flatten
 
     config = run.config_document
@@ -62,6 +64,10 @@ def _show_run(run: Any, frame: Any, output_format: str) -> None:
               "relaunch_of": run.relaunch_of,
               "relaunch_reason": run.relaunch_reason, "config_sha256": run.config_sha256,
               "control_run": control_id}  # fmt: skip
+    latest = files.sort_values("id").groupby("kind").tail(1)  # the newest file of each kind
+    for kind in ("log", "traceback", "final", "checkpoint"):
+        found = latest[latest["kind"] == kind]
+        header[kind] = str(found["path"].iloc[0]) if len(found) else None
     if output_format == "json":
         document = {**header, "config": config, "changes_from_control": changes}
         click.echo(json.dumps(document, indent=2, default=str))
