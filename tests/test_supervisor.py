@@ -16,8 +16,8 @@ import pytest
 from click.testing import CliRunner
 
 from campaign.cli import main
-from campaign.launch.run_process import process_state
 from campaign.ledger import Ledger
+from campaign.loop.forkserver import process_state
 from tests.loop_helpers import plan_loop
 
 TASK = "tests.tasks.misbehaving:build"

@@ -20,8 +20,6 @@ import json
 import os
 import signal
 import sys
-import threading
-import time
 import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -31,6 +29,7 @@ from typing import NoReturn
 from campaign.ledger import Ledger
 from campaign.ledger.errors import LeaseLost
 from campaign.loop import progress
+from campaign.loop.forkserver import follow
 from campaign.loop.signals import WALL_TIME_SIGNAL
 from campaign.loop.train import RunOutcome
 
@@ -101,31 +100,7 @@ def _die_with(supervisor: int) -> None:
         if os.getppid() != supervisor:  # it died before the prctl took effect
             os._exit(CHILD_FAILED)
 
-    def follow() -> None:
-        while True:
-            state = process_state(supervisor)
-            if state is None or state in ("Z", "X"):  # gone, or dead and not yet reaped
-                os.killpg(0, signal.SIGKILL)
-            if state == "T":  # stopped (not traced: a debugger's pause is not the worker's)
-                os.kill(os.getpid(), signal.SIGSTOP)
-            time.sleep(0.2)
-
-    threading.Thread(target=follow, name="follow-supervisor", daemon=True).start()
-
-
-def process_state(pid: int) -> str | None:
-    """The one-letter state of process ``pid`` (``R``, ``S``, ``T``...), None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            return handle.read().rsplit(b")", 1)[1].split()[0].decode()
-    except FileNotFoundError:
-        return None
-    except (OSError, IndexError):  # no /proc here: liveness only
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return None
-        return "R"
+    follow(supervisor, stop_with_it=True)
 
 
 def _redirect(log: Path) -> None:

@@ -45,7 +45,7 @@ from campaign.launch.run_process import SUPERVISOR_ENV, ChildJob, run_child
 from campaign.ledger import Claim, Ledger, LedgerError, RefusedWrite, StopRecord
 from campaign.ledger.errors import LeaseLost
 from campaign.loop import progress
-from campaign.loop.forkserver import fork_context, start
+from campaign.loop.forkserver import fork_context, process_state, start
 from campaign.loop.run_files import record_file
 from campaign.loop.signals import WALL_TIME_SIGNAL
 from campaign.loop.stop import parse_duration
@@ -129,7 +129,7 @@ def supervise(
         seen = board.read()
         board.close()
         job.board.unlink(missing_ok=True)
-    answer = _read_result(job.result)
+        answer = _read_result(job.result)  # read (and removed) whatever ended the watch
     if "lease_lost" in answer:
         raise LeaseLost(answer["lease_lost"])
     row = ledger.run(claim.run_id)
@@ -175,10 +175,14 @@ def _watch(
         if signals.continued:  # this process was stopped with the run: no stall of the run
             signals.continued, last_progress = False, now
         seen = board.read()
+        if process_state(child.pid) == "T":  # stopped with this process, which runs: continue it
+            _signal(child.pid, signal.SIGCONT)
         if seen.ticks != last_ticks:
             last_ticks, last_progress = seen.ticks, now
             if kill_at is not None and latest_kill is not None:  # ending visibly: more time
                 kill_at = min(max(kill_at, now + grace), latest_kill)
+        if forwarded and len(signals.received) > 1:  # asked twice: no more waiting
+            kill_at = now
         if signals.received and not forwarded:
             forwarded = True
             if stopping is not None:

@@ -15,8 +15,10 @@ import contextlib
 import importlib
 import multiprocessing
 import os
+import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -61,6 +63,41 @@ def start(process: Any) -> None:
     need only importable functions."""
     with _main_module_hidden():
         process.start()
+
+
+def follow(parent: int, *, stop_with_it: bool) -> None:
+    """In a child: a thread that kills this process group when ``parent`` is gone (or dead and
+    not yet reaped), and, with ``stop_with_it``, stops this process while ``parent`` is stopped
+    (its parent continues it). A caller killed without running its cleanup (SIGTERM's default
+    action) then leaves nothing behind."""
+
+    def watch() -> None:
+        while True:
+            state = process_state(parent)
+            if state is None or state in ("Z", "X"):
+                os.killpg(0, signal.SIGKILL)
+            # stopped (not traced: a debugger's pause is not the parent's); looked at twice, so
+            # a parent continued in between is not followed into a stop nobody would end
+            if stop_with_it and state == "T" and process_state(parent) == "T":
+                os.kill(os.getpid(), signal.SIGSTOP)
+            time.sleep(0.2)
+
+    threading.Thread(target=watch, name="follow-parent", daemon=True).start()
+
+
+def process_state(pid: int) -> str | None:
+    """The one-letter state of process ``pid`` (``R``, ``S``, ``T``...), None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().rsplit(b")", 1)[1].split()[0].decode()
+    except FileNotFoundError:
+        return None
+    except (OSError, IndexError):  # no /proc here: liveness only
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        return "R"
 
 
 def _cuda_initialised() -> bool:

@@ -23,9 +23,10 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from campaign.loop.errors import TaskContractError
-from campaign.loop.forkserver import fork_context, start
+from campaign.loop.forkserver import follow, fork_context, start
 
 TIMEOUT_ENV = "CAMPAIGN_TASK_TIMEOUT_S"
+CALLER_ENV = "CAMPAIGN_GUARDED_CALLER"
 DEFAULT_TIMEOUT_S = 300.0
 # Errors a guarded call may raise as themselves (by class path): the callers' own refusals.
 PASSED_ON = {
@@ -40,7 +41,8 @@ def call(function: Callable[..., Any], *args: Any, what: str) -> Any:
     with tempfile.TemporaryDirectory(prefix="campaign-guarded-") as folder:
         result = Path(folder) / "result.json"
         child = fork_context().Process(
-            target=_child, args=(function, args, result, os.getcwd(), dict(os.environ)),
+            target=_child, args=(function, args, result, os.getcwd(),
+                                 {**os.environ, CALLER_ENV: str(os.getpid())}),
             name="campaign-task-code",
         )  # fmt: skip
         try:
@@ -88,6 +90,7 @@ def _child(function: Callable[..., Any], args: tuple[Any, ...], result: Path, cw
     code = 0
     try:
         os.setpgid(0, 0)
+        follow(int(environment[CALLER_ENV]), stop_with_it=False)  # a killed caller: we go too
         os.environ.clear()
         os.environ.update(environment)
         os.chdir(cwd)
