@@ -45,7 +45,14 @@ from campaign.launch.run_process import SUPERVISOR_ENV, ChildJob, run_child
 from campaign.ledger import Claim, Ledger, LedgerError, RefusedWrite, StopRecord
 from campaign.ledger.errors import LeaseLost
 from campaign.loop import progress
-from campaign.loop.forkserver import fork_context, process_state, start
+from campaign.loop.forkserver import (
+    ended_how,
+    fork_context,
+    kill_group,
+    process_state,
+    signal_name,
+    start,
+)
 from campaign.loop.run_files import record_file
 from campaign.loop.signals import WALL_TIME_SIGNAL
 from campaign.loop.stop import parse_duration
@@ -124,7 +131,7 @@ def supervise(
             stopping.set()
     finally:
         if child is not None and child.pid is not None:
-            _kill_group(child)
+            kill_group(child)
             child.join()
         seen = board.read()
         board.close()
@@ -191,7 +198,7 @@ def _watch(
             _signal(child.pid, signals.received[0])  # SIGTERM, SIGINT or a preemption signal
             kill_at, latest_kill = now + grace, now + LONGEST_ENDING * grace
             verdict = _Verdict("interrupted", "interrupted",
-                               f"{_name(signals.received[0])} received; the run did not stop "
+                               f"{signal_name(signals.received[0])} received; the run did not stop "
                                f"within {grace:g} s and was killed")  # fmt: skip
         if wall_s is not None and not wall_signalled and now - started >= wall_s:
             wall_signalled = True
@@ -209,12 +216,12 @@ def _watch(
                                f"{seen.step} (stop.stall); the run's process was killed",
                                )  # fmt: skip
         if kill_at is not None and now >= kill_at:
-            _kill_group(child)
+            kill_group(child)
         if now >= next_beat and not ended:
             next_beat = now + supervision.heartbeat_s
             if now - last_progress < stall_s and not _beat(ledger, claim):
                 if not _still_ours(ledger, claim):
-                    _kill_group(child)
+                    kill_group(child)
                     child.join()
                     raise LeaseLost(f"run {claim.run_id}: {LEASE_GONE}")
                 ended = True  # the child recorded its end and is on its way out
@@ -244,37 +251,16 @@ def _still_ours(ledger: Ledger, claim: Claim) -> bool:
 
 
 def _died(exitcode: int | None, answer: Mapping[str, Any], board: progress.Progress) -> _Verdict:
-    if exitcode is not None and exitcode < 0:
-        how = f"was killed by {_name(-exitcode)}"
-    else:
-        how = f"exited with status {exitcode}"
-    detail = (f"the run's process {how} in {board.phase} after update {board.step} "
+    detail = (f"the run's process {ended_how(exitcode)} in {board.phase} after update {board.step} "
               "without recording its end")  # fmt: skip
     if answer.get("error"):
         detail += f": {answer['error']}"
     return _Verdict("failed", "exception", detail + " (its output: the run's log artifact)")
 
 
-def _name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:  # a real-time signal without a name
-        return f"signal {signum}"
-
-
 def _signal(pid: int, signum: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signum)
-
-
-def _kill_group(child: Any) -> None:
-    """SIGKILL the child's process group: the child and anything the task forked."""
-    try:
-        os.killpg(child.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):  # not yet its own group leader, or gone
-        if child.exitcode is None:  # never a pid the system may have given to another
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(child.pid, signal.SIGKILL)
 
 
 def _read_result(path: Path) -> dict[str, Any]:

@@ -85,6 +85,31 @@ def follow(parent: int, *, stop_with_it: bool) -> None:
     threading.Thread(target=watch, name="follow-parent", daemon=True).start()
 
 
+def kill_group(process: Any) -> None:
+    """SIGKILL a started child's process group (it is its own group leader): the child and
+    anything its task forked; the child alone while it is not yet the leader."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        if process.exitcode is None:  # never a pid the system may have given to another
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(process.pid, signal.SIGKILL)
+
+
+def ended_how(exitcode: int | None) -> str:
+    """How a child ended, in words: ``was killed by SIGSEGV``, ``exited with status 3``."""
+    if exitcode is not None and exitcode < 0:
+        return f"was killed by {signal_name(-exitcode)}"
+    return f"exited with status {exitcode}"
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:  # a real-time signal without a name
+        return f"signal {signum}"
+
+
 def process_state(pid: int) -> str | None:
     """The one-letter state of process ``pid`` (``R``, ``S``, ``T``...), None when it is gone."""
     try:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import sys
 import tempfile
 from collections.abc import Callable
@@ -23,7 +22,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from campaign.loop.errors import TaskContractError
-from campaign.loop.forkserver import follow, fork_context, start
+from campaign.loop.forkserver import ended_how, follow, fork_context, kill_group, start
 
 TIMEOUT_ENV = "CAMPAIGN_TASK_TIMEOUT_S"
 CALLER_ENV = "CAMPAIGN_GUARDED_CALLER"
@@ -51,8 +50,7 @@ def call(function: Callable[..., Any], *args: Any, what: str) -> Any:
             timed_out = child.exitcode is None
         finally:  # Ctrl-C or SIGTERM here must not leave the task's process behind
             if child.pid is not None:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(child.pid, signal.SIGKILL)  # the child and what it forked
+                kill_group(child)  # the child and what it forked
                 child.join()
         if timed_out:
             raise TaskContractError(f"task code did not return within {timeout_s:g} s while "
@@ -60,8 +58,7 @@ def call(function: Callable[..., Any], *args: Any, what: str) -> Any:
         try:
             answer = json.loads(result.read_text())
         except (OSError, ValueError):
-            how = (f"was killed by signal {-child.exitcode}" if child.exitcode < 0
-                   else f"exited with status {child.exitcode}")  # fmt: skip
+            how = ended_how(child.exitcode)
             raise TaskContractError(f"task code ended its process ({how}) while {what}") from None
     if "value" in answer:
         return answer["value"]
