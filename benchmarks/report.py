@@ -34,7 +34,8 @@ from campaign.report.render import html
 VARIANTS = {"lr-1e-4": 1e-4, "lr-5e-5": 5e-5, "lr-2e-4": 2e-4, "lr-1e-3": 1e-3}
 
 
-def build(path: Path, runs: int, points: int) -> None:
+def build(path: Path, runs: int, points: int, running: int = 0) -> None:
+    """The synthetic ledger; the last ``running`` runs are left running (a live campaign)."""
     with Ledger.open(f"sqlite:///{path}", create=True) as ledger:
         per = runs // len(VARIANTS)
         ledger.create_campaign(
@@ -54,6 +55,8 @@ def build(path: Path, runs: int, points: int) -> None:
                     w.log("train/loss", step, 2.0 / step + index * 1e-6, step * 16, 0.0)
                     if step % 10 == 0:
                         w.log("val/accuracy", step, 1 - 1.0 / step, step * 16, 0.0)
+            if index >= runs - running:
+                continue
             status, cause = ("diverged", "non_finite_loss") if index % 97 == 0 else (
                 "completed", "budget_reached")  # fmt: skip
             ledger.finish(claim.run_id, status, StopRecord(cause, points, "update"))

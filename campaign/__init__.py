@@ -6,8 +6,10 @@ The notebook entry point is :class:`campaign.Ledger`::
     ledger = Ledger.open("sqlite:///campaign.db")
     runs = ledger.runs("digits-lr")
 
-``Ledger`` is imported on first use: the command line imports this package
-and must not pay for pandas and SQLAlchemy before it knows what to do.
+A task subclasses :class:`campaign.Task` and writes ``model``, ``splits``
+and ``loss``. ``Ledger`` and ``Task`` are imported on first use: the command
+line imports this package and must not pay for pandas, SQLAlchemy or torch
+before it knows what to do.
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from campaign.loop.task_base import Task
     from campaign.notebook import Ledger
 
-__all__ = ["Ledger", "__version__"]
+__all__ = ["Ledger", "Task", "__version__"]
 __version__ = "0.1.0"
 
 
@@ -26,4 +29,8 @@ def __getattr__(name: str) -> Any:
         from campaign.notebook import Ledger
 
         return Ledger
+    if name == "Task":  # the task base class (imports torch: only when a task asks for it)
+        from campaign.loop.task_base import Task
+
+        return Task
     raise AttributeError(f"module 'campaign' has no attribute {name!r}")

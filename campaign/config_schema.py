@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adamw", "sgd")
-SCHEDULERS = ("constant", "linear_warmup", "cosine")
+SCHEDULERS = ("constant", "linear_warmup", "cosine", "linear", "step")
 
 
 class _Strict(BaseModel):
@@ -30,11 +30,21 @@ class LoopConfig(_Strict):
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     max_length: int | None = Field(None, ge=1)
     activation_checkpointing: bool = False
+    # The module list whose blocks are checkpointed (a dotted path in the model).
+    checkpoint_modules: str = Field("blocks", pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*$")
     clip_grad_norm: float | None = Field(None, gt=0)
     last_batch: Literal["partial", "drop"] = "partial"
     # The pilot's data gate fails when max_length cuts targets, unless allowed here.
     allow_target_truncation: bool = False
     checkpoint_every: int | None = Field(None, ge=1)
+    # Batches prepared by torch DataLoader worker processes (0: in the training process),
+    # ``prefetch`` updates ahead per worker; pinned memory for CUDA copies.
+    loader_workers: int = Field(0, ge=0, le=256)
+    prefetch: int = Field(2, ge=1, le=1024)
+    pin_memory: bool = False
+    # epochs: every example once per epoch, reshuffled; with_replacement: each update draws
+    # its examples at random (seeded by run and update: a resume stays exact).
+    sampling: Literal["epochs", "with_replacement"] = "epochs"
 
 
 class BudgetConfig(_Strict):
@@ -53,17 +63,28 @@ class BudgetConfig(_Strict):
 
 
 class OptimizerConfig(_Strict):
-    name: Literal["adamw", "sgd"] = "adamw"
+    """Any ``torch.optim`` optimizer by name; its arguments are checked against its signature
+    when a spec is resolved (``campaign.spec.resolve_config``, with the key's own path)."""
+
+    name: str = "adamw"
     lr: float = Field(1e-3, gt=0)
     weight_decay: float = Field(0.0, ge=0)
+    decay: Literal["all", "matrices", "no_bias_norm"] = "all"
     momentum: float = Field(0.0, ge=0, lt=1)
     beta1: float = Field(0.9, gt=0, lt=1)
     beta2: float = Field(0.999, gt=0, lt=1)
+    args: dict[str, Any] = {}
 
 
 class SchedulerConfig(_Strict):
-    name: Literal["constant", "linear_warmup", "cosine"] = "constant"
+    """The learning-rate schedule; formulas in ``campaign.loop.optim`` and docs/spec.md."""
+
+    name: Literal["constant", "linear_warmup", "cosine", "linear", "step"] = "constant"
     warmup: int = Field(0, ge=0)
+    min_lr: float = Field(0.0, ge=0)
+    decay_updates: int | None = Field(None, ge=1)
+    step_every: int = Field(1, ge=1)
+    gamma: float = Field(0.1, gt=0, le=1)
 
 
 class CheckpointConfig(_Strict):
@@ -89,6 +110,8 @@ _FLOAT_FIELDS = {
     ("budget", "epochs"),
     ("loop", "clip_grad_norm"),
     *(("optimizer", f) for f in ("lr", "weight_decay", "momentum", "beta1", "beta2")),
+    ("scheduler", "min_lr"),
+    ("scheduler", "gamma"),
 }
 
 

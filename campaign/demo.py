@@ -21,6 +21,7 @@ from campaign.launch.local import LocalLauncher, plan_slots
 from campaign.launch.progress import ProgressDisplay, Snapshot
 from campaign.launch.worker import WorkerOptions
 from campaign.ledger import Ledger
+from campaign.loop.run_files import artifacts_environment
 from campaign.pilot.by_class import pilot_classes
 from campaign.pilot.inspect import inspect_campaign
 from campaign.plan import make_plan, record_plan
@@ -71,20 +72,28 @@ def run_demo(
     seeds: int = 3,
     workers: int = 2,
     say: Callable[[str], None] = print,
+    llm: bool = False,
 ) -> DemoResult:
-    """Plan, inspect, pilot, launch and report the demo campaign in ``folder``."""
+    """Plan, inspect, pilot, launch and report the demo campaign in ``folder`` (``llm``: the
+    instruction fine-tuning campaign of :mod:`campaign.demo_llm` instead of digits)."""
     folder.mkdir(parents=True, exist_ok=True)
     url = f"sqlite:///{(folder / 'campaign.db').resolve()}"
     artifacts = folder / "artifacts"
+    if llm:
+        from campaign import demo_llm
+
+        name, document = demo_llm.NAME, demo_llm.spec(folder, updates, seeds)
+    else:
+        name, document = NAME, spec(updates, seeds)
     with Ledger.open(url, create=True) as ledger:
-        record, created = record_plan(ledger, make_plan(resolve_spec(spec(updates, seeds),
-                                                                     "<demo>")))  # fmt: skip
+        record, created = record_plan(ledger, make_plan(resolve_spec(document, "<demo>")))
         say(f"planned {record.name!r}: {len(record.run_ids)} runs"
             + ("" if created else " (already planned here)"))  # fmt: skip
-        inspection = inspect_campaign(ledger, NAME, "train", 0)
+        with artifacts_environment(artifacts):  # a task's cache (a tokenizer) goes there
+            inspection = inspect_campaign(ledger, name, "train", 0)
         say(f"inspect: data gate {'passed' if inspection['passed'] else 'FAILED'} "
             f"({len(inspection['data_gate'])} checks)")  # fmt: skip
-        reports = pilot_classes(ledger, NAME, artifacts=artifacts / "pilot", device="cpu")
+        reports = pilot_classes(ledger, name, artifacts=artifacts, device="cpu")  # pilots/...
         for found, pilot in reports:
             say(f"pilot {pilot.pilot_id} of gate class {found.id}: "
                 f"{'passed' if pilot.passed else 'FAILED'} (on {pilot.variant})")  # fmt: skip
@@ -92,16 +101,16 @@ def run_demo(
             say("pilot: every gate class already has a passing pilot")
         passed = all(pilot.passed for _, pilot in reports)
         if passed:
-            open_gate(ledger, NAME, who="demo")
+            open_gate(ledger, name, who="demo")
         else:
-            open_gate(ledger, NAME, skip_reason="demo: the pilot failed, launching to show it",
+            open_gate(ledger, name, skip_reason="demo: the pilot failed, launching to show it",
                       who="demo")  # fmt: skip
-        options = WorkerOptions(NAME, artifacts, replay_in_subprocess=True)
+        options = WorkerOptions(name, artifacts, replay_in_subprocess=True)
         launcher = LocalLauncher(url, options, plan_slots("cpu", workers),
                                  display=ProgressDisplay())  # fmt: skip
         result = launcher.run(ledger)
-        sheet = balance_sheet(ledger, NAME)
-        report = write(sheet, "html", folder / f"{NAME}-report.html")
+        sheet = balance_sheet(ledger, name)
+        report = write(sheet, "html", folder / f"{name}-report.html")
     say(f"conclusion: {sheet.conclusion}")
     say(f"ledger:    {url}")
     say(f"artifacts: {artifacts}")

@@ -66,6 +66,11 @@ class ValidationSection(_Section):
     # Examples per validation batch (no gradients: often larger than a training
     # microbatch); default microbatch x accumulation.
     microbatch: int | None = Field(None, ge=1)
+    # Validate on a seeded, fixed sample of this many validation examples (the same every
+    # time), and estimate the training loss on a fixed sample of training examples too
+    # (logged as train_eval/loss and train_eval/<score>, as nanoGPT estimates both).
+    sample: int | None = Field(None, ge=1)
+    train_sample: int | None = Field(None, ge=1)
 
 
 class StopSection(_Section):
@@ -321,7 +326,15 @@ def resolve_config(
         else:
             detail = _describe({**first, "loc": ()}, RunConfig)
         raise SpecError(f"{where}: {origin}: {detail}") from None
-    return model.model_dump()
+    resolved = model.model_dump()
+    from campaign.loop.optim import optimizer_problem  # torch: only once a config is valid
+
+    problem = optimizer_problem(resolved["optimizer"])
+    if problem is not None:
+        path, message = problem
+        origin = origins.get(path) or origins.get(path.rsplit(".", 1)[0]) or path
+        raise SpecError(f"{where}: {origin}: {message}")
+    return resolved
 
 
 def _non_finite(value: Any, at: tuple[Any, ...] = ()) -> tuple[tuple[Any, ...], float] | None:

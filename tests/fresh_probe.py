@@ -12,7 +12,8 @@ if __name__ == "__main__":
     print(json.dumps({
         "pid": os.getpid(), "cwd": os.getcwd(), "argv": sys.argv[1:],
         "variable": os.environ.get("PROBE_VARIABLE"), "counter": state.COUNTER,
-        "torch_loaded": "torch" in sys.modules,
+        "torch_loaded": "torch" in sys.modules, "server": os.getppid(),
+        "json_tool_loaded": "json.tool" in sys.modules,
     }))  # fmt: skip
     if "--fail" in sys.argv:
         print("first line\nthe reason it failed", file=sys.stderr)

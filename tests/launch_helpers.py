@@ -35,6 +35,21 @@ def run(url: str, *args: str, timeout: float = 600) -> subprocess.CompletedProce
     )  # fmt: skip
 
 
+def run_interrupt_resume(url: str, artifacts: str, references: tuple[str, ...], cut: str,
+                         reason: str) -> None:  # fmt: skip
+    """`campaign run` of each reference run (exit 0) and of ``cut``, whose task sends itself a
+    SIGTERM (exit 1: interrupted), then `campaign resume` of ``cut`` in a new process (exit 0):
+    what every exact-resume test compares afterwards."""
+    skip = ("--skip-pilot", "--reason", reason)
+    for run_id in references:
+        done = run(url, "run", run_id, "--artifacts", artifacts, *skip)
+        assert done.returncode == 0, done.stderr[-3000:]
+    interrupted = run(url, "run", cut, "--artifacts", artifacts, *skip)
+    assert interrupted.returncode == 1, interrupted.stderr[-3000:]
+    resumed = run(url, "resume", cut, "--artifacts", artifacts)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+
+
 def wait_for(condition: Callable[[], bool], timeout: float, what: str, every: float = 0.1) -> float:
     """Poll ``condition`` until true; returns the seconds it took; fails after ``timeout``."""
     began = time.monotonic()

@@ -136,7 +136,11 @@ def test_imports_point_one_way(graph: dict[str, set[str]]) -> None:
              "campaign.plan", "campaign.demo", "campaign.doctor")  # fmt: skip
     rules = {
         "campaign.loop": upper,
-        "campaign.report": ("campaign.cli", "campaign.launch", "campaign.pilot", "campaign.loop"),
+        "campaign.report": ("campaign.cli", "campaign.launch", "campaign.pilot", "campaign.loop",
+                            "campaign.serve"),
+        # The dashboard reads: the ledger, the report's tables, the progress arithmetic.
+        "campaign.serve": ("campaign.cli", "campaign.pilot", "campaign.loop", "campaign.plan",
+                           "campaign.demo"),
         "campaign.pilot": ("campaign.cli", "campaign.launch", "campaign.report"),
         "campaign.launch": ("campaign.cli", "campaign.report"),
         "campaign.tasks": (*upper, "campaign.ledger"),
@@ -169,6 +173,7 @@ READING_COMMANDS = [
     ["notes", "digits-lr"],
     ["report", "digits-lr", "--format", "json", "--output", "-"],
     ["db", "current"],
+    ["tensorboard", "digits-lr", "--logdir", "tb"],
 ]
 
 PROBE = """
@@ -194,3 +199,26 @@ def test_reading_commands_never_import_torch(tmp_path: Path, arguments: list[str
     verdict = json.loads(done.stderr.strip().splitlines()[-1])
     assert verdict["code"] in (0, None), done.stderr
     assert verdict["torch"] is False, f"`campaign {' '.join(arguments)}` imported torch"
+
+
+def test_the_dashboard_renders_without_torch(tmp_path: Path) -> None:
+    """`campaign serve` reads and renders every page kind without importing torch or
+    matplotlib (its curves are drawn in the browser)."""
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    planned = CliRunner().invoke(main, ["--ledger", url, "plan", str(SPEC)])
+    assert planned.exit_code == 0, planned.output
+    probe = (
+        "import sys, json\n"
+        "from campaign.ledger import LedgerReader\n"
+        "from campaign.serve import pages\n"
+        "from campaign.serve.watch import Watcher\n"
+        f"reader = LedgerReader.open({url!r})\n"
+        "pages.campaigns_page(reader); pages.campaign_page(Watcher(reader), 'digits-lr')\n"
+        "run = reader.runs('digits-lr')['run_id'][0]\n"
+        "pages.run_page(reader, run); Watcher(reader).poll('digits-lr', None, None)\n"
+        "print(json.dumps(sorted(m for m in ('torch', 'matplotlib') if m in sys.modules)))\n"
+    )  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == []

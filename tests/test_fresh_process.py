@@ -40,3 +40,12 @@ def test_a_failure_reads_as_its_last_line(mode: str) -> None:
         run_json(["-m", "tests.fresh_probe", "--fail"])
     with pytest.raises(FreshProcessFailed, match="No module named"):
         run_json(["-m", "tests.no_such_module"])
+
+
+
+def test_a_check_can_have_modules_preloaded(mode: str) -> None:
+    """A built-in task's heavy modules (transformers) imported once in the preloaded
+    interpreter, before it forks the check; spawn mode imports what the check imports."""
+    seen = run_json(["-m", "tests.fresh_probe"], preload=["json.tool"])
+    assert seen["json_tool_loaded"] is (mode == "preloaded")
+    assert run_json(["-m", "tests.fresh_probe"])["json_tool_loaded"] is (mode == "preloaded")

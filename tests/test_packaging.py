@@ -28,6 +28,10 @@ def test_wheel_ships_migrations_and_upgrades_from_elsewhere(tmp_path: Path) -> N
     assert "campaign/migrations/env.py" in names
     assert "campaign/migrations/script.py.mako" in names
     assert any(n.startswith("campaign/migrations/versions/0001_") for n in names)
+    for shipped in ("templates/campaign.html", "templates/base.html", "static/dashboard.js",
+                    "static/dashboard.css", "static/vendor/uPlot.iife.min.js",
+                    "static/vendor/uPlot.LICENSE"):  # fmt: skip
+        assert f"campaign/serve/{shipped}" in names  # the dashboard works offline
 
     site = tmp_path / "site"
     subprocess.run(
@@ -50,3 +54,10 @@ def test_wheel_ships_migrations_and_upgrades_from_elsewhere(tmp_path: Path) -> N
     assert upgrade.returncode == 0, upgrade.stderr
     assert f"upgraded from empty to {head_revision()}" in upgrade.stderr
     assert (elsewhere / "lab.db").exists()
+    served = subprocess.run(  # the dashboard's pages render from the installed files
+        [sys.executable, "-c", "from campaign.serve import pages; "
+         "print(len(pages.render('campaigns.html', campaigns=[], ledger='x', "
+         "page={'kind': 'campaigns'})))"],
+        capture_output=True, text=True, env=env, cwd=elsewhere,
+    )  # fmt: skip
+    assert served.returncode == 0 and int(served.stdout) > 500, served.stderr

@@ -40,16 +40,20 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("campaign.cli.launch:status", "Where a campaign stands: done, running, left, ETA."),
     "run": ("campaign.cli.run:run", "Execute one planned run in this process (what a worker calls)."),
     "resume": ("campaign.cli.run:resume", "Continue an interrupted or lost run from its last verified checkpoint."),
+    "order": ("campaign.cli.run:order", "Which example ids each update of a run used, microbatch by microbatch."),
     "replay": ("campaign.cli.run:replay", "Reload a run's final artifact and replay the control inputs."),
     "report": ("campaign.cli.report:report", "The balance sheet: conclusion, flags, variants, every run on its line."),
     "archive": ("campaign.cli.report:archive", "Pack everything the campaign leaves into one .tar.gz with SHA-256s."),
     "verify-archive": ("campaign.cli.report:verify_archive_command", "Check every member of an archive against its manifest."),
+    "init": ("campaign.cli.init:init", "Write a task skeleton and a spec (DIR/study_task.py, DIR/spec.toml) to start from."),
     "demo": ("campaign.cli.demo:demo", "The main job on the embedded SQLite ledger: plan, pilot, launch, report."),
+    "serve": ("campaign.cli.serve:serve", "A read-only live dashboard over the ledger (127.0.0.1 by default)."),
+    "tensorboard": ("campaign.cli.serve:tensorboard", "Write a campaign's curves as TensorBoard event files (--follow: live)."),
     "campaigns": ("campaign.cli.ledger:campaigns", "List the campaigns in the ledger with their number of runs."),
     "db": ("campaign.cli.ledger:db", "Ledger schema: show the revision, upgrade an older ledger."),
 }  # fmt: skip
 # Commands that never open the ledger: they do not take --ledger after their name.
-WITHOUT_LEDGER = frozenset({"demo", "verify-archive"})
+WITHOUT_LEDGER = frozenset({"demo", "verify-archive", "init"})
 
 
 class LazyGroup(click.Group):

@@ -12,13 +12,18 @@ import click
 @click.option("--dir", "folder", type=click.Path(file_okay=False, path_type=Path),
               default=Path("campaign-demo"), show_default=True,
               help="Folder for the ledger, the artifacts and the report.")  # fmt: skip
-@click.option("--updates", type=click.IntRange(4), default=200, show_default=True,
-              help="Updates per run (smaller for a quicker look).")  # fmt: skip
+@click.option("--updates", type=click.IntRange(4), default=None,
+              help="Updates per run (smaller for a quicker look)  [default: 200; 300 with "
+                   "--llm]")  # fmt: skip
 @click.option("--seeds", type=click.IntRange(1), default=3, show_default=True,
               help="Seeds per variant (3 or more for a 95% interval on each delta).")
 @click.option("--workers", type=click.IntRange(1), default=2, show_default=True)
+@click.option("--llm", is_flag=True,
+              help="The instruction fine-tuning campaign instead (full vs LoRA at ranks 4 and "
+                   "16 on a ~1M-parameter Llama-style model; needs campaign[hf]).")  # fmt: skip
 @click.pass_obj
-def demo(source: Any, folder: Path, updates: int, seeds: int, workers: int) -> None:
+def demo(source: Any, folder: Path, updates: int | None, seeds: int, workers: int,
+         llm: bool) -> None:  # fmt: skip
     """The main job on the embedded SQLite ledger: plan, inspect, pilot, launch, report.
 
     Plans the three-learning-rate campaign on the built-in digits task plus one
@@ -26,6 +31,9 @@ def demo(source: Any, folder: Path, updates: int, seeds: int, workers: int) -> N
     local workers, and writes the HTML balance sheet. The demo keeps its own ledger in
     --dir (the --ledger option does not apply). Exit code 0 when every run ended as
     designed (the aggressive variant diverges), 1 otherwise.
+
+    With --llm: the instruction fine-tuning campaign (examples/llm-lora.toml), its data
+    and tokenizer made in --dir; exit code 0 when every run completed.
 
     Example: campaign demo --dir /tmp/demo
     """
@@ -39,7 +47,15 @@ def demo(source: Any, folder: Path, updates: int, seeds: int, workers: int) -> N
         probe.unlink()
     except OSError as error:
         raise BadInput(f"demo --dir {folder}: cannot write there ({error.strerror})") from None
-    result = run_demo(folder, updates=updates, seeds=seeds, workers=workers,
+    if llm:
+        import importlib.util
+
+        missing = [n for n in ("transformers", "tokenizers", "peft")
+                   if importlib.util.find_spec(n) is None]  # fmt: skip
+        if missing:
+            raise BadInput(f"demo --llm needs {', '.join(missing)}: pip install 'campaign[hf]'")
+    result = run_demo(folder, updates=updates or (300 if llm else 200), seeds=seeds,
+                      workers=workers, llm=llm,
                       say=lambda line: click.echo(f"campaign demo: {line}", err=True))  # fmt: skip
     counts = result.snapshot.counts
     unexpected = {s: n for s, n in counts.items()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -17,20 +18,23 @@ from campaign.cli.source import LedgerSource
 @click.option("--n", "count", default=4, show_default=True, help="How many examples to show.")
 @click.option("--split", default="train", show_default=True,
               help="Any split the task has: train, val, and test when it has one.")
+@artifacts_option
 @output_options
 @click.pass_obj
 def inspect(
-    source: LedgerSource, campaign: str, count: int, split: str, output_format: str
-) -> None:
+    source: LedgerSource, campaign: str, count: int, split: str, artifacts: Path,
+    output_format: str,
+) -> None:  # fmt: skip
     """Show examples as the loss receives them, a summary of the split, and the data gate.
 
     Uses the control's config. Exit code 1 when the data gate fails.
 
     Example: campaign inspect digits-lr --n 4 --split val
     """
+    from campaign.loop.run_files import artifacts_environment
     from campaign.pilot.inspect import inspect_campaign
 
-    with source.open() as ledger:
+    with source.open() as ledger, artifacts_environment(artifacts):  # a task's caches
         document = inspect_campaign(ledger, campaign, split, count)
     if output_format == "json":
         click.echo(json.dumps(document, indent=2, default=str))
@@ -145,10 +149,14 @@ def pilot(source: LedgerSource, campaign: str, artifacts: Path, device: str,
 )
 @click.option("--gpu-memory", default=None, metavar="SIZE",
               help="A card's memory (80GiB, 24GB): check each class's measured peaks against it.")
+@click.option("--model-config", "model_config", multiple=True, metavar="KEY=VALUE",
+              help="A causal LM campaign: project the memory of a larger model of the same "
+                   "family with these sizes (repeat: hidden_size=2048 num_hidden_layers=24).")
 @output_options
 @click.pass_obj
 def size(source: LedgerSource, campaign: str, target: str | None, reserve: float,
-         gpu_memory: str | None, output_format: str) -> None:  # fmt: skip
+         gpu_memory: str | None, model_config: tuple[str, ...],
+         output_format: str) -> None:  # fmt: skip
     """The sizing sheet per gate class: time per run (median phase times plus fixed costs),
     the runs in priority order that fit a 3-, 7- or 30-day rental, memory against a card.
 
@@ -163,15 +171,41 @@ def size(source: LedgerSource, campaign: str, target: str | None, reserve: float
         raise BadInput(f"--gpu-memory: {error}") from None  # one line, exit 2
     with source.open() as ledger:
         sheet = sizing_sheet(ledger, campaign, target=target, reserve=reserve, gpu_memory=card)
+        projected = _projection(ledger, campaign, model_config) if model_config else None
     if output_format == "json":
-        click.echo(json.dumps(sheet.document(), indent=2, default=str))
+        document = sheet.document()
+        if projected is not None:
+            document["memory_projection"] = projected
+        click.echo(json.dumps(document, indent=2, default=str))
     else:
         header = [{"item": k, "value": v} for k, v in sheet.header.items()]
         for rows in (header, sheet.classes, sheet.packages, sheet.phases):
             click.echo(render_rows(rows, output_format))
             click.echo("")
+        for found in (projected or {}).get("classes", []):
+            click.echo(f"memory projection, gate class {found['gate_class']} "
+                       f"({found.get('adapter', '?')}): {found.get('note', '')}")
+            if found["rows"]:
+                click.echo(render_rows(found["rows"], output_format))
+            click.echo("")
+        if projected:
+            click.echo(f"memory projection: {projected['assumptions']}")
     if sheet.warning:
         click.echo(f"campaign: warning: {sheet.warning}", err=True)
+
+
+def _projection(ledger: Any, campaign: str, pairs: tuple[str, ...]) -> dict[str, Any]:
+    from campaign.cli.errors import BadInput
+
+    try:
+        from campaign.tasks.causal_lm.projection import parse_overrides, project_campaign
+
+        return project_campaign(ledger, campaign, parse_overrides(pairs))
+    except ImportError as error:
+        raise BadInput(f"--model-config needs the hf extra ({error.name}): "
+                       "pip install 'campaign[hf]'") from None  # fmt: skip
+    except ValueError as error:
+        raise BadInput(str(error)) from None
 
 
 @click.command()

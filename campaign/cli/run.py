@@ -136,3 +136,41 @@ def replay(source: LedgerSource, run_id: str, output_format: str) -> None:
     click.echo(f"run {run_id}: control outputs {word} after reload", err=True)
     if not result["identical"]:
         raise click.exceptions.Exit(1)
+
+
+@click.command()
+@click.argument("run_id")
+@click.option("--updates", default="1:10", show_default=True, metavar="FIRST:LAST",
+              help="The updates to show (1-based, inclusive).")
+@output_options
+@click.pass_obj
+def order(source: LedgerSource, run_id: str, updates: str, output_format: str) -> None:
+    """Which example ids each update of RUN_ID used, microbatch by microbatch: recomputed from
+    the run's frozen config and its task's training split (the same whatever ran it).
+
+    Example: campaign order 01jd8x3m5k2q9w7c4v6b1n0r8t --updates 100:105 --format json
+    """
+    from campaign.cli.errors import BadInput
+    from campaign.cli.output import render_rows
+    from campaign.loop.order_view import update_order
+
+    try:
+        first, last = (int(part) for part in updates.split(":"))
+    except ValueError:
+        raise BadInput(f"--updates {updates!r}: expected FIRST:LAST, e.g. 1:10") from None
+    if not 1 <= first <= last or last - first >= 10_000:
+        raise BadInput(f"--updates {updates!r}: need 1 <= FIRST <= LAST, at most 10,000 updates")
+    with source.open() as ledger:
+        record = ledger.run(run_id)
+        task = ledger.campaign(record.campaign).task
+    config = record.config_document
+    planned = int(config["budget"]["updates"])
+    if first > planned:
+        raise BadInput(f"--updates {updates!r}: run {run_id} plans {planned} updates")
+    rows = update_order(task, config, first, min(last, planned))
+    if output_format == "json":
+        click.echo(json.dumps(rows, indent=2))
+        return
+    flat = [{**row, "microbatches": " | ".join(" ".join(m) for m in row["microbatches"])}
+            for row in rows]  # fmt: skip
+    click.echo(render_rows(flat, output_format))

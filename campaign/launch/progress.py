@@ -94,12 +94,25 @@ def take_snapshot(ledger: Ledger, campaign: str, workers: int | None = None) -> 
     """Read the campaign's state from the ledger: two cheap queries, no DataFrame (a launcher
     polls this every second)."""
     now, rows = ledger.progress_rows(campaign)
+    for row in rows:
+        row["updates"] = int(json.loads(row["config"])["budget"]["updates"] or 0)
+    active = [row["id"] for row in rows if row["status"] == "running"]
+    return snapshot_of(campaign, now, rows, ledger.latest_steps(active), workers)
+
+
+def snapshot_of(
+    campaign: str,
+    now: datetime,
+    rows: list[dict[str, Any]],
+    steps: Mapping[str, int],
+    workers: int | None = None,
+) -> Snapshot:
+    """The snapshot of runs already read: each row has id, variant, seed, status, worker,
+    stop_step, started_at, ended_at, heartbeat_at and ``updates`` (planned); ``steps`` the
+    latest update of each running run. Shared by the launcher and the dashboard."""
     counts = dict.fromkeys(RUN_STATUSES, 0)
     for row in rows:
         counts[row["status"]] += 1
-        row["updates"] = int(json.loads(row["config"])["budget"]["updates"] or 0)
-    active = [row for row in rows if row["status"] == "running"]
-    steps = ledger.latest_steps([row["id"] for row in active]) if active else {}
     running = tuple(
         RunningRun(
             run_id=row["id"],
@@ -110,7 +123,8 @@ def take_snapshot(ledger: Ledger, campaign: str, workers: int | None = None) -> 
             updates=row["updates"],
             heartbeat_age_s=_age(now, row["heartbeat_at"]),
         )
-        for row in active
+        for row in rows
+        if row["status"] == "running"
     )
     rate = _updates_per_second(rows)
     remaining = sum(r["updates"] for r in rows if r["status"] == "planned") + sum(

@@ -35,6 +35,7 @@ from campaign.loop.train import RunOutcome
 
 CHILD_FAILED = 70  # the exit code when the run's body raised (EX_SOFTWARE)
 PR_SET_PDEATHSIG = 1
+ARTIFACTS_ENV = "CAMPAIGN_ARTIFACTS"  # the run's artifacts folder, for task code
 SUPERVISOR_ENV = "CAMPAIGN_SUPERVISOR_PID"  # in the run's process: its supervisor's id
 # A supervisor that forks directly leaves its ledger here for the child: the same engine
 # (its compiled statements) with a pool of its own, instead of a new one per run.

@@ -41,7 +41,7 @@ from typing import Any
 from sqlalchemy.exc import SQLAlchemyError
 
 from campaign.launch import run_process
-from campaign.launch.run_process import SUPERVISOR_ENV, ChildJob, run_child
+from campaign.launch.run_process import ARTIFACTS_ENV, SUPERVISOR_ENV, ChildJob, run_child
 from campaign.ledger import Claim, Ledger, LedgerError, RefusedWrite, StopRecord
 from campaign.ledger.errors import LeaseLost
 from campaign.loop import progress
@@ -109,7 +109,9 @@ def supervise(
     stem = f"segment-{claim.ordinal}"
     job = ChildJob(ledger.engine.url.render_as_string(hide_password=False), body,
                    logs / f"{stem}.log", logs / f".{stem}.progress", logs / f".{stem}.json",
-                   os.getcwd(), {**os.environ, SUPERVISOR_ENV: str(os.getpid())})  # fmt: skip
+                   os.getcwd(), {**os.environ, SUPERVISOR_ENV: str(os.getpid()),
+                                 # task code (a tokenizer's cache) finds the artifacts folder
+                                 ARTIFACTS_ENV: str(folder.absolute().parent)})  # fmt: skip
     job.result.unlink(missing_ok=True)
     board = progress.ProgressBoard(job.board, create=True)
     child: Any = None

@@ -125,7 +125,8 @@ def run_worker(
     refuse_unfit_stack(ledger, options.campaign, options.device)
     if options.threads:
         torch.set_num_threads(options.threads)
-    warm_up(direct=fork_context(direct=options.fork_directly).get_start_method() == "fork")
+    warm_up(direct=fork_context(direct=options.fork_directly).get_start_method() == "fork",
+            task_reference=ledger.campaign(options.campaign).task)  # fmt: skip
     report = WorkerReport(worker_name(options.device, options.name))
     gated: set[str] = set()  # planned runs whose gate was checked (by the launch, then here)
     with _stop_on_signals(options.preempt_signals) as stopping:

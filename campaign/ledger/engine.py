@@ -93,10 +93,18 @@ def sqlite_path(url: URL) -> Path | None:
     return Path(url.database)
 
 
-def create_ledger_engine(url: URL) -> Engine:
-    """An engine configured for the ledger's transaction discipline."""
+def create_ledger_engine(url: URL, *, read_only: bool = False) -> Engine:
+    """An engine configured for the ledger's transaction discipline.
+
+    ``read_only``: the database itself refuses every write on this engine's
+    connections (SQLite opened with ``mode=ro``; PostgreSQL sessions with
+    ``default_transaction_read_only``), so a viewer cannot write by mistake.
+    """
     if url.get_backend_name() == "sqlite":
-        return _sqlite_engine(url)
+        return _sqlite_engine(url, read_only=read_only)
+    options = f"-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_S * 1000}"
+    if read_only:
+        options += " -c default_transaction_read_only=on"
     return create_engine(
         url,
         pool_pre_ping=True,
@@ -106,12 +114,12 @@ def create_ledger_engine(url: URL) -> Engine:
             # Our transactions never wait on anything but the database: one left open by a
             # process that was paused or hung (SIGSTOP, a debugger, a frozen VM) would hold
             # its row locks forever. The server ends such a session and frees the locks.
-            "options": f"-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_S * 1000}",
+            "options": options,
         },
     )
 
 
-def _sqlite_engine(url: URL) -> Engine:
+def _sqlite_engine(url: URL, *, read_only: bool = False) -> Engine:
     path = sqlite_path(url)
     if path is not None and not path.parent.exists():
         raise LedgerUnreachable(
@@ -123,12 +131,13 @@ def _sqlite_engine(url: URL) -> Engine:
     }
     if path is None:
         kwargs["poolclass"] = StaticPool  # one shared in-memory database
-    elif path.exists() and _read_only_place(path):
-        # A ledger on a read-only mount (an archive disk, a colleague's share) is still read:
-        # opened read-only and immutable, as SQLite cannot create its WAL index beside it.
-        # Read-only and, unless a writer elsewhere keeps a WAL beside it, immutable (SQLite
-        # cannot create its WAL index on a read-only mount).
-        live = any(path.with_name(path.name + s).exists() for s in ("-wal", "-shm"))
+    elif path.exists() and (read_only or _read_only_place(path)):
+        # Asked for (a viewer) or forced by a read-only mount (an archive disk, a colleague's
+        # share): SQLite refuses every write. On a read-only mount SQLite cannot create its WAL
+        # index beside the file, so unless a writer elsewhere keeps one, the file is opened
+        # immutable; elsewhere it is read live, seeing every commit.
+        mounted = _read_only_place(path)
+        live = not mounted or any(path.with_name(path.name + s).exists() for s in ("-wal", "-shm"))
         uri = f"file:{quote(str(path))}?mode=ro" + ("" if live else "&immutable=1")
         kwargs["creator"] = lambda: sqlite3.connect(uri, uri=True, check_same_thread=False,
                                                     timeout=SQLITE_BUSY_TIMEOUT_S)  # fmt: skip

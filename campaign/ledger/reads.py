@@ -17,9 +17,17 @@ from sqlalchemy import Connection, Engine, select
 
 from campaign.ledger import frames, migrate
 from campaign.ledger.closing import Closing
-from campaign.ledger.engine import run_in_transaction, safe_url
-from campaign.ledger.errors import LedgerInputError, NotFound
+from campaign.ledger.engine import (
+    create_ledger_engine,
+    parse_url,
+    run_in_transaction,
+    safe_url,
+    sqlite_path,
+)
+from campaign.ledger.errors import LedgerInputError, NoLedger, NotFound
 from campaign.ledger.leases import database_now
+from campaign.ledger.live import LiveReads
+from campaign.ledger.location import resolve_url
 from campaign.ledger.models import Campaign, Run, Variant
 from campaign.ledger.records import (
     CampaignRecord,
@@ -46,7 +54,7 @@ _RUN_COLUMNS = (
 )
 
 
-class LedgerReader(Closing):
+class LedgerReader(LiveReads, Closing):
     """Reads of a campaign ledger on SQLite or PostgreSQL (see :class:`Ledger` to open one)."""
 
     def __init__(self, engine: Engine) -> None:
@@ -54,6 +62,22 @@ class LedgerReader(Closing):
         # Campaign names map to ids forever (no rename, no delete: triggers),
         # so the lookup can be remembered for the life of this object.
         self._campaign_ids: dict[str, int] = {}
+
+    @classmethod
+    def open(cls, url: str | None = None) -> LedgerReader:
+        """Open the ledger at ``url`` (as :meth:`Ledger.open` resolves it) for reading only:
+        the database refuses writes on these connections, and nothing is ever created."""
+        parsed = parse_url(resolve_url(url))
+        path = sqlite_path(parsed)
+        if path is not None and not path.exists():
+            raise NoLedger(f"no ledger at {path}")
+        engine = create_ledger_engine(parsed, read_only=True)
+        try:
+            migrate.ensure_ready(engine, create=False)
+        except BaseException:
+            engine.dispose()
+            raise
+        return cls(engine)
 
     @property
     def url(self) -> str:

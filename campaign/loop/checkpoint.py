@@ -31,6 +31,7 @@ from safetensors.torch import save_file
 
 from campaign.loop.errors import CheckpointError
 
+ALIASES_KEY = "shared_tensors"  # in the JSON document: alias name -> the name stored
 STATE_KEY = "campaign_checkpoint"
 FORMAT_VERSION = 1
 
@@ -58,9 +59,10 @@ def save(path: Path, tensors: dict[str, torch.Tensor], state: Mapping[str, Any])
         if not _writer_alive(leftover):
             leftover.unlink(missing_ok=True)
     temporary = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    document = json.dumps({"format": FORMAT_VERSION, **state}, allow_nan=True)
-    contiguous = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
-    save_file(contiguous, str(temporary), metadata={STATE_KEY: document})
+    unique, aliases = stored_once(tensors)
+    document = json.dumps({"format": FORMAT_VERSION, **state, ALIASES_KEY: aliases},
+                          allow_nan=True)  # fmt: skip
+    save_file(unique, str(temporary), metadata={STATE_KEY: document})
     with open(temporary, "rb") as handle:
         os.fsync(handle.fileno())
     os.replace(temporary, path)
@@ -125,7 +127,52 @@ def load(path: Path, expected_sha256: str | None) -> tuple[dict[str, torch.Tenso
         ) from None
     if state.get("format") != FORMAT_VERSION:
         raise CheckpointError(f"checkpoint {path} has unknown format {state.get('format')!r}")
+    try:
+        tensors = with_aliases(tensors, state.pop(ALIASES_KEY, {}))
+    except KeyError as error:
+        raise CheckpointError(f"checkpoint {path}: alias of a missing tensor {error}") from None
     return tensors, state
+
+
+def stored_once(
+    tensors: Mapping[str, torch.Tensor],
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Tensors for safetensors (contiguous, on the CPU) with each shared tensor stored once.
+
+    A model with tied weights (an embedding shared with the output layer, as nanoGPT and
+    many Hugging Face models have) has two state-dict entries for one tensor; safetensors
+    refuses shared memory. The first name (sorted) keeps the data, the others become
+    aliases (name -> kept name) that :func:`with_aliases` restores on load, where
+    ``load_state_dict`` copies the same values into the tied parameter twice: the tie holds.
+    Two entries that overlap without being the same tensor are stored as copies.
+    """
+    unique: dict[str, torch.Tensor] = {}
+    aliases: dict[str, str] = {}
+    seen: dict[tuple[Any, ...], str] = {}
+    storages: set[tuple[str, int]] = set()
+    for name in sorted(tensors):
+        tensor = tensors[name].detach()
+        storage = (str(tensor.device), tensor.untyped_storage().data_ptr())
+        identity = (*storage, tensor.storage_offset(), tuple(tensor.shape), tensor.stride(),
+                    tensor.dtype)  # fmt: skip
+        if tensor.numel() and identity in seen:
+            aliases[name] = seen[identity]
+            continue
+        stored = tensor.contiguous().cpu()
+        if tensor.numel() and storage in storages:
+            stored = stored.clone()  # another view of memory already stored: its own copy
+        if tensor.numel():
+            storages.add(storage)
+            seen[identity] = name
+        unique[name] = stored
+    return unique, aliases
+
+
+def with_aliases(
+    tensors: dict[str, torch.Tensor], aliases: Mapping[str, str]
+) -> dict[str, torch.Tensor]:
+    """``tensors`` with every alias name pointing at the tensor it shares (see above)."""
+    return {**tensors, **{alias: tensors[kept] for alias, kept in aliases.items()}}
 
 
 # -- state dicts <-> (tensors, JSON) --------------------------------------------------------

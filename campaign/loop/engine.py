@@ -21,7 +21,6 @@ whose update follows the optimizer step of the effective batch.
 from __future__ import annotations
 
 import contextlib
-import math
 import random
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -31,10 +30,12 @@ import torch
 from torch.utils.checkpoint import checkpoint as activation_checkpoint
 
 from campaign.loop import checkpoint as ckpt
-from campaign.loop import progress
+from campaign.loop import model_state, progress
 from campaign.loop import replicas as dp
 from campaign.loop.data import DataOrder, to_device
 from campaign.loop.errors import LoopError
+from campaign.loop.loader import Feeder
+from campaign.loop.optim import build_optimizer, build_scheduler, schedules
 from campaign.loop.task import Batch, Example, Task, check_records
 
 PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -67,25 +68,39 @@ class Trainer:
         self.seed = int(config.get("seed", 0))
         seed_everything(self.seed)
         data = task.splits()
-        self.train_set: list[Example] = list(data["train"])
-        self.val_set: list[Example] = list(data["val"])
+        # Any sized, indexable dataset (a list, a Sequence, a torch Dataset): never materialised.
+        self.train_set: Sequence[Example] = data["train"]
+        self.val_set: Sequence[Example] = data["val"]
         self.model = task.model().to(device)
-        if loop["activation_checkpointing"]:
-            checkpoint_blocks(self.model)
+        if loop["activation_checkpointing"]:  # the model's own (a task says how), or ours
+            own = getattr(task, "enable_activation_checkpointing", None)
+            if callable(own):
+                own(self.model)
+            else:
+                checkpoint_blocks(self.model, loop.get("checkpoint_modules") or "blocks")
+        # An adapter on a frozen base saves only what trains; the base is named and hashed.
+        self.base = model_state.base_record(self.model, task)
         self.trainable = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = build_optimizer(self.trainable, config["optimizer"])
+        self.optimizer = build_optimizer(self.model, config["optimizer"])
         self.scheduler = build_scheduler(self.optimizer, config)
         # A constant rate without warmup never changes: the per-update scheduler step is skipped.
-        self.schedules = config["scheduler"]["name"] != "constant" or config["scheduler"]["warmup"]
+        self.schedules = schedules(config)
         self.scaler = torch.amp.GradScaler(device.type, enabled=loop["precision"] == "fp16")
         self.dtype = PRECISION_DTYPES.get(loop["precision"])
         self.microbatch = int(loop["microbatch"])
         self.per_update = self.microbatch * loop["accumulation"] * loop["replicas"]
         validation = config.get("validation") or {}
         self.val_batch = int(validation.get("microbatch") or self.microbatch * loop["accumulation"])
+        # What validation reads: the split, or a fixed seeded sample of it (validation.sample);
+        # and a fixed sample of the training split to estimate its loss (validation.train_sample)
+        self.val_view = fixed_sample(self.val_set, validation.get("sample"))
+        train_sample = validation.get("train_sample")
+        self.train_view = fixed_sample(self.train_set, train_sample) if train_sample else None
         self.clip: float | None = loop["clip_grad_norm"]
-        self.order = DataOrder(len(self.train_set), self.seed, self.per_update, loop["last_batch"])
+        self.order = DataOrder(len(self.train_set), self.seed, self.per_update, loop["last_batch"],
+                               loop.get("sampling", "epochs"))  # fmt: skip
         self._single_group = len({(p.device, p.dtype) for p in self.trainable}) == 1
+        self.feeder: Feeder | None = None
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """bf16/fp16 autocast as configured; a no-op context in fp32."""
@@ -96,6 +111,29 @@ class Trainer:
     def next_examples(self) -> list[Example]:
         """The examples of the next update, in the run's data order."""
         return [self.train_set[i] for i in self.order.next_update()]
+
+    def next_update(self) -> tuple[int, list[Batch], float]:
+        """The next update as the loop takes it: its number of examples (every replica's),
+        this replica's microbatches on the device (prepared by the loader, ``loop.
+        loader_workers`` processes or this one), and the seconds spent waiting for them."""
+        if self.feeder is None:  # started where the run is (after a resume: its checkpoint's)
+            loop = self.config["loop"]
+            self.feeder = Feeder(
+                self.train_set, self.task, self.order, seed=self.seed,
+                microbatch=self.microbatch, replica=self.replica,
+                workers=int(loop.get("loader_workers", 0)), prefetch=int(loop.get("prefetch", 2)),
+                pin_memory=bool(loop.get("pin_memory")) and self.device.type == "cuda",
+            )  # fmt: skip
+        count = len(self.order.next_update())  # the run's position, as checkpoints save it
+        batches, waited = self.feeder.next()
+        blocking = not (self.device.type == "cuda" and self.config["loop"].get("pin_memory"))
+        return count, [to_device(b, self.device, blocking) for b in batches], waited
+
+    def close(self) -> None:
+        """Stop the loader's workers."""
+        if self.feeder is not None:
+            self.feeder.close()
+            self.feeder = None
 
     def batches(self, examples: Sequence[Example]) -> list[Batch]:
         """Microbatches of ``examples`` (this replica's share), collated and on the device."""
@@ -160,11 +198,22 @@ class Trainer:
         """Validation over ``examples``: eval mode, no gradients; (loss sum, units, predictions)."""
         return evaluate(self.task, self.model, examples, batch_size, self.device, self.autocast)
 
+    def train_estimate(self) -> dict[str, float]:
+        """``train_eval/loss`` and ``train_eval/<score>`` on the fixed training sample (eval
+        mode, no gradients), or nothing when ``validation.train_sample`` is not set."""
+        if self.train_view is None:
+            return {}
+        total, units, records = self.evaluate(self.train_view, self.val_batch)
+        scores = {f"train_eval/{k}": float(v) for k, v in self.task.score(records).items()}
+        return {**scores, "train_eval/loss": total / max(1, units)}
+
     def capture_state(self, **extra: Any) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         """Everything a resume needs, as (tensors, JSON document) for a checkpoint file."""
         tensors: dict[str, torch.Tensor] = {}
         state = {
-            "model": ckpt.split_state("model", self.model.state_dict(), tensors),
+            "model": ckpt.split_state("model", model_state.saved_state(self.model, self.task),
+                                      tensors),
+            "base": self.base,
             "optimizer": ckpt.split_state("optimizer", self.optimizer.state_dict(), tensors),
             "scheduler": ckpt.split_state("scheduler", self.scheduler.state_dict(), tensors),
             "scaler": self.scaler.state_dict(),
@@ -176,12 +225,14 @@ class Trainer:
 
     def restore_state(self, tensors: Mapping[str, torch.Tensor], state: Mapping[str, Any]) -> None:
         """The inverse of :meth:`capture_state` (RNG states and data position included)."""
-        self.model.load_state_dict(ckpt.join_state(state["model"], tensors))
+        model_state.load_saved_state(self.model, ckpt.join_state(state["model"], tensors),
+                                     self.task, state.get("base"), "the checkpoint")
         self.optimizer.load_state_dict(ckpt.join_state(state["optimizer"], tensors))
         self.scheduler.load_state_dict(ckpt.join_state(state["scheduler"], tensors))
         self.scaler.load_state_dict(state["scaler"])
         ckpt.restore_rng(state["rng"], tensors)
         self.order.restore(state["data"])
+        self.close()  # a loader already started walks the old position: the next starts anew
 
 
 def accumulate(
@@ -251,7 +302,8 @@ def evaluate(
     try:
         for start in range(0, len(examples), batch_size):
             progress.tick()
-            batch = to_device(task.collate(list(examples[start : start + batch_size])), device)
+            chunk = [examples[i] for i in range(start, min(start + batch_size, len(examples)))]
+            batch = to_device(task.collate(chunk), device)
             with autocast():
                 loss_sum, count = task.loss(model, batch)
             _check_units(count)
@@ -263,48 +315,27 @@ def evaluate(
     return total, units, records
 
 
-def build_optimizer(
-    parameters: Sequence[torch.nn.Parameter], options: Mapping[str, Any]
-) -> torch.optim.Optimizer:
-    if options["name"] == "sgd":
-        return torch.optim.SGD(
-            parameters,
-            lr=options["lr"],
-            momentum=options["momentum"],
-            weight_decay=options["weight_decay"],
-        )
-    return torch.optim.AdamW(
-        parameters,
-        lr=options["lr"],
-        weight_decay=options["weight_decay"],
-        betas=(options["beta1"], options["beta2"]),
-    )
+def fixed_sample(dataset: Any, count: int | None, seed: int = 0) -> Any:
+    """``dataset`` itself, or a fixed seeded sample of ``count`` of its examples (in index
+    order; the same whatever the run's seed, so every run validates on the same examples)."""
+    if count is None or count >= len(dataset):
+        return dataset
+    generator = torch.Generator().manual_seed(seed)
+    chosen = torch.randperm(len(dataset), generator=generator, dtype=torch.int32)[:count]
+    return torch.utils.data.Subset(dataset, sorted(chosen.tolist()))
 
 
-def build_scheduler(
-    optimizer: torch.optim.Optimizer, config: Mapping[str, Any]
-) -> torch.optim.lr_scheduler.LambdaLR:
-    """constant, linear_warmup (then constant) or cosine (after the warmup) as LR factors."""
-    name = config["scheduler"]["name"]
-    warmup = int(config["scheduler"]["warmup"])
-    total = int(config["budget"]["updates"])
-
-    def factor(step: int) -> float:
-        if warmup and step < warmup:
-            return (step + 1) / warmup
-        if name == "cosine":
-            progress = (step - warmup) / max(1, total - warmup)
-            return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-        return 1.0
-
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-
-
-def checkpoint_blocks(model: torch.nn.Module) -> None:
-    """Wrap each module of ``model.blocks`` with activation checkpointing."""
-    blocks = getattr(model, "blocks", None)
-    if not isinstance(blocks, torch.nn.ModuleList):
-        raise LoopError("loop.activation_checkpointing needs a model with a `blocks` ModuleList")
+def checkpoint_blocks(model: torch.nn.Module, path: str = "blocks") -> None:
+    """Wrap each module of the module list at ``path`` (``loop.checkpoint_modules``: ``blocks``
+    by default, ``transformer.h`` for nanoGPT's GPT) with activation checkpointing."""
+    try:
+        blocks = model.get_submodule(path)
+    except AttributeError:
+        blocks = None
+    if not isinstance(blocks, torch.nn.ModuleList | torch.nn.Sequential):
+        raise LoopError(f"loop.activation_checkpointing: loop.checkpoint_modules = {path!r} is "
+                        "not a ModuleList of the model (name the list of blocks, e.g. "
+                        "'transformer.h')")  # fmt: skip
     for block in blocks:
         forward = block.forward
 

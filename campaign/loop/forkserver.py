@@ -40,13 +40,29 @@ def fork_context(*, direct: bool = False) -> Any:
     return context
 
 
-def warm_up(*, direct: bool = False) -> None:
-    """Before a worker claims a run: with ``direct``, import ``PRELOAD`` in this process (each
-    run's fork inherits them); else start the fork server now (its imports take seconds), so
-    a run's first heartbeat never waits for it."""
+def task_preloads(task_reference: str) -> list[str]:
+    """What a built-in task declares worth importing once per worker (its ``PRELOAD``: the
+    causal-LM task's transformers takes seconds per process). A user's module is never
+    imported here: its import-time side effects (a thread) would make forking unsafe."""
+    module = task_reference.split(":", 1)[0]
+    if not module.startswith("campaign.tasks."):
+        return []
+    try:
+        return list(getattr(importlib.import_module(module), "PRELOAD", ()))
+    except ImportError:
+        return []
+
+
+def warm_up(*, direct: bool = False, task_reference: str = "") -> None:
+    """Before a worker claims a run: with ``direct``, import ``PRELOAD`` (and the task's own)
+    in this process (each run's fork inherits them); else start the fork server now (its
+    imports take seconds), so a run's first heartbeat never waits for it."""
     if direct:
         for name in PRELOAD:
             importlib.import_module(name)
+        for name in task_preloads(task_reference):  # optional: a run says what is missing
+            with contextlib.suppress(ImportError):
+                importlib.import_module(name)
         from campaign.stack import PACKAGES, package_version
 
         for package in PACKAGES:  # read once here, inherited by every run's process

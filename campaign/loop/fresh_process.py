@@ -48,10 +48,13 @@ def run_json(
     env: Mapping[str, str] | None = None,
     timeout_s: float = 600,
     answers_with: Container[int] = (0,),
+    preload: Sequence[str] = (),
 ) -> Any:
     """``python -m MODULE ARGS`` (``arguments`` = ["-m", MODULE, *ARGS]) in a fresh process, in
     the current directory; its stdout parsed as one JSON document. ``answers_with``: the exit
-    codes after which stdout holds the answer (a check that fails may still answer)."""
+    codes after which stdout holds the answer (a check that fails may still answer).
+    ``preload``: modules the preloaded interpreter imports once before it forks (a built-in
+    task's transformers, seconds a process), so later checks of that task start without them."""
     if arguments[:1] != ["-m"] or len(arguments) < 2:
         raise ValueError("run_json runs a module: arguments start with -m MODULE")
     environment = dict(env if env is not None else os.environ)
@@ -61,7 +64,8 @@ def run_json(
         if os.environ.get(MODE_VARIABLE) == "spawn":
             returncode, stdout, stderr = _spawn(arguments, environment, timeout_s)
         else:
-            returncode, stdout, stderr = _preloaded().run(arguments, environment, timeout_s)
+            returncode, stdout, stderr = _preloaded().run(arguments, environment, timeout_s,
+                                                          preload)  # fmt: skip
         written = answer_path.read_text() if answer_path.exists() else None
     if returncode not in answers_with:
         lines = stderr.strip().splitlines()
@@ -97,10 +101,10 @@ class PreloadedInterpreter:
         self._lock = threading.Lock()
         self._server: subprocess.Popen[str] | None = None
 
-    def run(self, arguments: Sequence[str], env: dict[str, str], timeout_s: float
-            ) -> tuple[int, str, str]:  # fmt: skip
+    def run(self, arguments: Sequence[str], env: dict[str, str], timeout_s: float,
+            preload: Sequence[str] = ()) -> tuple[int, str, str]:  # fmt: skip
         request = {"module": arguments[1], "args": list(arguments[2:]), "cwd": os.getcwd(),
-                   "env": env}  # fmt: skip
+                   "env": env, "preload": list(preload)}  # fmt: skip
         with self._lock:
             server = self._running()
             assert server.stdin is not None and server.stdout is not None
@@ -171,6 +175,9 @@ def serve() -> None:
     sys.stdout = sys.stderr  # nothing but answers on the answer channel
     for line in sys.stdin:
         request = json.loads(line)
+        for module in request.get("preload", ()):  # imported once, inherited by later forks
+            with contextlib.suppress(ImportError):
+                __import__(module)
         answers.write(json.dumps(_fork(request)) + "\n")
         answers.flush()
 

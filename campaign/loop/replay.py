@@ -20,10 +20,21 @@ from safetensors.torch import load_file
 
 from campaign.ledger import Ledger
 from campaign.ledger.vocabulary import TERMINAL_STATUSES
-from campaign.loop.checkpoint import CheckpointError, file_sha256
+from campaign.loop.checkpoint import (
+    ALIASES_KEY,
+    CheckpointError,
+    file_sha256,
+    stored_once,
+    with_aliases,
+)
 from campaign.loop.data import to_device
+from campaign.loop.forkserver import task_preloads
 from campaign.loop.fresh_process import FreshProcessFailed, answer, run_json
+from campaign.loop.model_state import base_record, load_saved_state, saved_state
+from campaign.loop.run_files import artifacts_environment
 from campaign.loop.task import build_task
+
+BASE_KEY = "base_model"  # metadata: the frozen base an adapter-only artifact needs
 
 
 def replay(ledger: Ledger, run_id: str) -> dict[str, Any]:
@@ -39,7 +50,10 @@ def replay(ledger: Ledger, run_id: str) -> dict[str, Any]:
         raise CheckpointError(f"run {run_id}: final artifact {path} is missing (moved or deleted)")
     if file_sha256(path) != row["sha256"]:
         raise CheckpointError(f"final artifact {path} does not match the ledger: refused")
-    identical, outputs, expected = replay_artifact(path, ledger.campaign(record.campaign).task)
+    # the artifacts folder the run wrote into (ARTIFACTS/RUN_ID/final.safetensors): task code
+    # that caches there (a trained tokenizer) finds its files
+    with artifacts_environment(path.absolute().parent.parent):
+        identical, outputs, expected = replay_artifact(path, ledger.campaign(record.campaign).task)
     detail = (
         f"final artifact {int(row['id'])} reloaded in process {os.getpid()}: "
         f"{len(outputs)} control inputs, outputs {'identical' if identical else 'DIFFERENT'}"
@@ -59,7 +73,9 @@ def replay_artifact(path: Path, task_reference: str) -> tuple[bool, list[Any], l
     expected = json.loads(metadata["control_outputs"])
     task = build_task(task_reference, config)
     model = task.model()
-    model.load_state_dict(load_file(str(path)), strict=True)
+    aliases = json.loads(metadata.get(ALIASES_KEY, "{}"))
+    base = json.loads(metadata.get(BASE_KEY, "null"))  # an adapter's frozen base, checked
+    load_saved_state(model, with_aliases(load_file(str(path)), aliases), task, base, str(path))
     model.eval()
     with torch.no_grad():
         outputs = task.predict(model, task.collate(list(task.control_inputs())))
@@ -86,12 +102,17 @@ def write_final(
     finally:
         model.train()
     outputs = json_values(outputs)
+    # tied weights stored once; an adapter alone, its base named and hashed
+    tensors, aliases = stored_once(saved_state(model, task))
     metadata = {
         "config": config_text,
         "environment": environment_text,
         "control_outputs": json.dumps(outputs),
+        ALIASES_KEY: json.dumps(aliases),
     }
-    tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    base = base_record(model, task)
+    if base is not None:
+        metadata[BASE_KEY] = json.dumps(base)
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_suffix(".partial")
     save_file(tensors, str(temporary), metadata=metadata)
@@ -108,7 +129,8 @@ def json_values(value: Any) -> Any:
 def replay_file_in_subprocess(path: Path, task_reference: str) -> dict[str, Any]:
     """``python -m campaign.loop.replay PATH TASK``: a fresh interpreter's verdict."""
     try:
-        return dict(run_json(["-m", "campaign.loop.replay", str(path), task_reference]))
+        return dict(run_json(["-m", "campaign.loop.replay", str(path), task_reference],
+                             preload=task_preloads(task_reference)))  # fmt: skip
     except FreshProcessFailed as error:
         return {"identical": False, "error": str(error)}
 

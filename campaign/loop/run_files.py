@@ -8,10 +8,11 @@ is whole, so every artifact row names a file whose hash was taken from disk.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -102,3 +103,18 @@ def write_traceback(path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(traceback.format_exc())
     return path
+
+
+@contextlib.contextmanager
+def artifacts_environment(folder: Path) -> Iterator[None]:
+    """``CAMPAIGN_ARTIFACTS`` set to ``folder`` for the block (and the processes it starts),
+    as a run's process has it; restored after."""
+    before = os.environ.get("CAMPAIGN_ARTIFACTS")
+    os.environ["CAMPAIGN_ARTIFACTS"] = str(folder.absolute())
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("CAMPAIGN_ARTIFACTS", None)
+        else:
+            os.environ["CAMPAIGN_ARTIFACTS"] = before

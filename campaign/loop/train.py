@@ -40,7 +40,7 @@ from campaign.ledger import Claim, Ledger, StopRecord
 from campaign.ledger.canonical import canonical_json
 from campaign.ledger.errors import LeaseLost
 from campaign.loop import checkpoint as ckpt
-from campaign.loop import progress
+from campaign.loop import model_state, progress
 from campaign.loop import replicas as dp
 from campaign.loop.data import describe_inputs
 from campaign.loop.engine import Trainer, seed_everything
@@ -187,6 +187,8 @@ class RunLoop:
         task = build_task(self.task_reference, self.record.config_document)
         progress.tick()
         self.trainer = Trainer(task, self.config, self.device, self.replica)
+        if self.writes and self.trainer.base is not None:  # what an adapter was trained on
+            self._event("base_model", model_state.as_text(self.trainer.base))
         progress.tick()
         self.rules = StopRules(self.config)  # the wall-time clock starts once the run is built
         if resume_from:
@@ -300,8 +302,7 @@ class RunLoop:
         trainer, measure, next_step = self._trainer, self._measured(), self.step + 1
         self.phase, self._batches = "data", []
         with self.probe.phase("data", measure=measure) as record:
-            examples = trainer.next_examples()
-            self._batches = trainer.batches(examples)
+            count, self._batches, waited = trainer.next_update()
             if record is not None:
                 record.inputs = self.phase_inputs
         inputs = self.phase_inputs if measure else None
@@ -311,7 +312,7 @@ class RunLoop:
         loss = loss_sum / units
         stop = self.rules.after_loss(loss)
         if stop is not None:  # the diverged curve keeps its last point
-            self.metrics.log("train/loss", next_step, loss, self.examples_seen + len(examples))
+            self.metrics.log("train/loss", next_step, loss, self.examples_seen + count)
             return replace(stop, phase="forward", step=next_step)
         self.phase = "update"
         with self.probe.phase("update" if self.step else "update_first", inputs, measure=measure):
@@ -320,10 +321,12 @@ class RunLoop:
             if stop is not None:
                 self.metrics.log("train/loss", next_step, loss, self.examples_seen)
                 return replace(stop, phase="backward", step=next_step)
+            used_lr = trainer.lr  # the rate this update steps with (the scheduler then moves)
             trainer.step()
-        self.step, self.examples_seen = next_step, self.examples_seen + len(examples)
-        values = {"train/loss": loss, "train/grad_norm": grad_norm, "train/units": float(units)}
-        self.metrics.log_dict(self.step, {**values, "train/lr": trainer.lr}, self.examples_seen)
+        self.step, self.examples_seen = next_step, self.examples_seen + count
+        values = {"train/loss": loss, "train/grad_norm": grad_norm, "train/units": float(units),
+                  "train/data_wait_s": waited}  # fmt: skip
+        self.metrics.log_dict(self.step, {**values, "train/lr": used_lr}, self.examples_seen)
         self._write_phases(every_rank=True)
         return None
 
@@ -341,12 +344,12 @@ class RunLoop:
         trainer = self._trainer
         measure = self._measured() or not self._validated
         size = trainer.val_batch
-        inputs = {"examples": len(trainer.val_set), "batch": size}
+        inputs = {"examples": len(trainer.val_view), "batch": size}
         with self.probe.phase("validation", inputs, measure=measure):
-            total, units, records = trainer.evaluate(trainer.val_set, size)
+            total, units, records = trainer.evaluate(trainer.val_view, size)
         self._validated = True
         scores = {f"val/{k}": float(v) for k, v in trainer.task.score(records).items()}
-        scores["val/loss"] = total / max(1, units)
+        scores |= {"val/loss": total / max(1, units), **trainer.train_estimate()}
         self.metrics.log_dict(self.step, scores, self.examples_seen)
         self.metrics.flush()  # a validation point is a natural sync point: bound what a crash loses
         if self.writes:
@@ -480,6 +483,8 @@ class RunLoop:
         self.signals.request(signum)
 
     def cleanup(self) -> None:
+        if self.trainer is not None:
+            self.trainer.close()  # the loader's workers
         self.heartbeat.stop()
         self.signals.restore()
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from campaign.loop.data import gate_view
 from campaign.loop.task import Task
 from campaign.pilot.findings import Finding
 from campaign.pilot.label_gate import check_targets
@@ -25,11 +26,22 @@ CHUNK = 64
 
 
 def check_data(task: Task, config: Mapping[str, Any]) -> list[Finding]:
-    """Run every data check; the gate passes when every finding is ok."""
-    splits = {name: list(examples) for name, examples in task.splits().items()}
+    """Run every data check; the gate passes when every finding is ok.
+
+    A split larger than :data:`GATE_SAMPLE` examples is checked on a seeded random sample
+    of that many (a lazy dataset of millions is never read whole), and a finding says so.
+    """
+    splits, notes = {}, []
+    for name, dataset in task.splits().items():
+        splits[name], note = gate_view(dataset)
+        if note:
+            notes.append(f"{name}: {note}")
     batches = {name: _collated(task, examples) for name, examples in splits.items()}
     allow_cut = bool(config.get("loop", {}).get("allow_target_truncation", False))
+    sampled = [Finding("sampled", True, "checked on " + "; ".join(notes) + " (ids, groups and "
+                       "labels of the rest are not read)")] if notes else []  # fmt: skip
     return [
+        *sampled,
         _ids_unique(splits),
         _groups_disjoint(splits),
         *_labels(task, splits),

@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from campaign.loop.data import gate_view, rows
 from campaign.loop.task import Task
 
 if TYPE_CHECKING:
@@ -21,13 +22,14 @@ if TYPE_CHECKING:
 
 def examples(task: Task, split: str, count: int) -> list[dict[str, Any]]:
     """``describe`` of the first ``count`` examples, with their id."""
-    chosen = list(task.splits()[split])[:count]
+    chosen = rows(task.splits()[split], 0, count)
     return [{"id": e["id"], **task.describe(e)} for e in chosen]
 
 
 def summary(task: Task, split: str, config: Mapping[str, Any]) -> dict[str, Any]:
     """Counts over the whole split, collated with the run's microbatch."""
-    data = list(task.splits()[split])
+    dataset = task.splits()[split]
+    data, note = gate_view(dataset)
     microbatch = int(config.get("loop", {}).get("microbatch", 1))
     lengths: list[int] = []
     padded = cut = 0
@@ -39,7 +41,9 @@ def summary(task: Task, split: str, config: Mapping[str, Any]) -> dict[str, Any]
             padded += max(row_lengths) * len(row_lengths)
         if "target_cut" in batch:
             cut += int(batch["target_cut"].sum())
-    result: dict[str, Any] = {"split": split, "examples": len(data), "microbatch": microbatch}
+    result: dict[str, Any] = {"split": split, "examples": len(dataset), "microbatch": microbatch}
+    if note:
+        result["summarised_on"] = note
     if lengths:
         result |= {
             "length_min": min(lengths),

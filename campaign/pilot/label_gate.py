@@ -13,6 +13,10 @@ with what the example says it is:
   ``classes`` table (the conventions of DESIGN.md §4);
 - else the example's ``target`` (a generative task states its expected output).
 
+A generative task whose ``predict()`` generates (slow: a model call per token)
+may give ``targets_at_loss(batch)`` -> ``[(id, target)]``, the targets decoded
+from the batch the loss sees; the gate then reads those instead of predicting.
+
 It fails on any mismatch, naming ids and the first pairs (expected -> seen),
 and on degenerate targets: a single target value at the loss in a split whose
 examples hold several, or a numeric target with no variance.
@@ -37,8 +41,7 @@ CHUNK = 64
 def check_targets(task: Task, splits: Mapping[str, Sequence[dict[str, Any]]]) -> list[Any]:
     """One finding per split that has something to compare (see the module docstring)."""
     classes = getattr(task, "classes", None)
-    model = task.model()
-    model.eval()
+    model = _LazyModel(task)  # built only if predict() is asked (not for targets_at_loss)
     findings = []
     for name, examples in splits.items():
         # A label outside the class table is the labels_in_range check's finding.
@@ -69,6 +72,20 @@ def check_targets(task: Task, splits: Mapping[str, Sequence[dict[str, Any]]]) ->
                     if compared else "no example states its label or target: not compared")
             findings.append(Finding(label, True, what + declared))
     return findings
+
+
+class _LazyModel:
+    """The task's model, built (in eval mode) on first use: a 7B base is not loaded for a
+    gate that only decodes targets."""
+
+    def __init__(self, task: Task) -> None:
+        self.task, self.model = task, None
+
+    def get(self) -> torch.nn.Module:
+        if self.model is None:
+            self.model = self.task.model()
+            self.model.eval()
+        return self.model
 
 
 def _sample(examples: list[dict[str, Any]], split: str) -> list[dict[str, Any]]:
@@ -106,7 +123,7 @@ def _out_of_range(example: Mapping[str, Any], classes: Sequence[Any] | None) -> 
 
 
 @torch.no_grad()
-def _targets_at_loss(task: Task, model: torch.nn.Module,
+def _targets_at_loss(task: Task, model: _LazyModel,
                      examples: Sequence[dict[str, Any]]) -> tuple[dict[Any, str], set[Any]]:
     """(id -> target as predict() reports it, ids whose target max_length cut)."""
     seen: dict[Any, str] = {}
@@ -117,7 +134,11 @@ def _targets_at_loss(task: Task, model: torch.nn.Module,
         flags = batch.get("target_cut") if isinstance(batch, Mapping) else None
         if flags is not None:
             cut |= {e["id"] for e, flag in zip(chunk, flags.tolist(), strict=True) if flag}
-        for record in check_records(task.predict(model, batch)):
+        decode = getattr(task, "targets_at_loss", None)
+        if callable(decode):  # a generative task decodes its targets without generating
+            seen.update((str(i), str(target)) for i, target in decode(batch))
+            continue
+        for record in check_records(task.predict(model.get(), batch)):
             seen[str(record["id"])] = str(record["target"])
     return seen, cut
 

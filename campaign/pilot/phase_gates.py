@@ -25,11 +25,14 @@ from campaign.gate_classes import gate_class as class_of
 from campaign.ledger import Ledger
 from campaign.ledger.canonical import canonical_json
 from campaign.loop import checkpoint as ckpt
-from campaign.loop.data import describe_inputs
+from campaign.loop.data import describe_inputs, gate_view
+from campaign.loop.forkserver import task_preloads
 from campaign.loop.fresh_process import FreshProcessFailed, run_json
 from campaign.loop.measure import PhaseRecord, Probe
 from campaign.loop.replay import replay_file_in_subprocess, write_final
+from campaign.loop.run_files import artifacts_environment
 from campaign.loop.task import Task, build_task
+from campaign.pilot import activations
 from campaign.pilot.data_gate import check_data
 from campaign.pilot.overfit import PilotOptions, varied
 from campaign.pilot.session import PilotSession
@@ -180,12 +183,14 @@ class Pilot:
         record.inputs["setup_s"] = round(built + time.perf_counter() - started, 6)
         self.worst = self._longest_examples()
         warned = [f"{f.check}: {f.detail}" for f in findings if f.warning]
+        sampled = [f.detail for f in findings if f.check == "sampled"]
         return f"{len(findings)} checks passed" + (
+            f" ({sampled[0]})" if sampled else "") + (
             f" (warning: {'; '.join(warned)})" if warned else "")
 
     def _longest_examples(self) -> list[dict[str, Any]]:
         """The training examples with the longest encoded length, one effective batch."""
-        train = self.session.train_set
+        train, _ = gate_view(self.session.train_set)  # a sample of a very large split
         lengths: list[int] = []
         for start in range(0, len(train), 256):
             batch = self.session.task.collate(train[start : start + 256])
@@ -206,6 +211,7 @@ class Pilot:
                 return session.task.loss(session.model, batch)
 
         loss_sum, units = self.probe.timed(record, forward, REPEATS)
+        record.inputs["activations"] = activations.measure(session.model, batch, forward)
         if int(units) <= 0:
             raise PhaseFailure("the loss counts no units (every target masked)")
         if not torch.isfinite(loss_sum.detach()).all():
@@ -262,10 +268,15 @@ class Pilot:
     def _later_update(self, record: PhaseRecord) -> str:
         """Updates after the first (the warm-up): the median of several is the sizing's figure."""
         loss, examples = self.probe.timed(record, self.session.update, REPEATS)
-        record.inputs = {"examples": examples}
+        wait = sorted(self.session.waits[-REPEATS:])[REPEATS // 2]
+        share = wait / max(sorted(record.repeats)[REPEATS // 2], 1e-9)
+        workers = int(self.config["loop"].get("loader_workers", 0))
+        record.inputs = {"examples": examples, "data_wait_s": round(wait, 6),
+                         "input_bound": round(min(1.0, share), 3), "loader_workers": workers}
         if not math.isfinite(loss):
             raise PhaseFailure(f"non-finite loss {loss} in the second update")
-        return f"loss {loss:.4g}"
+        return (f"loss {loss:.4g}; waited {share:.0%} of the update for data "
+                f"({workers} loader workers)")  # fmt: skip
 
     def _validation(self, record: PhaseRecord) -> str:
         session = self.session
@@ -273,10 +284,12 @@ class Pilot:
         hook = session.model.register_forward_pre_hook(
             lambda module, _inputs: seen.append((module.training, torch.is_grad_enabled()))
         )
-        size = session.val_batch
-        record.inputs = {"examples": len(session.val_set), "batch": size}
+        size, view = session.val_batch, session.val_view  # validation.sample, as a run has it
+        record.inputs = {"examples": len(view), "batch": size}
+        if len(view) < len(session.val_set):
+            record.inputs["of"] = len(session.val_set)
         try:
-            total, units, records = session.evaluate(session.val_set, size)
+            total, units, records = session.evaluate(view, size)
         finally:
             hook.remove()
         if any(training for training, _ in seen):
@@ -286,7 +299,7 @@ class Pilot:
         if not session.model.training:
             raise PhaseFailure("the model stayed in eval mode after validation")
         ids = [r["id"] for r in records]
-        expected = [e["id"] for e in session.val_set]
+        expected = [view[i]["id"] for i in range(len(view))]
         if sorted(map(str, ids)) != sorted(map(str, expected)):
             raise PhaseFailure(f"{len(ids)} predictions for {len(expected)} validation examples")
         scores = session.task.score(records)
@@ -313,7 +326,7 @@ class Pilot:
     def _resume(self, record: PhaseRecord) -> str:
         arguments = ["-m", "campaign.pilot.resume_check", str(self.saved.path), self.reference]
         try:
-            report = run_json(arguments)
+            report = run_json(arguments, preload=task_preloads(self.reference))
         except FreshProcessFailed as error:
             raise PhaseFailure(f"the fresh process failed: {error}") from None
         record.inputs = {"checkpoint": str(self.saved.path)}
@@ -361,7 +374,7 @@ class Pilot:
         config["optimizer"]["lr"] = options.overfit_lr
         config["scheduler"] = {"name": "constant", "warmup": 0}
         session = self.session_factory(self.task, config, self.device)
-        examples = varied(session.train_set, options.overfit_examples)
+        examples = varied(gate_view(session.train_set)[0], options.overfit_examples)
         record.inputs = {"examples": len(examples), "steps": options.overfit_steps,
                          "lr": options.overfit_lr, "criterion": options.criterion()}
         losses = []
@@ -438,7 +451,9 @@ def run_pilot(
     stack = environment(record.task)
     pilot_id = ledger.create_pilot(campaign, record.spec_sha256, stack, gate_class)
     folder = Path(artifacts) / "pilots" / f"{campaign}-{pilot_id}"
-    records = Pilot(record.task, chosen["config"], folder, device=device, options=options).run()
+    with artifacts_environment(Path(artifacts)):  # task code finds the artifacts folder
+        records = Pilot(record.task, chosen["config"], folder, device=device,
+                        options=options).run()  # fmt: skip
     passed = all(r.verdict == "pass" for r in records)
     ledger.add_phase_measurements(
         [{**r.row(pilot_id=pilot_id), "inputs": r.inputs} for r in records]

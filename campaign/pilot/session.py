@@ -24,7 +24,7 @@ class PilotSession(Trainer):
     def __init__(self, task: Task, config: Mapping[str, Any], device: torch.device) -> None:
         super().__init__(task, config, device)
         self.updates = 0
-        self.last_indices: list[int] = []
+        self.waits: list[float] = []
 
     def backward(self, examples: list[Example]) -> tuple[float, int]:
         """Forward and backward of one effective batch (gradients left on the parameters)."""
@@ -37,11 +37,14 @@ class PilotSession(Trainer):
         self.updates += 1
 
     def update(self) -> tuple[float, int]:
-        """One update on the next examples of the data order: (mean loss, examples)."""
-        self.last_indices = self.order.next_update()
-        loss_sum, units = self.backward([self.train_set[i] for i in self.last_indices])
+        """One update on the next examples of the data order, fed as a run feeds it (the
+        configured loader workers): (mean loss, examples); the wait for its batches is kept
+        in ``waits``."""
+        count, batches, waited = self.next_update()
+        self.waits.append(waited)
+        loss_sum, units = self.forward_backward(batches)
         self.step_optimizer()
-        return loss_sum / units, len(self.last_indices)
+        return loss_sum / units, count
 
     def capture(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         return self.capture_state(step=self.updates, config=dict(self.config))

@@ -29,7 +29,8 @@ RUN_COLUMNS = (
     "run_id", "variant", "is_control", "seed", "original", "status", "stop_cause", "stop_step",
     "stop_phase", "stop_detail", "updates_planned", "updates_done", "examples_seen",
     "final_metric", "final_metric_step", "best_metric", "best_metric_step", "training_s",
-    "overhead_s", "wall_time_s", "projected_s", "peak_allocated_bytes", "peak_rss_bytes",
+    "overhead_s", "data_wait_s", "input_bound", "wall_time_s", "projected_s",
+    "peak_allocated_bytes", "peak_rss_bytes",
     "relaunch_of", "relaunch_reason", "lineage", "deviation", "flags",
 )  # fmt: skip
 
@@ -77,6 +78,10 @@ def balance_sheet(ledger: LedgerReader, campaign: str) -> BalanceSheet:
     times = run_times(ledger.segments(campaign))
     for column in ("training_s", "overhead_s", "wall_time_s"):
         table[column] = table["run_id"].map(times[column])
+    # Input-bound share: the time updates waited for their batches, of the training time.
+    table["data_wait_s"] = table["run_id"].map(ledger.metric_totals(campaign,
+                                                                    "train/data_wait_s"))
+    table["input_bound"] = (table["data_wait_s"] / table["training_s"]).round(3)
     table["projected_s"] = pd.Series(projected_seconds(runs, pilots, phases, record.spec_sha256),
                                      dtype="float64")
     peaks = _peaks(phases)

@@ -46,6 +46,7 @@ def number(value: Any) -> str:
 
 
 SIGNED = frozenset({"mean_delta", "ci_low", "ci_high", "delta"})
+SHARES = frozenset({"input_bound"})  # a fraction, shown as a percentage
 PER_SEED = frozenset({"values", "missing"})
 
 
@@ -70,6 +71,8 @@ def cell(column: str, value: Any) -> str:
     if column == "is_control":
         return "control" if value else ""
     if isinstance(value, int | float) and not isinstance(value, bool):
+        if column in SHARES and math.isfinite(value):
+            return f"{value:.0%}"
         if column in SIGNED and math.isfinite(value):
             return f"{value:+.3g}"
         if column.endswith("_bytes") or column in BYTE_COLUMNS:

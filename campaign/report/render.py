@@ -31,9 +31,9 @@ from campaign.report.template import TEMPLATE
 RUN_SUMMARY = ("run", "variant", "seed", "status", "stop", "updates", "final_metric",
                "best_metric", "training", "overhead", "peak", "flags")  # fmt: skip
 RUN_DETAILS = ("run_id", "stop_detail", "stop_phase", "examples_seen", "final_metric_step",
-               "best_metric_step", "wall_time_s", "projected_s", "peak_allocated_bytes",
-               "peak_rss_bytes", "relaunch_of", "relaunch_reason", "lineage",
-               "deviation")  # fmt: skip
+               "best_metric_step", "wall_time_s", "data_wait_s", "input_bound", "projected_s",
+               "peak_allocated_bytes", "peak_rss_bytes", "relaunch_of", "relaunch_reason",
+               "lineage", "deviation")  # fmt: skip
 
 
 def write(sheet: BalanceSheet, output_format: str, path: Path) -> Path:
@@ -69,21 +69,28 @@ def html(sheet: BalanceSheet) -> str:
     charts = []
     for key in ("train/loss", sheet.metric):
         png = plots.metric_chart(sheet, key)
-        why = None if png else _no_curve(sheet, key)
+        why = None if png else no_curve_reason(sheet, key)
         charts.append({"key": key, "png": _b64(png), "why": why})
     memory, memory_why = plots.phase_memory(sheet)
     template = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
     return template.from_string(TEMPLATE).render(
-        sheet=sheet, campaign=sheet.campaign,
-        generated=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        flag_counts=sheet.flags["kind"].value_counts().to_dict() if len(sheet.flags) else {},
-        conclusions=_rows(sheet.conclusions), flags=_rows(sheet.flags),
-        variants=_rows(sheet.variants), deltas=_rows(sheet.deltas),
-        relaunches=_rows(sheet.relaunches.drop(columns=["relaunch_of", "original"])),
-        runs=_run_rows(sheet),
-        summary_columns=RUN_SUMMARY, phases=_rows(sheet.phases.dropna(axis=1, how="all")),
-        notes=_rows(sheet.notes),
+        **sheet_context(sheet), generated=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         charts=charts, memory=_b64(memory), memory_why=memory_why,
+    )  # fmt: skip
+
+
+def sheet_context(sheet: BalanceSheet) -> dict[str, Any]:
+    """The balance sheet's tables formatted for people, as the HTML report and the dashboard
+    show them (cells are plain strings: the templates escape them)."""
+    return dict(
+        sheet=sheet, campaign=sheet.campaign,
+        flag_counts=sheet.flags["kind"].value_counts().to_dict() if len(sheet.flags) else {},
+        conclusions=table_rows(sheet.conclusions), flags=table_rows(sheet.flags),
+        variants=table_rows(sheet.variants), deltas=table_rows(sheet.deltas),
+        relaunches=table_rows(sheet.relaunches.drop(columns=["relaunch_of", "original"])),
+        runs=run_rows(sheet),
+        summary_columns=RUN_SUMMARY, phases=table_rows(sheet.phases.dropna(axis=1, how="all")),
+        notes=table_rows(sheet.notes),
     )  # fmt: skip
 
 
@@ -91,7 +98,7 @@ def _b64(png: bytes | None) -> str | None:
     return base64.b64encode(png).decode() if png else None
 
 
-def _no_curve(sheet: BalanceSheet, key: str) -> str:
+def no_curve_reason(sheet: BalanceSheet, key: str) -> str:
     if sheet.runs["status"].isin(("planned", "withdrawn")).all():
         return "no run has started yet: `campaign launch` executes the planned runs"
     if key == sheet.metric:
@@ -100,7 +107,7 @@ def _no_curve(sheet: BalanceSheet, key: str) -> str:
     return f"no run logged {key}"
 
 
-def _rows(frame: pd.DataFrame) -> dict[str, Any]:
+def table_rows(frame: pd.DataFrame) -> dict[str, Any]:
     """Columns and rows of ``frame`` with every cell formatted for people."""
     columns = list(frame.columns)
     rows = [[cell(c, v) for c, v in zip(columns, values, strict=True)]
@@ -108,7 +115,7 @@ def _rows(frame: pd.DataFrame) -> dict[str, Any]:
     return {"columns": [label(c) for c in columns], "rows": rows}
 
 
-def _run_rows(sheet: BalanceSheet) -> list[dict[str, Any]]:
+def run_rows(sheet: BalanceSheet) -> list[dict[str, Any]]:
     rows = []
     for run in sheet.runs.to_dict("records"):
         stop = "" if missing(run["stop_cause"]) else str(run["stop_cause"])
@@ -128,7 +135,8 @@ def _run_rows(sheet: BalanceSheet) -> list[dict[str, Any]]:
             "peak": cell("peak_bytes", peak), "flags": cell("flags", run["flags"]),
         }  # fmt: skip
         details = {label(c): cell(c, run[c]) for c in RUN_DETAILS if cell(c, run[c])}
-        rows.append({"status": run["status"], "cells": summary, "details": details})
+        rows.append({"run_id": run["run_id"], "status": run["status"], "cells": summary,
+                     "details": details})
     return rows
 
 

@@ -16,11 +16,12 @@ import numpy as np
 import torch
 from torch import nn
 
+from campaign.tasks.sequences import IGNORE, next_token_pairs
+
 PAD, BOS, EOS = 0, 1, 2
 CHARS = "0123456789+="
 VOCAB = ("<pad>", "<bos>", "<eos>", *CHARS)
 TOKEN = {c: i + 3 for i, c in enumerate(CHARS)}
-IGNORE = -100
 
 
 class ArithmeticTask:
@@ -68,14 +69,7 @@ class ArithmeticTask:
         """(input tokens, target tokens with IGNORE on the prompt, target cut by max_length)."""
         prompt = [BOS, *(TOKEN[c] for c in example["prompt"])]
         answer = [*(TOKEN[c] for c in example["answer"]), EOS]
-        sequence = prompt + answer
-        inputs, targets = sequence[:-1], sequence[1:]
-        targets = [IGNORE] * (len(prompt) - 1) + targets[len(prompt) - 1 :]
-        cut = False
-        if self.max_length is not None and len(inputs) > self.max_length:
-            cut = any(t != IGNORE for t in targets[self.max_length :])
-            inputs, targets = inputs[: self.max_length], targets[: self.max_length]
-        return inputs, targets, cut
+        return next_token_pairs(prompt, answer, self.max_length)
 
     def collate(self, examples: Sequence[dict[str, Any]]) -> dict[str, Any]:
         encoded = [self.encode(e) for e in examples]

@@ -1,0 +1,186 @@
+"""Each update's batches prepared by torch ``DataLoader`` workers, in the run's own data order.
+
+The run's :class:`~campaign.loop.data.DataOrder` stays the one source of the
+order: the loader's batch sampler walks a copy of it from the position the run
+is at (a resume starts a new loader from the checkpoint's position), one item
+per update (this replica's microbatches), so the examples of every update and
+their order are the same whatever ``loop.loader_workers`` is.
+
+**Per-example randomness** (a random crop, a random mask) is made exact the
+same way: before ``dataset[index]`` runs, Python's, NumPy's and torch's CPU
+generators are seeded from (run seed, epoch, position in the epoch), never from
+a worker's identity, and restored afterwards (in the training process, with
+no workers, the training RNG is left exactly as it was); ``collate`` is seeded
+the same way from its microbatch's first example. Collating runs in the
+worker; the training process only moves tensors to the device (pinned memory
+and non-blocking copies on CUDA with ``loop.pin_memory``).
+
+``loop.prefetch`` updates per worker are prepared ahead while the current one
+computes. A worker's error names the example (index, and id when the example
+was read) and ends the run ``failed`` with its traceback; a worker that dies
+is detected by torch's own watchdog (the run fails, it does not hang). The
+time the training process waits for each update's batches is returned with
+them (``train/data_wait_s``).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from campaign.loop import replicas as dp
+from campaign.loop.data import DataOrder
+from campaign.loop.errors import LoopError
+from campaign.loop.task import Batch, Task
+
+Key = tuple[int, int, int, int]  # (index in the split, epoch, position in the epoch, microbatch)
+COLLATE_SALT = 0x5EED_C011A7E  # a collate's seed differs from its first example's
+
+
+def example_seed(seed: int, epoch: int, position: int) -> int:
+    """The seed of one example's randomness: a function of the run and the example's place
+    in the data order only (2**63 - 25 is prime: the three numbers mix without overlap)."""
+    return ((seed * 1_000_003 + epoch) * 2_147_483_659 + position) % (2**63 - 25)
+
+
+class _SeededGenerators:
+    """Python's, NumPy's and torch's CPU generators seeded for one block, restored after it
+    (in the training process, with no workers, the training RNG is left exactly as it was)."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def __enter__(self) -> None:
+        self.saved = random.getstate(), np.random.get_state(), torch.get_rng_state()
+        random.seed(self.value)
+        np.random.seed([self.value & 0xFFFFFFFF, self.value >> 32])  # all 63 bits
+        torch.default_generator.manual_seed(self.value)
+
+    def __exit__(self, *_: object) -> None:
+        random.setstate(self.saved[0])
+        np.random.set_state(self.saved[1])
+        torch.set_rng_state(self.saved[2])
+
+
+class SeededExamples(Dataset[Any]):
+    """``dataset[index]`` with every global generator seeded by the example's place."""
+
+    def __init__(self, dataset: Any, seed: int) -> None:
+        self.dataset, self.seed = dataset, seed
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, key: Key) -> tuple[Key, Any]:
+        index, epoch, position, _ = key
+        try:
+            with _SeededGenerators(example_seed(self.seed, epoch, position)):
+                return key, self.dataset[index]
+        except Exception as error:
+            raise LoopError(f"reading training example at index {index} (epoch {epoch}, "
+                            f"position {position}) failed: {type(error).__name__}: {error}"
+                            ) from error  # fmt: skip
+
+
+class UpdateSampler(Sampler[list[Key]]):
+    """One item per update: this replica's keys, microbatch by microbatch, for ever (the run
+    stops taking updates when its budget or a stop rule says so)."""
+
+    def __init__(self, order: DataOrder, microbatch: int, replica: dp.Replica) -> None:
+        self.order, self.microbatch, self.replica = order, microbatch, replica
+
+    def __iter__(self) -> Iterator[list[Key]]:
+        while True:
+            indices = self.order.next_update()
+            epoch, first = self.order.epoch, self.order.cursor - len(indices)
+            keys = [(index, epoch, first + offset) for offset, index in enumerate(indices)]
+            chunks = [keys[i : i + self.microbatch] for i in range(0, len(keys), self.microbatch)]
+            if self.replica.world > 1:
+                chunks = dp.share(chunks, self.replica)
+            yield [(*key, number) for number, chunk in enumerate(chunks) for key in chunk]
+
+
+class CollateUpdate:
+    """The worker's side: examples of one update -> its collated microbatches (CPU)."""
+
+    def __init__(self, task: Task, seed: int) -> None:
+        self.task, self.seed = task, seed
+
+    def __call__(self, items: Sequence[tuple[Key, Any]]) -> list[Batch]:
+        chunks: dict[int, list[Any]] = {}
+        firsts: dict[int, Key] = {}
+        for key, example in items:
+            chunks.setdefault(key[3], []).append(example)
+            firsts.setdefault(key[3], key)
+        batches = []
+        for microbatch, chunk in chunks.items():
+            _, epoch, position, _ = firsts[microbatch]
+            try:  # a collate that draws (a random mask, mixup) is seeded by its first example
+                with _SeededGenerators(example_seed(self.seed ^ COLLATE_SALT, epoch, position)):
+                    batches.append(self.task.collate(chunk))
+            except Exception as error:
+                ids = [e.get("id") for e in chunk if isinstance(e, dict)]
+                raise LoopError(f"collate() failed on examples {ids[:8]}: "
+                                f"{type(error).__name__}: {error}") from error  # fmt: skip
+        return batches
+
+
+def _worker_context() -> Any:
+    import multiprocessing
+
+    methods = multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context("fork" if "fork" in methods else methods[0])
+
+
+class Feeder:
+    """The iterator of prepared updates, started at the run's current data position."""
+
+    def __init__(
+        self, dataset: Any, task: Task, order: DataOrder, *, seed: int, microbatch: int,
+        replica: dp.Replica, workers: int, prefetch: int, pin_memory: bool,
+    ) -> None:  # fmt: skip
+        position = order.copy()
+        options: dict[str, Any] = {}
+        if workers:  # forked from the run's process, as PyTorch does by default on Linux:
+            # nothing is pickled (a lazy dataset need not be), each worker limits torch to
+            # one thread (torch's worker loop does), and forking is explicit whatever start
+            # method the process that started this run used
+            options = {"prefetch_factor": prefetch, "persistent_workers": False,
+                       "multiprocessing_context": _worker_context()}  # fmt: skip
+        self.loader = DataLoader(
+            SeededExamples(dataset, seed),
+            batch_sampler=UpdateSampler(position, microbatch, replica),
+            collate_fn=CollateUpdate(task, seed),
+            num_workers=workers,
+            pin_memory=pin_memory,
+            # a private generator: creating the loader never draws from the training RNG
+            generator=torch.Generator().manual_seed(seed),
+            **options,
+        )
+        self._updates: Iterator[list[Batch]] | None = None
+
+    def next(self) -> tuple[list[Batch], float]:
+        """The next update's microbatches and the seconds spent waiting for them."""
+        began = time.perf_counter()
+        if self._updates is None:
+            self._updates = iter(self.loader)
+        try:
+            batches = next(self._updates)
+        except LoopError as error:  # from a worker: torch puts its traceback before our line
+            lines = [line for line in str(error).splitlines() if line.strip()]
+            cause = lines[-1].split("LoopError: ", 1)[-1] if lines else str(error)
+            raise LoopError(f"loader worker: {cause}") from error
+        return batches, time.perf_counter() - began
+
+    def close(self) -> None:
+        """Stop the workers now (they would stop with the process anyway)."""
+        updates, self._updates = self._updates, None
+        shutdown = getattr(updates, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()

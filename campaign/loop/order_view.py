@@ -1,0 +1,43 @@
+"""Which examples each update of a run used: the data order made visible (``campaign order``).
+
+The order is a function of the run's frozen config (seed, examples per update, last-batch
+policy, sampling) and its task's training split alone, so it is recomputed, not stored:
+update ``u`` of the run used exactly these example ids, whatever machine ran it and however
+often it was resumed. Microbatch boundaries and data replicas are shown as the loop cuts
+them (replica ``r`` takes microbatches ``r``, ``r + W``, ...).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from campaign.loop.data import DataOrder
+from campaign.loop.task import build_task
+
+
+def update_order(
+    task_reference: str, config: Mapping[str, Any], first: int, last: int
+) -> list[dict[str, Any]]:
+    """One row per update ``first``..``last`` (1-based): update, epoch, the positions it read
+    in that epoch's order, and its example ids microbatch by microbatch."""
+    task = build_task(task_reference, dict(config))
+    train = task.splits()["train"]
+    loop = config["loop"]
+    microbatch = int(loop["microbatch"])
+    per_update = microbatch * int(loop["accumulation"]) * int(loop["replicas"])
+    order = DataOrder(len(train), int(config.get("seed", 0)), per_update, loop["last_batch"],
+                      loop.get("sampling", "epochs"))  # fmt: skip
+    rows = []
+    for update in range(1, last + 1):
+        indices = order.next_update()
+        if update < first:
+            continue
+        ids = [str(train[i]["id"]) for i in indices]
+        rows.append({
+            "update": update,
+            "epoch": order.epoch,
+            "positions": f"{order.cursor - len(indices)}-{order.cursor - 1}",
+            "microbatches": [ids[i : i + microbatch] for i in range(0, len(ids), microbatch)],
+        })  # fmt: skip
+    return rows

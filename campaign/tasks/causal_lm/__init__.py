@@ -1,0 +1,25 @@
+"""``campaign.tasks.causal_lm:build``: instruction fine-tuning of a Hugging Face causal LM
+(extra ``campaign[hf]``: transformers, tokenizers, peft). Nothing heavy is imported until
+the task is built."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Imported once by a worker that forks its runs (transformers takes seconds per process).
+PRELOAD = ("transformers", "tokenizers", "peft", "campaign.tasks.causal_lm.task")
+
+
+def build(config: dict[str, Any]) -> Any:
+    import importlib.util
+
+    needed = ["transformers", "tokenizers"]
+    if (config.get("task") or {}).get("adapter") == "lora":
+        needed.append("peft")
+    missing = [name for name in needed if importlib.util.find_spec(name) is None]
+    if missing:  # found without importing them (transformers takes seconds)
+        raise ImportError(f"the causal_lm task needs {', '.join(missing)}: "
+                          "pip install 'campaign[hf]'")  # fmt: skip
+    from campaign.tasks.causal_lm.task import CausalLMTask
+
+    return CausalLMTask(config)

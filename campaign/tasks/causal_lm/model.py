@@ -1,0 +1,178 @@
+"""The causal language model: a local pretrained folder or a config, full or LoRA adapters.
+
+``task.model_path``: a folder with a Hugging Face causal LM, loaded with
+``local_files_only`` (nothing is downloaded). ``task.model_config``: an
+architecture name and its sizes (``{ architecture = "llama", hidden_size =
+128, ... }``), built with ``AutoConfig.for_model`` and initialised under
+``task.base_seed`` whatever the run's seed, so every run, variant and fresh
+process starts from the same base weights (what LoRA adapts must not differ
+between the runs compared). ``task.adapter = "lora"`` wraps the base with
+PEFT: ``lora_rank``, ``lora_alpha``, ``lora_dropout``, ``lora_targets``;
+only the adapter trains, and checkpoints hold only its weights.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+DEFAULT_TARGETS = ("q_proj", "v_proj")
+SIZE_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+             "num_key_value_heads", "max_position_embeddings", "tie_word_embeddings",
+             "n_embd", "n_layer", "n_head", "n_positions", "d_model", "num_layers",
+             "num_heads", "ffn_dim", "rms_norm_eps", "rope_theta")  # fmt: skip
+
+
+def model_settings(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The model part of ``task`` checked: one of model_path / model_config, the adapter."""
+    path, config = options.get("model_path"), options.get("model_config")
+    if bool(path) == bool(config):
+        raise ValueError("task: name exactly one of model_path (a local folder) and "
+                         "model_config (an architecture and its sizes)")  # fmt: skip
+    if config is not None:
+        if not isinstance(config, Mapping) or not isinstance(config.get("architecture"), str):
+            raise ValueError("task.model_config: a table with an architecture name "
+                             "(e.g. \"llama\") and its sizes")  # fmt: skip
+        unknown = sorted(set(config) - {"architecture", *SIZE_KEYS})
+        if unknown:
+            raise ValueError(f"task.model_config.{unknown[0]}: not a size this task passes on "
+                             f"(one of {', '.join(SIZE_KEYS)})")  # fmt: skip
+    adapter = options.get("adapter", "none")
+    if adapter not in ("none", "lora"):
+        raise ValueError(f"task.adapter: {adapter!r} is not one of 'none', 'lora'")
+    for key, low, kind in (("lora_rank", 1, int), ("lora_alpha", 1e-12, float),
+                           ("max_new_tokens", 1, int), ("control_count", 1, int),
+                           ("base_seed", 0, int), ("vocab_size", 16, int)):  # fmt: skip
+        value = options.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
+                                  or value < low or (kind is int and value != int(value))):
+            raise ValueError(f"task.{key}: expected {'an integer' if kind is int else 'a number'}"
+                             f" >= {low:g}, got {value!r}")  # fmt: skip
+    dropout = options.get("lora_dropout", 0.0)
+    if not isinstance(dropout, int | float) or not 0 <= dropout < 1:
+        raise ValueError(f"task.lora_dropout: expected a number in [0, 1), got {dropout!r}")
+    if config is not None:
+        _known_architecture(str(config["architecture"]))
+        config_for(str(config["architecture"]), "task.model_config",  # the sizes checked now,
+                   **{k: v for k, v in config.items() if k != "architecture"})  # not at a run
+    if path and not Path(str(path)).expanduser().is_dir():
+        raise ValueError(f"task.model_path: {path} is not a folder here (a model's folder, "
+                         "with its config.json and weights)")  # fmt: skip
+    return {"path": Path(str(path)).expanduser() if path else None,
+            "config": dict(config) if config else None, "adapter": adapter}  # fmt: skip
+
+
+def _known_architecture(name: str) -> None:
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    if name not in CONFIG_MAPPING_NAMES:
+        import difflib
+
+        close = difflib.get_close_matches(name, list(CONFIG_MAPPING_NAMES), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"task.model_config.architecture: {name!r} is not a transformers "
+                         f"model type{hint}, e.g. 'llama', 'gpt2', 'qwen2', 'mistral'")
+
+
+def folder_config_hash(path: Path) -> str:
+    """SHA-256 of a model folder's config.json: settings that live outside the weights (rope
+    scaling, norms' epsilon) are part of the base's identity."""
+    import hashlib
+
+    file = path / "config.json"
+    return hashlib.sha256(file.read_bytes()).hexdigest() if file.is_file() else ""
+
+
+def architecture_config(settings: Mapping[str, Any], vocab_size: int) -> Any:
+    """The transformers config of ``task.model_config`` (or of the local folder)."""
+    from transformers import AutoConfig
+
+    if settings["path"]:
+        try:
+            return AutoConfig.from_pretrained(str(settings["path"]), local_files_only=True)
+        except (OSError, ValueError) as error:
+            raise ValueError(f"task.model_path: no model config in {settings['path']} "
+                             f"({error})") from None  # fmt: skip
+    sizes = {k: v for k, v in settings["config"].items() if k != "architecture"}
+    return config_for(settings["config"]["architecture"], "task.model_config",
+                      vocab_size=vocab_size, **sizes)  # fmt: skip
+
+
+def config_for(model_type: str, where: str, **values: Any) -> Any:
+    """``AutoConfig.for_model`` with its refusals as one ``ValueError`` line that starts with
+    ``where`` (the spec key or the option the values came from): transformers raises
+    ValueError/TypeError, and huggingface_hub's strict config fields their own error class
+    (a size given as text, for one)."""
+    from transformers import AutoConfig
+
+    try:
+        from huggingface_hub.errors import StrictDataclassError as strict_error
+    except ImportError:  # an older huggingface_hub validates nothing itself
+        strict_error = ValueError
+    try:
+        return AutoConfig.for_model(model_type, **values)
+    except (ValueError, TypeError, strict_error) as error:
+        raise ValueError(f"{where}: {' '.join(str(error).split())}") from None
+
+
+def build_base(settings: Mapping[str, Any], vocab_size: int, base_seed: int) -> torch.nn.Module:
+    """The base model in float32 (autocast gives bf16 where configured)."""
+    from transformers import AutoModelForCausalLM
+
+    if settings["path"]:
+        path = settings["path"]
+        try:
+            return AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True,
+                                                        dtype=torch.float32)  # fmt: skip
+        except (OSError, ValueError) as error:
+            raise ValueError(f"task.model_path: no causal LM in {path} ({error})") from None
+    config = architecture_config(settings, vocab_size)
+    with torch.random.fork_rng(devices=[]):  # the base is a function of the config alone
+        torch.manual_seed(base_seed)
+        return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+
+
+def with_adapter(base: torch.nn.Module, options: Mapping[str, Any]) -> torch.nn.Module:
+    """``base`` wrapped with LoRA adapters (PEFT), the base frozen."""
+    from peft import LoraConfig, get_peft_model
+
+    targets = options.get("lora_targets") or list(DEFAULT_TARGETS)
+    if isinstance(targets, str) or not all(isinstance(t, str) and t for t in targets):
+        raise ValueError(f"task.lora_targets: a list of module names, got {targets!r}")
+    names = [name for name, _ in base.named_modules()]
+    missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
+    if missing:
+        raise ValueError(f"task.lora_targets: no module named {missing[0]!r} in the model "
+                         f"(its weight layers: {', '.join(sorted(_weight_names(base)))})")
+    config = LoraConfig(r=int(options.get("lora_rank", 8)),
+                        lora_alpha=float(options.get("lora_alpha", 16)),
+                        lora_dropout=float(options.get("lora_dropout", 0.0)),
+                        target_modules=list(targets), bias="none",
+                        task_type="CAUSAL_LM")  # fmt: skip
+    with warnings.catch_warnings():  # PEFT asks through a name transformers 5 deprecates
+        warnings.simplefilter("ignore", FutureWarning)
+        return get_peft_model(base, config)
+
+
+def _weight_names(model: torch.nn.Module) -> set[str]:
+    """Names of the modules LoRA can adapt (a 2-D weight: Linear, GPT-2's Conv1D)."""
+    return {n.rsplit(".", 1)[-1] for n, m in model.named_modules()
+            if isinstance(getattr(m, "weight", None), torch.Tensor) and m.weight.dim() == 2
+            and n}  # fmt: skip
+
+
+def enable_checkpointing(model: torch.nn.Module) -> None:
+    """The model's own activation (gradient) checkpointing, non-reentrant."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if hasattr(inner, "activation_checkpointing_enable"):  # transformers >= 5.x
+        inner.activation_checkpointing_enable(activation_checkpointing_kwargs={
+            "use_reentrant": False})  # fmt: skip
+    else:
+        inner.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if hasattr(inner, "enable_input_require_grads"):  # a frozen embedding feeds the blocks
+        inner.enable_input_require_grads()
+    inner.config.use_cache = False

@@ -1,0 +1,325 @@
+"""Instruction fine-tuning of a causal LM (campaign.tasks.causal_lm) on CPU with a tiny Llama
+config: the prompt's tokens get exactly zero gradient at the logits; a cut response is caught
+by the data gate; LoRA trains only its adapter, saves only it, leaves the base bit-identical
+and refuses a changed base; a SIGTERM + resume in a fresh process continues the loss series
+exactly; the final adapter replays its control generations in a fresh process."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from click.testing import CliRunner
+from safetensors import safe_open
+
+pytest.importorskip("transformers")
+pytest.importorskip("peft")
+
+from campaign.ledger import Ledger
+from campaign.loop.errors import CheckpointError
+from campaign.loop.model_state import frozen_sha256, load_saved_state
+from campaign.tasks.causal_lm.instructions import write_splits
+from campaign.tasks.causal_lm.task import IGNORE, CausalLMTask
+from tests.launch_helpers import ROOT, run_interrupt_resume
+from tests.loop_helpers import plan_loop
+
+TINY = {"architecture": "llama", "hidden_size": 32, "intermediate_size": 64,
+        "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 2,
+        "max_position_embeddings": 64}  # fmt: skip
+
+
+def _options(data: dict[str, Path], **more: Any) -> dict[str, Any]:
+    return {"data": {k: str(v) for k, v in data.items()}, "model_config": TINY,
+            "vocab_size": 300, "max_new_tokens": 6, **more}  # fmt: skip
+
+
+def _flat(options: dict[str, Any], prefix: str = "task") -> dict[str, Any]:
+    """Nested task options as the spec's dotted config keys."""
+    flat: dict[str, Any] = {}
+    for key, value in options.items():
+        if isinstance(value, dict):
+            flat.update(_flat(value, f"{prefix}.{key}"))
+        else:
+            flat[f"{prefix}.{key}"] = value
+    return flat
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return write_splits(tmp_path_factory.mktemp("instructions"), items=60)
+
+
+@pytest.fixture(autouse=True)
+def _artifacts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CAMPAIGN_ARTIFACTS", str(tmp_path / "a"))  # the tokenizer's cache
+
+
+def test_the_prompt_gets_exactly_zero_gradient_at_the_logits(data: dict[str, Path]) -> None:
+    task = CausalLMTask({"task": _options(data), "loop": {}})
+    model = task.model()
+    batch = task.collate(task.splits()["train"][:6])
+    kept: dict[str, torch.Tensor] = {}
+
+    def keep(_module: Any, _inputs: Any, output: torch.Tensor) -> None:
+        output.retain_grad()
+        kept["logits"] = output
+
+    model.lm_head.register_forward_hook(keep)
+    total, units = task.loss(model, batch)
+    total.backward()
+    norms = kept["logits"].grad.norm(dim=-1)  # per position: how much the loss pulls on it
+    in_loss = batch["targets"] != IGNORE
+    positions = torch.arange(batch["tokens"].shape[1]).unsqueeze(0)
+    prompt = positions < (batch["prompt_lengths"].unsqueeze(1) - 1)
+    assert prompt.any() and bool((norms[prompt] == 0).all())  # exactly zero, not small
+    assert bool((norms[in_loss] > 0).all()) and int(units) == int(in_loss.sum())
+    assert not bool((prompt & in_loss).any())
+    pads = ~in_loss & ~prompt
+    assert bool((norms[pads] == 0).all())  # padding and positions past the end: no gradient
+    for row, example in enumerate(task.splits()["train"][:6]):  # the loss trains the response
+        assert task.targets_at_loss(batch)[row] == (example["id"], example["response"])
+
+
+def test_a_cut_response_is_caught_by_the_data_gate(sqlite_url: str,
+                                                   data: dict[str, Path]) -> None:  # fmt: skip
+    from campaign.pilot.inspect import inspect_campaign
+
+    with Ledger.open(sqlite_url, create=True) as ledger:
+        plan_loop(ledger, "cut", task="campaign.tasks.causal_lm:build",
+                  hold={"loop.max_length": 10},
+                  config=_flat(_options(data)))  # fmt: skip
+        found = inspect_campaign(ledger, "cut", "train", 0)
+    truncation = next(f for f in found["data_gate"] if f["check"] == "truncation")
+    assert not found["passed"] and truncation["verdict"] == "FAIL"
+    assert "allow_target_truncation" in truncation["advice"]
+
+
+def test_lora_trains_and_saves_only_its_adapter_and_resumes_and_replays_exactly(
+    sqlite_url: str, tmp_path: Path, data: dict[str, Path]
+) -> None:
+    marker = tmp_path / "signalled"
+    options = _options(data, adapter="lora", lora_rank=4, lora_alpha=8)
+    common = {"hold": {"budget.updates": 10, "loop.checkpoint_every": 5},
+              "validation": {"every": 5, "metric": "val/exact_match", "sample": 4},
+              "task": "tests.tasks.lm_fault:build"}  # fmt: skip
+    with Ledger.open(sqlite_url, create=True) as ledger:
+        plain = plan_loop(ledger, "plain", config=_flat(options), **common)[0]
+        cut = plan_loop(ledger, "cut", **common, config=_flat(
+            {**options, "fault": "sigterm", "at": 14, "marker": str(marker)}))[0]
+    artifacts = str(tmp_path / "a")
+    run_interrupt_resume(sqlite_url, artifacts, (plain,), cut, "causal LM test")
+    assert marker.exists()
+    with Ledger.open(sqlite_url) as ledger:
+        series = [ledger.metrics(n, keys=["train/loss"]).sort_values("step")["value"].tolist()
+                  for n in ("plain", "cut")]  # fmt: skip
+        starts = ledger.segments("cut")["start_step"].tolist()
+        events = ledger.events("plain", run_id=plain)
+        found = ledger.artifacts("plain")
+    assert len(series[0]) == 10 and series[0] == series[1] and len(set(series[0])) > 5
+    assert starts[0] == 0 and 0 < starts[1] < 10  # really cut, resumed from a checkpoint
+    replays = events[events["kind"] == "replay"]["detail"].tolist()
+    assert replays and "identical" in replays[-1]  # control generations, token by token
+    started = json.loads(events[events["kind"] == "base_model"]["detail"].iloc[0])
+    final = Path(found[found["kind"] == "final"]["path"].iloc[0])
+    checkpoint = Path(found[found["kind"] == "checkpoint"]["path"].iloc[-1])
+    with safe_open(str(final), framework="pt") as handle:
+        names, metadata = list(handle.keys()), handle.metadata()
+    ended = json.loads(metadata["base_model"])
+    assert names and all(".lora_A." in n or ".lora_B." in n for n in names)  # only the adapter
+    assert ended["sha256"] == started["sha256"]  # the base after training: bit-identical
+    assert started["adapter"] == "lora" and "trained byte-level BPE" in started["tokenizer"]
+    with safe_open(str(checkpoint), framework="pt") as handle:
+        saved = [n for n in handle.keys() if n.startswith("model.")]  # noqa: SIM118
+    assert saved and all(".lora_" in n for n in saved)
+
+    from safetensors.torch import load_file
+
+    config = json.loads(metadata["config"])  # the same adapter on another base: refused
+    config["task"]["base_seed"] = 1
+    other = CausalLMTask(config)
+    model = other.model()
+    assert frozen_sha256(model) != ended["sha256"]
+    with pytest.raises(CheckpointError, match=r"its base's base was .* refused"):
+        load_saved_state(model, load_file(str(final)), other, ended, str(final))
+    same = CausalLMTask(json.loads(metadata["config"]))  # named alike, weights changed
+    model = same.model()
+    with torch.no_grad():
+        next(p for p in model.parameters() if not p.requires_grad).add_(1e-3)
+    with pytest.raises(CheckpointError, match="the base model differs from the one it was"):
+        load_saved_state(model, load_file(str(final)), same, ended, str(final))
+
+
+def test_the_model_own_checkpointing_gives_the_same_lora_gradients(
+    data: dict[str, Path],
+) -> None:
+    grads = []
+    for checkpointing in (False, True):
+        task = CausalLMTask({"task": _options(data, adapter="lora", lora_rank=4), "loop": {}})
+        torch.manual_seed(0)  # the adapter's own initialisation draws from the run's seed
+        model = task.model()
+        if checkpointing:
+            task.enable_activation_checkpointing(model)
+        model.train()
+        total, _ = task.loss(model, task.collate(task.splits()["train"][:4]))
+        total.backward()
+        grads.append({n: p.grad for n, p in model.named_parameters() if p.requires_grad})
+    assert grads[0].keys() == grads[1].keys() and grads[0]
+    for name, grad in grads[0].items():
+        assert torch.allclose(grad, grads[1][name], rtol=1e-5, atol=1e-7), name
+
+
+def test_a_bad_data_line_is_one_line_at_plan(sqlite_url: str, tmp_path: Path,
+                                            data: dict[str, Path]) -> None:  # fmt: skip
+    broken = tmp_path / "train.jsonl"
+    lines = data["train"].read_text().splitlines()
+    broken.write_text("\n".join([*lines[:2], '{"id": "x", "prompt": "p"}', *lines[2:]]) + "\n")
+    spec = tmp_path / "spec.toml"
+    spec.write_text(
+        '[campaign]\nname = "bad"\nquestion = "q"\ntask = "campaign.tasks.causal_lm:build"\n'
+        f'[hold]\n"budget.updates" = 5\n"task.data.train" = "{broken}"\n'
+        f'"task.data.val" = "{data["val"]}"\n"task.model_config.architecture" = "llama"\n'
+        '[validation]\nevery = 5\nmetric = "val/exact_match"\nmode = "max"\n'
+        '[grid]\nseeds = [0]\ncontrol = "a"\n[[grid.variants]]\nname = "a"\nset = {}\n')
+    from campaign.cli import main
+
+    done = CliRunner().invoke(main, ["--ledger", sqlite_url, "plan", str(spec)])
+    assert done.exit_code == 2, done.output
+    assert f"{broken}:3: 'group' must be a non-empty string" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+    typo = spec.read_text().replace(f'"{broken}"', f'"{data["train"]}"').replace(
+        '= "llama"', '= "lama"')
+    spec.write_text(typo)
+    done = CliRunner().invoke(main, ["--ledger", sqlite_url, "plan", str(spec)])
+    assert done.exit_code == 2 and "(did you mean 'llama'?)" in done.stderr, done.output
+    spec.write_text(typo.replace('= "lama"', '= "llama"\n"task.model_config.hidden_size" = "abc"'))
+    done = CliRunner().invoke(main, ["--ledger", sqlite_url, "plan", str(spec)])
+    assert done.exit_code == 2, done.output  # huggingface_hub's own error class, as one line
+    assert done.stderr.startswith("campaign: ") and "field 'hidden_size'" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+    assert not Path(sqlite_url.removeprefix("sqlite:///")).exists()
+
+
+def test_the_llm_demo_compares_full_and_lora_with_conclusions(tmp_path: Path) -> None:
+    from campaign.demo import run_demo
+    from campaign.demo_llm import SPEC
+    from campaign.report.balance import balance_sheet
+
+    result = run_demo(tmp_path, updates=12, seeds=3, workers=2, llm=True, say=lambda _: None)
+    assert result.pilot_passed and result.snapshot.counts.get("completed") == 9
+    with Ledger.open(result.ledger_url) as ledger:
+        sheet = balance_sheet(ledger, "llm-lora")
+    verdicts = sheet.conclusions.to_dict("records")
+    assert {c["variant"] for c in verdicts} == {"lora-r4", "lora-r16"}
+    assert all(c["pairs"] == 3 and c["verdict"] for c in verdicts)
+    assert "full" in sheet.conclusion and sheet.flags.empty  # every run replayed identically
+    from campaign.cli import main
+
+    sized = CliRunner().invoke(main, [
+        "--ledger", result.ledger_url, "size", "llm-lora", "--format", "json",
+        "--model-config", "hidden_size=256", "--model-config", "num_hidden_layers=8"])
+    assert sized.exit_code == 0, sized.output
+    projected = json.loads(sized.stdout)["memory_projection"]
+    assert len(projected["classes"]) == 3 and "estimate" in projected["assumptions"]
+    lora = next(c for c in projected["classes"] if c["adapter"] == "lora")
+    share = next(r for r in lora["rows"] if r["item"] == "adapter_share")
+    assert 0 < share["target_estimate"] < share["piloted"] < 1
+    wrong = CliRunner().invoke(main, ["--ledger", result.ledger_url, "size", "llm-lora",
+                                      "--model-config", "hiden_size=256"])  # fmt: skip
+    assert wrong.exit_code == 2 and "--model-config hiden_size: not a size" in wrong.output
+    text = CliRunner().invoke(main, ["--ledger", result.ledger_url, "size", "llm-lora",
+                                     "--model-config", "hidden_size=abc"])  # fmt: skip
+    assert text.exit_code == 2 and "Traceback" not in text.output, text.output
+    assert "--model-config: Validation error for field 'hidden_size'" in text.stderr
+    shipped = tomllib.loads((ROOT / "examples" / "llm-lora.toml").read_text())
+    for section in ("config", "validation", "pilot", "stop", "grid"):  # the example is this
+        assert shipped[section] == SPEC[section], section
+    held = {k: v for k, v in shipped["hold"].items() if not k.startswith("task.data.")}
+    assert held == SPEC["hold"]
+
+
+def test_the_memory_projection_is_exact_for_states_and_close_for_activations(
+    data: dict[str, Path],
+) -> None:
+    from campaign.pilot.activations import measure
+    from campaign.tasks.causal_lm.projection import project
+
+    def measured(config: dict[str, Any]) -> tuple[dict[str, Any], int, int]:
+        task = CausalLMTask(config)
+        torch.manual_seed(0)
+        model = task.model()
+        batch = task.collate(task.splits()["train"][:8])
+        found = measure(model, batch, lambda: task.loss(model, batch))
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
+        total, _ = task.loss(model, batch)
+        total.backward()
+        optimizer.step()
+        state = sum(t.numel() * t.element_size() for s in optimizer.state.values()
+                    for t in s.values())  # fmt: skip
+        return found, sum(p.numel() for p in model.parameters()), state
+
+    bigger = {"hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 3,
+              "num_attention_heads": 4, "num_key_value_heads": 4}  # fmt: skip
+    for adapter in ({}, {"adapter": "lora", "lora_rank": 4, "lora_targets": ["q_proj", "o_proj"]}):
+        small = {"task": _options(data, **adapter), "optimizer": {"name": "adamw"}, "loop": {}}
+        found, _, _ = measured(small)
+        assert found["saved_in_blocks_bytes"] > 0 and found["vocab_size"] > 0
+        rows = {r["item"]: r["target_estimate"] for r in project(small, found, bigger)}
+        large = {**small, "task": {**small["task"], "model_config": {**TINY, **bigger}}}
+        real, parameters, state = measured(large)
+        assert rows["parameters"] == parameters and rows["optimizer_bytes"] == state
+        assert 0.5 <= rows["activation_bytes"] / real["saved_bytes"] <= 2.0
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_bf16_lora_with_checkpointing_runs_and_replays(
+    device: str, sqlite_url: str, tmp_path: Path, data: dict[str, Path]
+) -> None:
+    from campaign.loop.train import execute
+
+    options = _options(data, adapter="lora", lora_rank=4)
+    with Ledger.open(sqlite_url, create=True) as ledger:
+        run_id = plan_loop(ledger, "cuda-lora", task="campaign.tasks.causal_lm:build",
+                           hold={"loop.precision": "bf16", "loop.activation_checkpointing": True,
+                                 "budget.updates": 8},
+                           validation={"every": 4, "metric": "val/exact_match", "sample": 4},
+                           config=_flat(options))[0]  # fmt: skip
+        outcome = execute(ledger, run_id, artifacts=tmp_path, device=device,
+                          replay_in_subprocess=True)  # fmt: skip
+        assert outcome.status == "completed", outcome
+        losses = ledger.metrics("cuda-lora", keys=["train/loss"])["value"]
+        assert len(losses) == 8 and losses.notna().all()
+        events = ledger.events("cuda-lora", run_id=run_id)
+    assert "identical" in events[events["kind"] == "replay"]["detail"].iloc[-1]
+
+
+def test_a_local_model_folder_is_used_as_it_is_and_its_config_is_part_of_the_base(
+    data: dict[str, Path], tmp_path: Path
+) -> None:
+    made = CausalLMTask({"task": _options(data), "loop": {}})
+    model = made.model()
+    folder = tmp_path / "base"
+    model.save_pretrained(folder)  # safetensors
+    made.tokenizer.save_pretrained(folder)
+    local = CausalLMTask({"task": {**_options(data), "model_config": None,
+                                   "model_path": str(folder), "adapter": "lora"},
+                          "loop": {}})  # fmt: skip
+    adapted = local.model()
+    assert local.tokenizer("sort the words: a b")["input_ids"] == made.tokenizer(
+        "sort the words: a b")["input_ids"]
+    frozen = {n.removeprefix("base_model.model.").replace(".base_layer", ""): p
+              for n, p in adapted.named_parameters() if not p.requires_grad}  # fmt: skip
+    for name, weight in model.named_parameters():
+        assert torch.equal(frozen[name], weight), name
+    identity = local.base_identity()
+    assert identity["base"]["model_path"] == str(folder) and identity["base"]["config_sha256"]
+    with pytest.raises(ValueError, match=r"task\.model_path: .*missing is not a folder here"):
+        CausalLMTask({"task": {**_options(data), "model_config": None,
+                               "model_path": str(tmp_path / "missing")}, "loop": {}})
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match=r"task\.model_path: no tokenizer in"):
+        CausalLMTask({"task": {**_options(data), "model_config": None,
+                               "model_path": str(tmp_path / "empty")}, "loop": {}}).model()

@@ -1,0 +1,148 @@
+"""Loader workers (campaign/loop/loader.py): with random per-example augmentation, 2 workers give
+the 0-worker loss series exactly, and a SIGTERM + resume in a new process continues it exactly;
+a worker's error names the example and fails the run; every update records its data wait."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from campaign.ledger import Ledger
+from tests.launch_helpers import run as campaign_process
+from tests.launch_helpers import run_interrupt_resume
+from tests.loop_helpers import plan_loop
+
+TASK = "tests.tasks.augmented:build"
+
+
+def _plan(ledger: Ledger, name: str, workers: int, **config: object) -> str:
+    return plan_loop(ledger, name, task=TASK,
+                     hold={"loop.loader_workers": workers, "loop.prefetch": 2},
+                     config={"optimizer.lr": 0.05, **{f"task.{k}": v for k, v in config.items()}},
+                     validation={"every": 6})[0]  # fmt: skip
+
+
+def _series(ledger: Ledger, campaign: str, key: str = "train/loss") -> list[float]:
+    frame = ledger.metrics(campaign, keys=[key]).sort_values("step")
+    return frame["value"].tolist()
+
+
+def test_two_workers_and_a_resume_give_the_zero_worker_series_exactly(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    marker = tmp_path / "signalled"
+    with Ledger.open(sqlite_url, create=True) as ledger:
+        plain = _plan(ledger, "zero", 0)
+        workers = _plan(ledger, "two", 2)
+        cut = _plan(ledger, "cut", 2, fault="sigterm", at=11, marker=str(marker))
+    artifacts = str(tmp_path / "a")
+    run_interrupt_resume(sqlite_url, artifacts, (plain, workers), cut, "loader test")
+    assert marker.exists()
+    with Ledger.open(sqlite_url) as ledger:
+        zero, two, again = (_series(ledger, name) for name in ("zero", "two", "cut"))
+        stop_step = ledger.segments("cut")["start_step"].tolist()
+        waits = _series(ledger, "two", "train/data_wait_s")
+        val = [_series(ledger, n, "val/loss") for n in ("zero", "two", "cut")]
+    assert len(zero) == 12 and zero == two == again  # bit for bit, augmentation included
+    assert val[0] == val[1] == val[2]
+    assert stop_step[0] == 0 and 1 < stop_step[1] < 12  # it really was cut and resumed
+    assert len(waits) == 12 and all(w >= 0 for w in waits)
+    assert len(set(zero)) > 6  # the series moves: the comparison is not of constants
+
+
+def test_a_worker_error_names_the_example_and_fails_the_run(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    with Ledger.open(sqlite_url, create=True) as ledger:
+        broken = _plan(ledger, "broken", 2, train_size=-5)  # __len__ < 0: refused by torch
+        bad_index = plan_loop(ledger, "badindex", task="tests.tasks.augmented:build_shortened",
+                              hold={"loop.loader_workers": 2})[0]  # fmt: skip
+        dying = plan_loop(ledger, "dying", task="tests.tasks.augmented:build_dying",
+                          hold={"loop.loader_workers": 2})[0]  # fmt: skip
+    for run_id in (broken, bad_index, dying):
+        done = campaign_process(sqlite_url, "run", run_id, "--artifacts", str(tmp_path / "a"),
+                    "--skip-pilot", "--reason", "loader test")  # fmt: skip
+        assert done.returncode == 1, done.stderr[-2000:]
+    with Ledger.open(sqlite_url) as ledger:
+        run, died = ledger.run(bad_index), ledger.run(dying)
+    assert (died.status, died.stop_cause) == ("failed", "exception")  # not a hang
+    assert "exited unexpectedly" in (died.stop_detail or ""), died.stop_detail
+    assert (run.status, run.stop_cause) == ("failed", "exception")
+    assert "reading training example at index" in (run.stop_detail or "")
+
+
+def test_sampling_with_replacement_resumes_exactly_and_the_order_command_shows_it(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    """Random draws each update (seeded by run and update): a SIGTERM + resume with workers
+    continues the uninterrupted series; `campaign order` shows the ids each update trained on
+    (checked against the loop's own batches)."""
+
+    import torch
+
+    from campaign.loop.engine import Trainer
+    from campaign.loop.task import build_task
+
+    marker = tmp_path / "signalled"
+    with Ledger.open(sqlite_url, create=True) as ledger:
+        plain = plan_loop(ledger, "drawn", task=TASK, hold={"loop.sampling": "with_replacement"},
+                          config={"optimizer.lr": 0.05}, validation={"every": 6})[0]
+        cut = plan_loop(ledger, "drawn-cut", task=TASK,
+                        hold={"loop.sampling": "with_replacement", "loop.loader_workers": 2},
+                        config={"optimizer.lr": 0.05, "task.fault": "sigterm", "task.at": 9,
+                                "task.marker": str(marker)},
+                        validation={"every": 6})[0]  # fmt: skip
+        config = ledger.run(plain).config_document
+    artifacts = str(tmp_path / "a")
+    run_interrupt_resume(sqlite_url, artifacts, (plain,), cut, "loader test")
+    with Ledger.open(sqlite_url) as ledger:
+        assert _series(ledger, "drawn") == _series(ledger, "drawn-cut")
+    shown = campaign_process(sqlite_url, "order", plain, "--updates", "2:4", "--format", "json")
+    assert shown.returncode == 0, shown.stderr
+    rows = json.loads(shown.stdout)
+    assert [r["update"] for r in rows] == [2, 3, 4]
+    trainer = Trainer(build_task(TASK, config), config, torch.device("cpu"))
+    used = []
+    for _ in range(4):
+        _, batches, _ = trainer.next_update()
+        used.append([list(b["ids"]) for b in batches])
+    trainer.close()
+    assert [r["microbatches"] for r in rows] == used[1:]
+    ids = [i for r in rows for m in r["microbatches"] for i in m]
+    assert len(ids) == 3 * 8  # 4 x 2 an update; drawn with replacement from 320
+    bad = campaign_process(sqlite_url, "order", plain, "--updates", "9:x")
+    assert bad.returncode == 2 and "expected FIRST:LAST" in bad.stderr
+
+
+def test_validation_on_a_fixed_sample_and_an_estimate_of_the_training_loss(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    """validation.sample: the same 10 of 40 validation examples every time (the predictions
+    say which); validation.train_sample: train_eval/loss and scores at every validation."""
+    import pandas as pd
+
+    from campaign.launch.gate import open_gate
+    from campaign.loop.train import execute
+
+    with Ledger.open(sqlite_url, create=True) as ledger:
+        run_id = plan_loop(ledger, "sampled", task=TASK, config={"optimizer.lr": 0.05},
+                           validation={"every": 6, "sample": 10, "train_sample": 16})[0]
+        open_gate(ledger, "sampled", skip_reason="loader test")
+        outcome = execute(ledger, run_id, artifacts=tmp_path / "a", replay_in_subprocess=False)
+        assert outcome.status == "completed"
+        points = ledger.metrics("sampled")
+        files = ledger.artifacts("sampled")
+        from campaign.report.balance import balance_sheet
+
+        run_line = balance_sheet(ledger, "sampled").runs.iloc[0]
+    waits = points[points["key"] == "train/data_wait_s"]["value"]
+    assert run_line["data_wait_s"] == pytest.approx(waits.sum())  # the input-bound share
+    assert 0 < run_line["input_bound"] < 1
+    estimate = points[points["key"] == "train_eval/loss"]
+    assert estimate["step"].tolist() == [6, 12] and estimate["value"].notna().all()
+    assert set(points["key"]) >= {"train_eval/accuracy", "train_eval/macro_f1", "val/loss"}
+    predictions = [pd.read_parquet(p) for p in files[files["kind"] == "predictions"]["path"]]
+    assert [len(p) for p in predictions] == [10, 10]
+    assert predictions[0]["id"].tolist() == predictions[1]["id"].tolist()  # the same sample
