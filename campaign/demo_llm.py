@@ -30,7 +30,7 @@ SPEC: dict[str, Any] = {
     "config": {"optimizer.name": "adamw", "optimizer.lr": 2e-3, "optimizer.weight_decay": 0.0,
                "scheduler.name": "cosine", "scheduler.warmup": 20, "task.adapter": "none"},
     "validation": {"every": 100, "metric": "val/exact_match", "mode": "max", "sample": 48},
-    "pilot": {"overfit_factor": 1.5, "overfit_lr": 5e-3},
+    "pilot": {"overfit_factor": 1.5, "overfit_lr": 3e-3},
     "stop": {"loss_explosion": 4.0, "wall_time": "30m"},
     "grid": {"seeds": [0, 1, 2], "control": "full", "variants": [
         {"name": "full", "set": {"task.adapter": "none"}},
