@@ -25,8 +25,10 @@ def plan(source: LedgerSource, spec_path: str, dry_run: bool, output_format: str
     Example: campaign plan lr-sweep.toml --dry-run
     """
     from campaign import plan as planning
+    from campaign.loop.forkserver import start_early
     from campaign.spec import load_spec
 
+    start_early()  # the task's plan-time checks run in its children
     resolved = load_spec(spec_path)
     the_plan = planning.make_plan(resolved)
     _check_task_contract(resolved, spec_path)

@@ -28,6 +28,9 @@ def _execute(
 ) -> None:
     """Run or resume ``run_id`` in this process; exit 1 unless it completed or stopped.
     A planned run starts only through the pilot gate of its class (or a recorded skip)."""
+    from campaign.loop.forkserver import start_early
+
+    start_early()  # the run's process is forked from it: it starts while torch is imported here
     from campaign.launch.worker import WorkerOptions, execute_one
 
     with source.open() as ledger:

@@ -40,6 +40,17 @@ def fork_context(*, direct: bool = False) -> Any:
     return context
 
 
+def start_early() -> None:
+    """Start the fork server now, without waiting for it: its imports (torch and the loop,
+    seconds) then overlap the caller's own (reading a spec, importing the task to check its
+    reference, opening the ledger), and the first guarded call or run finds it ready.
+    Starting it spawns a new interpreter (fork + exec), so it is safe from any process."""
+    import multiprocessing.forkserver
+
+    fork_context()  # sets what the server preloads
+    multiprocessing.forkserver.ensure_running()
+
+
 def task_preloads(task_reference: str) -> list[str]:
     """What a built-in task declares worth importing once per worker (its ``PRELOAD``: the
     causal-LM task's transformers takes seconds per process). A user's module is never
