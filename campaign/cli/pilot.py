@@ -31,11 +31,9 @@ def inspect(
 
     Example: campaign inspect digits-lr --n 4 --split val
     """
-    from campaign.loop.forkserver import start_early
     from campaign.loop.run_files import artifacts_environment
     from campaign.pilot.inspect import inspect_campaign
 
-    start_early()  # the task is read in a child of it
     with source.open() as ledger, artifacts_environment(artifacts):  # a task's caches
         document = inspect_campaign(ledger, campaign, split, count)
     if output_format == "json":

@@ -26,10 +26,11 @@ def plan(source: LedgerSource, spec_path: str, dry_run: bool, output_format: str
     """
     from campaign import plan as planning
     from campaign.loop.forkserver import start_early
-    from campaign.spec import load_spec
+    from campaign.spec import check_task_reference, load_spec
 
-    start_early()  # the task's plan-time checks run in its children
-    resolved = load_spec(spec_path)
+    resolved = load_spec(spec_path, check_task=False)  # a bad spec ends here, nothing started
+    start_early()  # the task's plan-time checks run in its children: it starts while
+    check_task_reference(resolved.task, spec_path)  # the task is imported here to check it
     the_plan = planning.make_plan(resolved)
     _check_task_contract(resolved, spec_path)
     for warning in the_plan.warnings:

@@ -30,9 +30,6 @@ def _execute(
     A planned run starts only through the pilot gate of its class (or a recorded skip)."""
     from campaign.loop.forkserver import start_early
 
-    start_early()  # the run's process is forked from it: it starts while torch is imported here
-    from campaign.launch.worker import WorkerOptions, execute_one
-
     with source.open() as ledger:
         record = ledger.run(run_id)
         status = record.status
@@ -45,6 +42,9 @@ def _execute(
             raise click.UsageError(
                 f"run {run_id} is {status}: only interrupted or lost runs resume"
             )
+        start_early()  # the run's process is forked from it: it starts while torch is imported
+        from campaign.launch.worker import WorkerOptions, execute_one
+
         options = WorkerOptions(record.campaign, artifacts, device, grace_s=grace_s)
         outcome = execute_one(ledger, run_id, options)
         _warn_about_flags(ledger, run_id)
