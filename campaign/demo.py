@@ -23,7 +23,7 @@ from campaign.launch.worker import WorkerOptions
 from campaign.ledger import Ledger
 from campaign.loop.run_files import artifacts_environment
 from campaign.pilot.by_class import pilot_classes
-from campaign.pilot.inspect import inspect_campaign
+from campaign.pilot.inspect_hosted import inspect_campaign
 from campaign.plan import make_plan, record_plan
 from campaign.report.balance import balance_sheet
 from campaign.report.render import write

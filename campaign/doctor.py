@@ -7,6 +7,7 @@ from typing import Any
 
 from sqlalchemy.exc import DBAPIError
 
+from campaign.host.calls import with_torch
 from campaign.ledger import migrate
 from campaign.ledger.store import Ledger
 from campaign.stack import environment
@@ -27,7 +28,7 @@ def examine(url: str, *, stale_after_s: float, dry_run: bool) -> dict[str, Any]:
                 for lost in ledger.mark_lost(stale_after_s, dry_run=dry_run)
             ]  # fmt: skip
     state["integrity"] = "; ".join(integrity_problems(url)) or "ok"
-    stack = environment(None)
+    stack = with_torch(environment, None, what="describing the software stack")
     return {"stack": stack, "ledger": state, "stale_runs": stale}
 
 

@@ -143,19 +143,22 @@ class Plan:
         return []
 
 
-def make_plan(spec: ResolvedSpec, *, where: str | None = None) -> Plan:
-    """Resolve the accounting of every variant and one run per (variant, seed)."""
+def make_plan(spec: ResolvedSpec, *, where: str | None = None,
+              sizes: Mapping[str, int | str] | None = None) -> Plan:  # fmt: skip
+    """Resolve the accounting of every variant and one run per (variant, seed). ``sizes``:
+    the training-set size per task config (:func:`task_facts`), when already asked."""
     accounting: dict[str, Accounting] = {}
     runs = []
-    sizes: dict[str, int | None] = {}  # training-set size per distinct task config
+    counted: dict[str, int | None] = {}  # training-set size per distinct task config
     for variant in spec.variants:
         try:
             stated = variant.config["budget"].get("train_examples")
             key = canonical_json(variant.config["task"])
-            if key not in sizes:
-                needed = stated is None and variant.config["budget"].get("epochs") is not None
-                sizes[key] = count_train_examples(spec.task, variant.config, needed)
-            train = sizes[key]
+            needed = stated is None and variant.config["budget"].get("epochs") is not None
+            if key not in counted:
+                counted[key] = (_size_from(sizes[key], needed) if sizes is not None and key in sizes
+                                else count_train_examples(spec.task, variant.config, needed))
+            train = counted[key]
             if stated is not None and train is not None and int(stated) != train:
                 raise ValueError(
                     f"budget.train_examples = {stated}, but the task's train split has {train} "
@@ -176,14 +179,19 @@ def count_train_examples(task: str, config: Mapping[str, Any], needed: bool) -> 
     ``needed``: an epoch budget cannot be planned without it (an error); for an
     update budget a task that cannot tell leaves the epochs unknown.
     """
-    from campaign.loop import guarded
+    from campaign.host import calls
     from campaign.loop.errors import TaskContractError
 
     try:
-        counted = guarded.call(train_size, task, dict(config),
+        counted = calls.call(train_size, task, dict(config),
                                what="counting the task's training examples")  # fmt: skip
     except TaskContractError as error:  # it hung, exited or killed its process: say so
         raise ValueError(str(error)) from None
+    return _size_from(counted, needed)
+
+
+def _size_from(counted: int | str, needed: bool) -> int | None:
+    """The size the task gave, or None (its reason raised when an epoch budget needs it)."""
     if isinstance(counted, int):
         return counted
     if needed:
@@ -192,6 +200,31 @@ def count_train_examples(task: str, config: Mapping[str, Any], needed: bool) -> 
             f"or give the task a splits() ({counted})"
         )
     return None
+
+
+def task_facts(task: str, control: dict[str, Any], configs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Everything planning asks the task, in one guarded child (the user's module is imported
+    once, not once per question): whether the reference imports (``reference``: the problem
+    or None), the training-set size per task config (``sizes``: canonical task config -> int,
+    or why it cannot tell) and whether the control's config builds a task that keeps the
+    contract (``contract``: the problem or None)."""
+    from campaign.loop.errors import TaskContractError
+    from campaign.loop.task import check_contract
+    from campaign.spec import task_reference_problem
+
+    problem = task_reference_problem(task)
+    if problem is not None:
+        return {"reference": problem}
+    sizes = {canonical_json(c["task"]): train_size(task, c) for c in configs}
+    try:
+        check_contract(task, control)
+        contract = None
+    except TaskContractError as error:
+        contract = str(error)
+    except Exception as error:  # the user's task code
+        contract = (f"task code failed while building the task with the control's config: "
+                    f"{type(error).__name__}: {error}")  # fmt: skip
+    return {"reference": None, "sizes": sizes, "contract": contract}
 
 
 def train_size(task: str, config: dict[str, Any]) -> int | str:

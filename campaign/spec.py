@@ -32,6 +32,8 @@ from pydantic import (
 
 from campaign.config_schema import RunConfig, widen_integers
 from campaign.ledger.canonical import canonical_json, sha256_text
+from campaign.optimizer_check import raise_first
+from campaign.spec_error import SpecError
 from campaign.taskref import TaskReferenceError, load_factory
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
@@ -43,10 +45,6 @@ CAMPAIGN_WIDE = ("validation", "stop")
 
 Scalar = StrictBool | StrictInt | StrictFloat | StrictStr
 Value = Scalar | list[Scalar]
-
-
-class SpecError(ValueError):
-    """A spec that cannot be planned; the message is the one line the user sees."""
 
 
 class _Section(BaseModel):
@@ -141,7 +139,8 @@ class ResolvedSpec:
         return next(v for v in self.variants if v.is_control)
 
 
-def load_spec(path: str | Path, *, check_task: bool = True) -> ResolvedSpec:
+def load_spec(path: str | Path, *, check_task: bool = True,
+              optimizers: list[Any] | None = None) -> ResolvedSpec:  # fmt: skip
     """Read, validate and resolve the spec at ``path`` (a regular file of at most 1 MiB: a
     spec is a page of settings, and ``/dev/zero`` or a pipe must not be read for ever)."""
     where = str(path)
@@ -153,7 +152,7 @@ def load_spec(path: str | Path, *, check_task: bool = True) -> ResolvedSpec:
         if len(data) > MAX_SPEC_BYTES:
             raise SpecError(f"{where}: larger than {MAX_SPEC_BYTES >> 20} MiB: not a spec")
         document = tomllib.loads(data.decode("utf-8"))
-        return resolve_spec(document, where, check_task=check_task)
+        return resolve_spec(document, where, check_task=check_task, optimizers=optimizers)
     except FileNotFoundError:
         raise SpecError(f"{where}: no such spec file") from None
     except (OSError, UnicodeDecodeError) as error:
@@ -166,9 +165,12 @@ def load_spec(path: str | Path, *, check_task: bool = True) -> ResolvedSpec:
 
 
 def resolve_spec(
-    document: dict[str, Any], where: str = "<spec>", *, check_task: bool = True
+    document: dict[str, Any], where: str = "<spec>", *, check_task: bool = True,
+    optimizers: list[Any] | None = None,
 ) -> ResolvedSpec:
-    """Validate a parsed spec document and resolve every variant into a full config."""
+    """Validate a parsed spec document and resolve every variant into a full config.
+    ``optimizers``: a list to which each variant's optimizer check is deferred (the caller
+    runs them with :func:`campaign.optimizer_check.raise_first`), else checked here."""
     bad = _non_finite(document)
     if bad is not None:  # the frozen spec is JSON, which has no inf or nan
         raise SpecError(f"{where}: {_path(bad[0])}: expected a finite number, got {bad[1]!r}")
@@ -180,7 +182,7 @@ def resolve_spec(
     if check_task:
         check_task_reference(spec.campaign.task, where)
     variants = _variants(spec, where)
-    resolved = tuple(_resolve_variant(spec, v, where) for v in variants)
+    resolved = tuple(_resolve_variant(spec, v, where, optimizers) for v in variants)
     return ResolvedSpec(
         path=where,
         document=document,
@@ -276,32 +278,50 @@ def _variants(spec: SpecDocument, where: str) -> list[tuple[str, str, dict[str, 
 
 
 def check_task_reference(reference: str, where: str) -> None:
-    """The task reference ``package.module:factory`` must import and name a callable."""
+    """The task reference ``package.module:factory`` must import and name a callable. The import
+    runs in a guarded child of the task host: a module that exits, hangs or prints at import
+    is one error line, never the command's own exit."""
+    from campaign.host import calls
+    from campaign.loop.errors import TaskContractError
+
+    try:
+        problem = calls.call(task_reference_problem, reference, what="importing the task")
+    except TaskContractError as error:
+        problem = str(error)
+    if problem is not None:
+        raise SpecError(f"{where}: campaign.task: {problem}")
+
+
+def task_reference_problem(reference: str) -> str | None:
+    """What is wrong with the task reference, or None (run in a guarded child)."""
     try:
         load_factory(reference)
     except TaskReferenceError as error:
-        raise SpecError(f"{where}: campaign.task: {error}") from None
+        return str(error)
+    return None
 
 
 # -- resolution -----------------------------------------------------------------------
 
 
 def _resolve_variant(
-    spec: SpecDocument, variant: tuple[str, str, dict[str, Any]], where: str
+    spec: SpecDocument, variant: tuple[str, str, dict[str, Any]], where: str,
+    optimizers: list[Any] | None,
 ) -> ResolvedVariant:
     name, path, overrides = variant
     origins = {k: f"config.{_quote(k)}" for k in spec.config}
     origins |= {k: f"hold.{_quote(k)}" for k in spec.hold}
     origins |= {k: f"{path}.{_quote(k)}" for k in overrides}
     dotted = {**spec.config, **spec.hold, **overrides}
-    config = resolve_config(dotted, origins, where)
+    config = resolve_config(dotted, origins, where, optimizers=optimizers)
     config["validation"] = spec.validation.model_dump()
     config["stop"] = spec.stop.model_dump()
     return ResolvedVariant(name, name == spec.grid.control, overrides, config)
 
 
 def resolve_config(
-    dotted: Mapping[str, Any], origins: Mapping[str, str], where: str
+    dotted: Mapping[str, Any], origins: Mapping[str, str], where: str, *,
+    optimizers: list[Any] | None = None,
 ) -> dict[str, Any]:
     """Nest dotted keys, validate against the run config schema, fill the defaults."""
     nested: dict[str, Any] = {}
@@ -327,13 +347,11 @@ def resolve_config(
             detail = _describe({**first, "loc": ()}, RunConfig)
         raise SpecError(f"{where}: {origin}: {detail}") from None
     resolved = model.model_dump()
-    from campaign.loop.optim import optimizer_problem  # torch: only once a config is valid
-
-    problem = optimizer_problem(resolved["optimizer"])
-    if problem is not None:
-        path, message = problem
-        origin = origins.get(path) or origins.get(path.rsplit(".", 1)[0]) or path
-        raise SpecError(f"{where}: {origin}: {message}")
+    deferred = (resolved["optimizer"], dict(origins), where)
+    if optimizers is not None:
+        optimizers.append(deferred)
+    else:
+        raise_first([deferred])
     return resolved
 
 

@@ -117,3 +117,33 @@ def precision_problem(precision: str, device: str) -> str | None:
                 return (f"{device} ({torch.cuda.get_device_name(index)}, capability "
                         f"{major}.{minor}) has no native bf16 (use fp16 or fp32)")
     return None
+
+
+def unfit_problems(task_reference: str, device: str, precisions: list[str]) -> list[str]:
+    """Everything this stack misses to run the task's runs on ``device`` at ``precisions``:
+    the device itself, the declared requirements, each precision (one line each)."""
+    problems = device_problems(device)
+    if problems:
+        return problems
+    problems = stack_problems(task_reference, device)
+    return problems + [p for p in (precision_problem(x, device) for x in precisions) if p]
+
+
+def device_problems(device: str) -> list[str]:
+    """Why ``device`` does not exist here (a CUDA index this machine does not have, a CPU-only
+    torch), or nothing."""
+    import torch
+
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, ValueError) as error:
+        return [f"device {device!r} is not a torch device ({error})"]
+    if parsed.type == "cpu":
+        return []
+    if parsed.type != "cuda":
+        return [f"device {device!r}: only cpu and cuda devices are supported"]
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if (parsed.index or 0) >= count:
+        build = "; this torch is a CPU-only build" if torch.version.cuda is None else ""
+        return [f"device {device} does not exist here ({count} CUDA device(s) visible{build})"]
+    return []

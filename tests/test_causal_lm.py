@@ -86,7 +86,7 @@ def test_the_prompt_gets_exactly_zero_gradient_at_the_logits(data: dict[str, Pat
 
 def test_a_cut_response_is_caught_by_the_data_gate(sqlite_url: str,
                                                    data: dict[str, Path]) -> None:  # fmt: skip
-    from campaign.pilot.inspect import inspect_campaign
+    from campaign.pilot.inspect_hosted import inspect_campaign
 
     with Ledger.open(sqlite_url, create=True) as ledger:
         plan_loop(ledger, "cut", task="campaign.tasks.causal_lm:build",

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from campaign.ledger import Ledger, RunRecord
-from campaign.loop.train import RunOutcome, execute
+from campaign.loop.outcome import RunOutcome
+from campaign.loop.train import execute
 from tests.loop_helpers import plan_loop
 
 FAULTY = "tests.tasks.faulty:build"

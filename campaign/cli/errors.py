@@ -22,7 +22,7 @@ ERRORS: tuple[tuple[str, str, int], ...] = (
     ("campaign.cli.errors", "BadInput", EXIT_BAD_INPUT),
     ("campaign.ledger.errors", "LedgerError", EXIT_LEDGER),
     ("campaign.ledger.errors", "LedgerInputError", EXIT_BAD_INPUT),
-    ("campaign.spec", "SpecError", EXIT_BAD_INPUT),
+    ("campaign.spec_error", "SpecError", EXIT_BAD_INPUT),
     ("campaign.loop.errors", "RunSetupFailed", EXIT_CHECK_FAILED),
     ("campaign.launch.gate", "GateClosed", EXIT_CHECK_FAILED),
     ("campaign.loop.errors", "CheckpointError", EXIT_CHECK_FAILED),

@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -225,12 +224,18 @@ def worker(source: LedgerSource, campaign: str, skip_pilot: bool, reason: str | 
     from campaign.launch.worker import run_worker
     from campaign.ledger.locality import check_single_host
 
-    options = replace(_options(campaign, artifacts, **kw), fork_directly=True)
+    options = _options(campaign, artifacts, **kw)
     with source.open() as ledger:
         ledger.campaign(campaign)
         check_single_host(ledger, options.lease_s)
         if not launched or skip_pilot:
             _gate(ledger, campaign, skip_pilot, reason, who="worker")
+        else:  # the launcher checked the gate; the stack is this worker's to compare
+            from campaign.launch.gate import stack_warnings
+
+            for warning in stack_warnings(ledger, campaign, None, who="launch worker"):
+                click.echo(f"campaign: warning: stack differs from the pilot's: {warning}",
+                           err=True)  # fmt: skip
 
         def tell(outcome: Any) -> None:
             click.echo(

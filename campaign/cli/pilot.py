@@ -12,6 +12,8 @@ from campaign.cli.options import artifacts_option, device_option
 from campaign.cli.output import output_options, render_rows
 from campaign.cli.source import LedgerSource
 
+PILOT_TIMEOUT_S = 24 * 3600.0  # the pilot trains (the overfit gate): no plan-time limit
+
 
 @click.command()
 @click.argument("campaign")
@@ -32,7 +34,7 @@ def inspect(
     Example: campaign inspect digits-lr --n 4 --split val
     """
     from campaign.loop.run_files import artifacts_environment
-    from campaign.pilot.inspect import inspect_campaign
+    from campaign.pilot.inspect_hosted import inspect_campaign
 
     with source.open() as ledger, artifacts_environment(artifacts):  # a task's caches
         document = inspect_campaign(ledger, campaign, split, count)
@@ -95,39 +97,33 @@ def pilot(source: LedgerSource, campaign: str, artifacts: Path, device: str,
 
     Example: campaign pilot digits-lr --device cpu
     """
-    from campaign.pilot.by_class import pilot_classes
+    from campaign.host import calls
 
     overrides = {"overfit_examples": overfit_examples, "overfit_steps": overfit_steps,
                  "overfit_factor": overfit_factor}  # None: the spec's [pilot] table decides
-    with source.open() as ledger:
-        reports = pilot_classes(ledger, campaign, artifacts=artifacts, device=device,
-                                overrides=overrides, only=only, every=every)  # fmt: skip
-    if not reports:
+    with source.open() as ledger:  # a missing ledger or campaign ends here, nothing started
+        task = ledger.campaign(campaign).task
+        url = ledger.engine.url.render_as_string(hide_password=False)
+    # The pilot computes: in a child of the task host, whose own children are its
+    # fresh-process checks (no time limit of a plan-time call: it trains).
+    pilots = calls.call("campaign.pilot.by_class:pilot_documents", url, campaign,
+                        str(artifacts), device, overrides, only, every, task=task,
+                        preload=("campaign.pilot.by_class",),
+                        what=f"piloting {campaign!r}", timeout_s=PILOT_TIMEOUT_S)  # fmt: skip
+    if not pilots:
         click.echo(f"campaign: every gate class of {campaign!r} that could run has a passing "
                    "pilot (--all pilots them again)", err=True)  # fmt: skip
         if output_format == "json":
             click.echo(json.dumps({"campaign": campaign, "passed": True, "pilots": []}))
         return
-    rows, pilots = [], []
-    for found, report in reports:
-        phases = [
-            {"gate_class": found.id, "phase": r.phase, "verdict": r.verdict,
-             "duration_s": None if r.duration_s is None else round(r.duration_s, 4),
-             "allocated_peak": r.allocated_peak, "reserved_peak": r.reserved_peak,
-             "rss_peak": r.rss_peak, "detail": r.detail}
-            for r in report.records
-        ]  # fmt: skip
-        rows += phases
-        pilots.append({"pilot_id": report.pilot_id, "gate_class": found.id,
-                       "variant": report.variant, "passed": report.passed,
-                       "phases": phases})  # fmt: skip
+    rows = [phase for p in pilots for phase in p["phases"]]
     passed = all(p["passed"] for p in pilots)
     document = {"campaign": campaign, "passed": passed, "pilots": pilots}
     click.echo(render_rows(rows, output_format, document=document))
-    for found, report in reports:
-        verdict = "passed" if report.passed else "FAILED"
-        click.echo(f"campaign: pilot {report.pilot_id} of {campaign!r}, gate class {found.id} "
-                   f"(variant {report.variant}) {verdict}", err=True)  # fmt: skip
+    for p in pilots:
+        verdict = "passed" if p["passed"] else "FAILED"
+        click.echo(f"campaign: pilot {p['pilot_id']} of {campaign!r}, gate class "
+                   f"{p['gate_class']} (variant {p['variant']}) {verdict}", err=True)  # fmt: skip
     if not passed:
         raise click.exceptions.Exit(1)
 

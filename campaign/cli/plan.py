@@ -25,14 +25,33 @@ def plan(source: LedgerSource, spec_path: str, dry_run: bool, output_format: str
     Example: campaign plan lr-sweep.toml --dry-run
     """
     from campaign import plan as planning
-    from campaign.loop.forkserver import start_early
-    from campaign.spec import check_task_reference, load_spec
+    from campaign.host import calls
+    from campaign.loop.errors import TaskContractError
+    from campaign.optimizer_check import raise_first
+    from campaign.spec import SpecError, load_spec
 
-    resolved = load_spec(spec_path, check_task=False)  # a bad spec ends here, nothing started
-    start_early()  # the task's plan-time checks run in its children: it starts while
-    check_task_reference(resolved.task, spec_path)  # the task is imported here to check it
-    the_plan = planning.make_plan(resolved)
-    _check_task_contract(resolved, spec_path)
+    # A spec that does not parse or validate ends here, before the task host starts; the
+    # optimizer checks (torch's own) wait for the task's child to be under way.
+    optimizers: list[Any] = []
+    resolved = load_spec(spec_path, check_task=False, optimizers=optimizers)
+    # What planning asks the task, in one guarded child (the user's module imported once),
+    # started first: it imports the task on one core while the host imports what building
+    # an optimizer needs on the other.
+    pending = calls.begin(planning.task_facts, resolved.task, resolved.control.config,
+                          [v.config for v in resolved.variants], task=resolved.task,
+                          what="importing and building the task")  # fmt: skip
+    try:
+        raise_first(optimizers)
+        facts = pending.result()
+    except TaskContractError as error:
+        raise SpecError(f"{spec_path}: campaign.task: {error}") from None
+    finally:
+        pending.cancel()
+    if facts["reference"] is not None:
+        raise SpecError(f"{spec_path}: campaign.task: {facts['reference']}")
+    the_plan = planning.make_plan(resolved, sizes=facts["sizes"])
+    if facts["contract"] is not None:  # before anything is written (a task without describe())
+        raise LedgerInputError(f"{spec_path}: campaign.task: {facts['contract']}")
     for warning in the_plan.warnings:
         click.echo(f"campaign: warning: {warning}", err=True)
     run_ids: list[str | None] = [None] * len(the_plan.runs)
@@ -75,21 +94,6 @@ def plan(source: LedgerSource, spec_path: str, dry_run: bool, output_format: str
     else:
         click.echo(f"campaign: {resolved.name!r} is already planned with this identical spec; "
                    "nothing written", err=True)  # fmt: skip
-
-
-def _check_task_contract(resolved: Any, spec_path: str) -> None:
-    """Build the task with the control's config and name every part of the contract it
-    lacks, before anything is written (a task without describe() is caught here, not
-    at the first inspect)."""
-    from campaign.loop import guarded
-    from campaign.loop.errors import TaskContractError
-    from campaign.loop.task import check_contract
-
-    try:
-        guarded.call(check_contract, resolved.task, resolved.control.config,
-                     what="building the task with the control's config")  # fmt: skip
-    except TaskContractError as error:
-        raise LedgerInputError(f"{spec_path}: campaign.task: {error}") from None
 
 
 def _run_ids_in_plan_order(ledger: Any, name: str, the_plan: Any) -> list[str | None]:

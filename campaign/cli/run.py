@@ -12,6 +12,8 @@ from campaign.cli.options import artifacts_option, device_option, skip_reason, s
 from campaign.cli.output import output_options
 from campaign.cli.source import LedgerSource
 
+REPLAY_TIMEOUT_S = 600.0  # the replay of a final artifact, in a child of the task host
+
 if TYPE_CHECKING:
     from campaign.ledger import Ledger
 
@@ -28,7 +30,7 @@ def _execute(
 ) -> None:
     """Run or resume ``run_id`` in this process; exit 1 unless it completed or stopped.
     A planned run starts only through the pilot gate of its class (or a recorded skip)."""
-    from campaign.loop.forkserver import start_early
+    from campaign.host.client import start_early
 
     with source.open() as ledger:
         record = ledger.run(run_id)
@@ -127,12 +129,15 @@ def replay(source: LedgerSource, run_id: str, output_format: str) -> None:
 
     Example: campaign replay 01jd8x3m5k2q9w7c4v6b1n0r8t --format json
     """
-    from campaign.loop.fresh_process import answer
-    from campaign.loop.replay import replay as replay_final
+    from campaign.host import calls
 
-    with source.open() as ledger:
-        result = replay_final(ledger, run_id)
-    answer(result)  # a run's own replay check reads this file, never stdout
+    with source.open() as ledger:  # a missing ledger or run id ends here, nothing started
+        record = ledger.run(run_id)
+        task = ledger.campaign(record.campaign).task
+        url = ledger.engine.url.render_as_string(hide_password=False)
+    result = calls.call("campaign.loop.replay:replay_recorded", url, run_id, task=task,
+                        preload=("campaign.loop.replay",),
+                        what=f"replaying run {run_id}", timeout_s=REPLAY_TIMEOUT_S)  # fmt: skip
     if output_format == "json":
         click.echo(json.dumps(result, default=str))
     word = "identical" if result["identical"] else "DIFFER"
@@ -155,7 +160,7 @@ def order(source: LedgerSource, run_id: str, updates: str, output_format: str) -
     """
     from campaign.cli.errors import BadInput
     from campaign.cli.output import render_rows
-    from campaign.loop.order_view import update_order
+    from campaign.host import calls
 
     try:
         first, last = (int(part) for part in updates.split(":"))
@@ -170,7 +175,8 @@ def order(source: LedgerSource, run_id: str, updates: str, output_format: str) -
     planned = int(config["budget"]["updates"])
     if first > planned:
         raise BadInput(f"--updates {updates!r}: run {run_id} plans {planned} updates")
-    rows = update_order(task, config, first, min(last, planned))
+    rows = calls.call("campaign.loop.order_view:update_order", task, config, first,
+                      min(last, planned), what="recomputing the data order", task=task)
     if output_format == "json":
         click.echo(json.dumps(rows, indent=2))
         return

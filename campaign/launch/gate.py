@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from campaign.gate_classes import GateClass, gate_class, run_classes
 from campaign.gate_rule import gate_state, pilot_decisions, skip_decisions
+from campaign.host.calls import with_torch
 from campaign.ledger import Ledger, LedgerReader
 from campaign.stack import environment, stack_differences
 
@@ -75,14 +76,43 @@ def open_gate(
         raise GateClosed(_refusal(campaign, closed, len(classes), _control_class(ledger, campaign)))
     if not check_stack:
         return GateDecision("pilot passed" if stacks else "pilot skipped earlier")
-    warnings = tuple(dict.fromkeys(
-        w for stack in stacks for w in stack_differences(stack, environment(record.task))))
-    if warnings:
-        ledger.add_event(campaign, "stack_difference",
-                         f"{who} on a stack unlike the pilot's: " + "; ".join(warnings))
+    warnings = stack_warnings(ledger, campaign, stacks, who)
     if skipped and not stacks:
         return GateDecision(f"pilot skipped earlier: {skipped[-1]}")
     return GateDecision("pilot passed", warnings)
+
+
+def passing_stacks(ledger: LedgerReader, campaign: str) -> list[dict[str, object]]:
+    """The software stacks of the passing pilots that cover the campaign's runs."""
+    record = ledger.campaign(campaign)
+    pilots, events = ledger.pilots(campaign), ledger.events(campaign)
+    stacks = []
+    for class_id in run_classes(ledger, campaign):
+        state = gate_state(pilot_decisions(pilots, events, record.spec_sha256, class_id), [])
+        if state.how == "pass":
+            stored = state.evidence
+            stacks.append(json.loads(stored) if isinstance(stored, str) else stored)
+    return stacks
+
+
+def stack_warnings(ledger: Ledger, campaign: str, stacks: Sequence[dict[str, object]] | None,
+                   who: str) -> tuple[str, ...]:  # fmt: skip
+    """How this machine's stack differs from the pilots' (``stacks``; None: read them), each
+    difference recorded once as a ``stack_difference`` event. Asks torch through the task host
+    when this process has none (a worker started by ``launch`` checks it, not the launcher)."""
+    record = ledger.campaign(campaign)
+    stacks = passing_stacks(ledger, campaign) if stacks is None else stacks
+    if not stacks:
+        return ()
+    here = with_torch(environment, record.task, what="describing the software stack",
+                      task=record.task)  # fmt: skip
+    warnings = tuple(dict.fromkeys(w for s in stacks for w in stack_differences(s, here)))
+    if warnings:
+        detail = f"{who} on a stack unlike the pilot's: " + "; ".join(warnings)
+        events = ledger.events(campaign)
+        if not ((events["kind"] == "stack_difference") & (events["detail"] == detail)).any():
+            ledger.add_event(campaign, "stack_difference", detail)
+    return warnings
 
 
 def _control_class(ledger: LedgerReader, campaign: str) -> GateClass | None:

@@ -13,30 +13,17 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
-from campaign.launch.worker import WorkerOptions, run_one
-from campaign.ledger import Ledger
-from campaign.loop.train import RunOutcome
+__all__ = ["options_document", "options_from"]  # what the executors use
 
-TUPLE_FIELDS = ("resume", "only_runs", "preempt_signals")
+from campaign.launch.worker import options_document, options_from, run_one
+from campaign.ledger import Ledger
+from campaign.loop.outcome import RunOutcome
 
 
 class PlacementError(RuntimeError):
     """An executor cannot place this campaign (missing extra, no scheduler, impossible request)."""
-
-
-def options_document(options: WorkerOptions, **overrides: Any) -> dict[str, Any]:
-    """Worker options as plain values an engine can ship."""
-    return {**asdict(options), "artifacts": str(options.artifacts), **overrides}
-
-
-def options_from(document: dict[str, Any], **overrides: Any) -> WorkerOptions:
-    values = {**document, **overrides, "artifacts": Path(document["artifacts"])}
-    for name in TUPLE_FIELDS:
-        values[name] = tuple(values.get(name) or ())
-    return WorkerOptions(**values)
 
 
 def run_placed(

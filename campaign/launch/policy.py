@@ -13,7 +13,7 @@ from campaign.launch.defaults import EXECUTORS
 from campaign.launch.gate import GateDecision, open_gate
 from campaign.launch.local import DeviceError, LocalLauncher, plan_slots
 from campaign.launch.progress import ProgressDisplay, Snapshot
-from campaign.launch.worker import StackRefused, WorkerOptions, refuse_unfit_stack
+from campaign.launch.worker import WorkerOptions
 from campaign.ledger import Ledger
 from campaign.ledger.locality import check_single_host
 
@@ -93,13 +93,11 @@ def launch_campaign(
             local_slots = plan_slots(request.devices, request.workers)
         except DeviceError as error:
             raise LaunchRefused(str(error)) from None
-        for device in dict.fromkeys(slot.label for slot in local_slots):
-            try:  # before any worker starts, not once per refusing worker
-                refuse_unfit_stack(ledger, campaign, device)
-            except StackRefused as refused:
-                raise LaunchRefused(str(refused)) from None
+        # The stack and device are checked by each worker in its own task host before it
+        # claims (the launcher imports no torch: one torch import per worker, none here).
     who = f"launch --executor {request.executor}"
-    gate = open_gate(ledger, campaign, skip_reason=request.skip_reason, who=who)
+    gate = open_gate(ledger, campaign, skip_reason=request.skip_reason, who=who,
+                     check_stack=request.executor != "local")  # fmt: skip
     if on_gate is not None:  # said before any worker starts: a launch may take hours
         on_gate(gate)
     display = display or ProgressDisplay()

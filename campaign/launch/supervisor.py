@@ -19,10 +19,14 @@ heartbeat, and stamps only while the child's progress page
 - a child that exits, is killed or segfaults without recording its end:
   ``failed``/``exception`` with its exit status or signal.
 
-The child (:mod:`campaign.launch.run_process`) is forked from a clean fork
-server, or from a ``campaign worker`` directly (:mod:`campaign.loop.forkserver`):
-a run starts in milliseconds. When this process is stopped and continued, it
-continues the run's process group too (the run stops with it).
+The child (:mod:`campaign.launch.run_process`) is forked from this process's
+task host (:mod:`campaign.host`): a run starts in milliseconds, and this
+process imports no torch. The host ignores the scheduler's signals, so a
+SIGTERM or SIGUSR2 sent to every process of a job (SLURM's way) reaches the
+run and this supervisor only: the run checkpoints at its update and ends
+``interrupted``, and this process forwards what it received without reading
+the host's calm as the run's end. When this process is stopped and continued,
+it continues the run's process group too (the run stops with it).
 """
 
 from __future__ import annotations
@@ -40,23 +44,17 @@ from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from campaign.launch import run_process
-from campaign.launch.run_process import ARTIFACTS_ENV, SUPERVISOR_ENV, ChildJob, run_child
+from campaign.host import calls
+from campaign.host.client import HOST_GONE, Child
+from campaign.host.processes import ended_how, process_state, signal_name
+from campaign.launch.run_process import ARTIFACTS_ENV, SUPERVISOR_ENV, ChildJob
 from campaign.ledger import Claim, Ledger, LedgerError, RefusedWrite, StopRecord
 from campaign.ledger.errors import LeaseLost
 from campaign.loop import progress
-from campaign.loop.forkserver import (
-    ended_how,
-    fork_context,
-    kill_group,
-    process_state,
-    signal_name,
-    start,
-)
+from campaign.loop.outcome import RunOutcome
 from campaign.loop.run_files import record_file
 from campaign.loop.signals import WALL_TIME_SIGNAL
 from campaign.loop.stop import parse_duration
-from campaign.loop.train import RunOutcome
 
 DEFAULT_STALL_S = 600.0
 LEASE_GONE = "the lease is gone (declared lost or taken by another worker); its process was stopped"
@@ -70,7 +68,6 @@ class Supervision:
     heartbeat_s: float
     grace_s: float = 30.0
     poll_s: float = 0.05
-    fork_directly: bool = False  # see campaign.loop.forkserver.fork_context
 
 
 @dataclass
@@ -93,52 +90,50 @@ class _Signals:
 def supervise(
     ledger: Ledger,
     claim: Claim,
-    body: Callable[[Ledger, Path], RunOutcome],
+    body: tuple[str, list[Any]],
     supervision: Supervision,
     *,
     folder: Path,
     config: Mapping[str, Any],
     stopping: Any = None,
+    task: str | None = None,
 ) -> RunOutcome:
-    """Run ``body(ledger, log_path)`` in a child process and return the run's outcome, whatever
-    the child does. ``body`` must be picklable (a module-level function or a partial of one).
+    """Run ``function(*args, ledger, log_path)`` in a child of the task host and return the
+    run's outcome, whatever the child does. ``body``: ``("module:function", args)``, the
+    args JSON values (the child gets them through the host's channel, never pickled).
+    ``task``: the task reference (a built-in task's preloads are imported in the host).
     ``stopping``: the worker's stop request (set here when a stop signal arrives; a request
     already set is forwarded at once). Raises :class:`LeaseLost` when the run was taken away."""
     logs = folder.absolute() / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     stem = f"segment-{claim.ordinal}"
-    job = ChildJob(ledger.engine.url.render_as_string(hide_password=False), body,
-                   logs / f"{stem}.log", logs / f".{stem}.progress", logs / f".{stem}.json",
-                   os.getcwd(), {**os.environ, SUPERVISOR_ENV: str(os.getpid()),
-                                 # task code (a tokenizer's cache) finds the artifacts folder
-                                 ARTIFACTS_ENV: str(folder.absolute().parent)})  # fmt: skip
-    job.result.unlink(missing_ok=True)
-    board = progress.ProgressBoard(job.board, create=True)
-    child: Any = None
+    log, board_path = logs / f"{stem}.log", logs / f".{stem}.progress"
+    result = logs / f".{stem}.json"
+    job = ChildJob(ledger.engine.url.render_as_string(hide_password=False), body[0],
+                   list(body[1]), str(log), str(board_path), str(result))  # fmt: skip
+    environment = {**os.environ, SUPERVISOR_ENV: str(os.getpid()),
+                   # task code (a tokenizer's cache) finds the artifacts folder
+                   ARTIFACTS_ENV: str(folder.absolute().parent)}  # fmt: skip
+    result.unlink(missing_ok=True)
+    board = progress.ProgressBoard(board_path, create=True)
+    child: Child | None = None
     try:
-        context = fork_context(direct=supervision.fork_directly)
-        direct = context.get_start_method() == "fork"
-        if direct and ledger.engine.dialect.name == "sqlite":
-            ledger.engine.dispose()  # no open SQLite connection is carried across the fork
-        child = context.Process(target=run_child, args=(job,), name=f"run-{claim.run_id}")
         with _forwarding(lambda: child) as signals:
-            run_process.inherited[:] = [ledger] if direct else []
-            try:
-                start(child)
-            finally:
-                run_process.inherited.clear()
+            child = calls.start("campaign.launch.run_process:run_child", [job.document()],
+                                follow=os.getpid(), stop_with=True, env=environment,
+                                task=task, preload=calls.RUN_PRELOAD)  # fmt: skip
             verdict = _watch(ledger, claim, child, board, supervision, config, signals, stopping)
         if signals.received and stopping is not None:  # it came as the run was ending
             stopping.signum = signals.received[0]
             stopping.set()
     finally:
-        if child is not None and child.pid is not None:
-            kill_group(child)
+        if child is not None:
+            child.kill()
             child.join()
         seen = board.read()
         board.close()
-        job.board.unlink(missing_ok=True)
-        answer = _read_result(job.result)  # read (and removed) whatever ended the watch
+        board_path.unlink(missing_ok=True)
+        answer = _read_result(result)  # read (and removed) whatever ended the watch
     if "lease_lost" in answer:
         raise LeaseLost(answer["lease_lost"])
     row = ledger.run(claim.run_id)
@@ -150,8 +145,8 @@ def supervise(
     verdict = verdict or _died(child.exitcode, answer, seen)
     stop = StopRecord(verdict.cause, seen.step, seen.phase, verdict.detail)
     with contextlib.suppress(OSError, LedgerError, SQLAlchemyError):
-        if job.log.exists():  # before the end: an ended run takes no more rows
-            record_file(ledger, claim.run_id, "log", job.log, seen.step, lease=claim.lease)
+        if log.exists():  # before the end: an ended run takes no more rows
+            record_file(ledger, claim.run_id, "log", log, seen.step, lease=claim.lease)
     ledger.finish(claim.run_id, verdict.status, stop, lease=claim.lease)
     return RunOutcome(claim.run_id, verdict.status, verdict.cause, seen.step, verdict.detail)
 
@@ -159,7 +154,7 @@ def supervise(
 def _watch(
     ledger: Ledger,
     claim: Claim,
-    child: Any,
+    child: Child,
     board: progress.ProgressBoard,
     supervision: Supervision,
     config: Mapping[str, Any],
@@ -218,12 +213,12 @@ def _watch(
                                f"{seen.step} (stop.stall); the run's process was killed",
                                )  # fmt: skip
         if kill_at is not None and now >= kill_at:
-            kill_group(child)
+            child.kill()
         if now >= next_beat and not ended:
             next_beat = now + supervision.heartbeat_s
             if now - last_progress < stall_s and not _beat(ledger, claim):
                 if not _still_ours(ledger, claim):
-                    kill_group(child)
+                    child.kill()
                     child.join()
                     raise LeaseLost(f"run {claim.run_id}: {LEASE_GONE}")
                 ended = True  # the child recorded its end and is on its way out
@@ -253,7 +248,8 @@ def _still_ours(ledger: Ledger, claim: Claim) -> bool:
 
 
 def _died(exitcode: int | None, answer: Mapping[str, Any], board: progress.Progress) -> _Verdict:
-    detail = (f"the run's process {ended_how(exitcode)} in {board.phase} after update {board.step} "
+    how = "died with its task host" if exitcode == HOST_GONE else ended_how(exitcode)
+    detail = (f"the run's process {how} in {board.phase} after update {board.step} "
               "without recording its end")  # fmt: skip
     if answer.get("error"):
         detail += f": {answer['error']}"
@@ -275,7 +271,7 @@ def _read_result(path: Path) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _forwarding(child: Callable[[], Any]) -> Iterator[_Signals]:
+def _forwarding(child: Callable[[], Child | None]) -> Iterator[_Signals]:
     """While the child runs: SIGTERM/SIGINT to this process are remembered (the watch forwards
     them); a SIGCONT after this process was stopped continues the run's process group."""
     signals = _Signals([])
@@ -289,7 +285,7 @@ def _forwarding(child: Callable[[], Any]) -> Iterator[_Signals]:
     def continue_handler(_signum: int, _frame: Any) -> None:
         signals.continued = True
         process = child()
-        if process is not None and process.pid is not None:
+        if process is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(process.pid, signal.SIGCONT)
 

@@ -15,30 +15,25 @@ exits with :class:`LeaseLost`: another worker owns its run now.
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import signal
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import torch
-
+from campaign.host import calls
 from campaign.launch.defaults import DEFAULT_HEARTBEAT_S, DEFAULT_LEASE_S
-from campaign.launch.replicated import replica_group
 from campaign.launch.supervisor import Supervision, supervise
-from campaign.ledger import Claim, IllegalTransition, Ledger, StopRecord
+from campaign.ledger import Claim, IllegalTransition, Ledger
 from campaign.ledger.vocabulary import TERMINAL_STATUSES
-from campaign.loop import replicas as dp
-from campaign.loop.errors import CheckpointError, LoopError, RunSetupFailed
-from campaign.loop.forkserver import fork_context, warm_up
-from campaign.loop.resume import ResumePoint, choose_resume_point
-from campaign.loop.run_files import record_log
-from campaign.loop.train import RunLoop, RunOutcome
+from campaign.loop.errors import CheckpointError, RunSetupFailed
+from campaign.loop.outcome import RunOutcome
+from campaign.loop.resume import choose_resume_point
+from campaign.stack_gate import unfit_problems
 
 
 @dataclass(frozen=True)
@@ -62,7 +57,6 @@ class WorkerOptions:
     # Each run executes in a supervised child process (campaign/launch/supervisor.py);
     # ``grace_s``: between a graceful signal to it (wall time, SIGTERM) and the kill.
     grace_s: float = 30.0
-    fork_directly: bool = False  # a `campaign worker` process: fork runs from it directly
 
     def __post_init__(self) -> None:
         if not (self.heartbeat_s >= 0.1 and self.lease_s >= 3 * self.heartbeat_s):
@@ -99,13 +93,12 @@ class StackRefused(RunSetupFailed):
 
 def refuse_unfit_stack(ledger: Ledger, campaign: str, device: str) -> None:
     """Raise :class:`StackRefused` naming what this stack misses, before any claim."""
-    from campaign.stack_gate import precision_problem, stack_problems
-
-    problems = stack_problems(ledger.campaign(campaign).task, device)
+    task = ledger.campaign(campaign).task
     runs = ledger.runs(campaign)
     waiting = runs[runs["status"].isin(("planned", "interrupted", "lost"))]
-    precisions = {c["loop"]["precision"] for c in waiting["config"] if "loop" in c}
-    problems += [p for p in (precision_problem(x, device) for x in sorted(precisions)) if p]
+    precisions = sorted({c["loop"]["precision"] for c in waiting["config"] if "loop" in c})
+    problems = calls.with_torch(unfit_problems, task, device, precisions, task=task,
+                                what="checking the software stack and the device")  # fmt: skip
     if problems:
         raise StackRefused(f"worker on {device} refuses to claim runs of {campaign!r}: "
                            + "; ".join(problems))  # fmt: skip
@@ -123,10 +116,7 @@ def run_worker(
     precision the campaign's runs use, refuses to claim (:class:`StackRefused`).
     """
     refuse_unfit_stack(ledger, options.campaign, options.device)
-    if options.threads:
-        torch.set_num_threads(options.threads)
-    warm_up(direct=fork_context(direct=options.fork_directly).get_start_method() == "fork",
-            task_reference=ledger.campaign(options.campaign).task)  # fmt: skip
+    warm_up(ledger.campaign(options.campaign).task)
     report = WorkerReport(worker_name(options.device, options.name))
     gated: set[str] = set()  # planned runs whose gate was checked (by the launch, then here)
     with _stop_on_signals(options.preempt_signals) as stopping:
@@ -188,15 +178,28 @@ def run_one(ledger: Ledger, options: WorkerOptions, run_id: str) -> RunOutcome |
             return report.outcomes[0]
 
 
-def _loop_options(options: WorkerOptions, worker: str) -> dict[str, Any]:
-    return {
-        "artifacts": options.artifacts,
-        "worker": worker,
-        "device": options.device,
-        "heartbeat_s": options.heartbeat_s,
-        "replay_in_subprocess": options.replay_in_subprocess,
-        "preempt_signals": options.preempt_signals,
-    }
+def warm_up(task_reference: str) -> None:
+    """Before a worker claims a run: its task host started and ready (torch and the built-in
+    task's preloads imported), so a run's first heartbeat never waits for it."""
+    probe = calls.start("os:getpid", [], follow=os.getpid(), task=task_reference,
+                        preload=calls.RUN_PRELOAD)
+    probe.join()
+
+
+TUPLE_FIELDS = ("resume", "only_runs", "preempt_signals")
+
+
+def options_document(options: WorkerOptions, **overrides: Any) -> dict[str, Any]:
+    """Worker options as plain JSON values, for the run's process or an engine's task (never
+    pickled)."""
+    return {**asdict(options), "artifacts": str(options.artifacts), **overrides}
+
+
+def options_from(document: dict[str, Any], **overrides: Any) -> WorkerOptions:
+    values = {**document, **overrides, "artifacts": Path(document["artifacts"])}
+    for name in TUPLE_FIELDS:
+        values[name] = tuple(values.get(name) or ())
+    return WorkerOptions(**values)
 
 
 def _next_run(
@@ -277,61 +280,13 @@ def _execute(
             return None
 
     placed = replace(options, artifacts=options.artifacts.absolute())
-    body = functools.partial(_supervised_body, placed, worker, claim, point)
-    supervision = Supervision(options.heartbeat_s, options.grace_s,
-                              fork_directly=options.fork_directly)
+    body = ("campaign.launch.run_body:supervised_body",
+            [options_document(placed), worker, asdict(claim), None if point is None else
+             asdict(point)])  # fmt: skip
+    supervision = Supervision(options.heartbeat_s, options.grace_s)
     return supervise(ledger, claim, body, supervision, folder=options.artifacts / run_id,
-                     config=record.config_document, stopping=stopping)  # fmt: skip
-
-
-def _supervised_body(
-    options: WorkerOptions,
-    worker: str,
-    claim: Claim,
-    point: ResumePoint | None,
-    ledger: Ledger,
-    log: Path,
-) -> RunOutcome:
-    """The run in its supervised process (a module-level function: it travels pickled to the
-    fork server, with plain data only)."""
-    return _execute_here(ledger, options, worker, claim, point, log)
-
-
-def _execute_here(
-    ledger: Ledger,
-    options: WorkerOptions,
-    worker: str,
-    claim: Claim,
-    point: ResumePoint | None,
-    log: Path,
-) -> RunOutcome:
-    """The run itself, in the supervised child process (the parent holds the heartbeat)."""
-    run_id = claim.run_id
-    world = int(ledger.run(run_id).config_document["loop"]["replicas"])
-    group: Any = contextlib.nullcontext()
-    replica = None
-    if world > 1:
-        group = replica_group(ledger, run_id, world, options.device, options.artifacts)
-        replica = dp.Replica(0, world)
-    loop_options = {**_loop_options(options, worker), "heartbeat_s": None}
-    try:
-        loop = RunLoop(ledger, run_id, claim=claim, replica=replica, resume=point, log=log,
-                       **loop_options)  # fmt: skip
-    except LoopError as error:  # refused before any work: a claimed run must still end
-        stop = StopRecord("exception", 0, "setup", str(error))
-        record_log(ledger, run_id, log, 0, lease=claim.lease)
-        ledger.finish(run_id, "failed", stop, lease=claim.lease, training_s=0.0)
-        return RunOutcome(run_id, "failed", "exception", 0, str(error))
-    with group:
-        try:
-            loop.setup()
-        except RunSetupFailed as error:  # the run is recorded as failed already
-            loop.cleanup()
-            return RunOutcome(loop.run_id, "failed", "exception", loop.step, str(error))
-        try:
-            return loop.train()
-        finally:
-            loop.cleanup()
+                     config=record.config_document, stopping=stopping,
+                     task=ledger.campaign(record.campaign).task)  # fmt: skip
 
 
 def execute_one(ledger: Ledger, run_id: str, options: WorkerOptions) -> RunOutcome:

@@ -14,7 +14,6 @@ the data-order position and any metric points not yet flushed.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -29,11 +28,10 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from campaign.loop.checkpoint_file import ALIASES_KEY, FORMAT_VERSION, STATE_KEY, file_sha256
 from campaign.loop.errors import CheckpointError
 
-ALIASES_KEY = "shared_tensors"  # in the JSON document: alias name -> the name stored
-STATE_KEY = "campaign_checkpoint"
-FORMAT_VERSION = 1
+__all__ = ["ALIASES_KEY", "FORMAT_VERSION", "STATE_KEY", "CheckpointError", "file_sha256"]
 
 
 @dataclass(frozen=True)
@@ -42,14 +40,6 @@ class SavedCheckpoint:
     sha256: str
     size: int
     step: int
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def save(path: Path, tensors: dict[str, torch.Tensor], state: Mapping[str, Any]) -> SavedCheckpoint:

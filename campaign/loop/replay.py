@@ -18,6 +18,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
+from campaign.host.calls import FreshProcessFailed, HostedError, answer, call, run_module
 from campaign.ledger import Ledger
 from campaign.ledger.vocabulary import TERMINAL_STATUSES
 from campaign.loop.checkpoint import (
@@ -28,12 +29,12 @@ from campaign.loop.checkpoint import (
     with_aliases,
 )
 from campaign.loop.data import to_device
-from campaign.loop.forkserver import task_preloads
-from campaign.loop.fresh_process import FreshProcessFailed, answer, run_json
+from campaign.loop.errors import LoopError, TaskContractError
 from campaign.loop.model_state import base_record, load_saved_state, saved_state
 from campaign.loop.run_files import artifacts_environment
 from campaign.loop.task import build_task
 
+REPLAY_TIMEOUT_S = 600.0  # as `campaign replay` (campaign/cli/run.py)
 BASE_KEY = "base_model"  # metadata: the frozen base an adapter-only artifact needs
 
 
@@ -129,28 +130,39 @@ def json_values(value: Any) -> Any:
 def replay_file_in_subprocess(path: Path, task_reference: str) -> dict[str, Any]:
     """``python -m campaign.loop.replay PATH TASK``: a fresh interpreter's verdict."""
     try:
-        return dict(run_json(["-m", "campaign.loop.replay", str(path), task_reference],
-                             preload=task_preloads(task_reference)))  # fmt: skip
+        return dict(run_module(["-m", "campaign.loop.replay", str(path), task_reference],
+                               task=task_reference))  # fmt: skip
     except FreshProcessFailed as error:
         return {"identical": False, "error": str(error)}
 
 
+def replay_recorded(url: str, run_id: str) -> dict[str, Any]:
+    """:func:`replay` on the ledger at ``url``: what ``campaign replay`` and a run's own replay
+    check run in a fresh child of the task host (the URL travels on the host's channel)."""
+    with Ledger.open(url) as ledger:
+        return replay(ledger, run_id)
+
+
+def replay_in_host(url: str, run_id: str, task_reference: str) -> dict[str, Any]:
+    """:func:`replay_recorded` in a fresh child of the task host (no memory shared with the
+    process that trained or asks); its verdict."""
+    return dict(call(replay_recorded, url, run_id, what=f"replaying run {run_id}",
+                     timeout_s=REPLAY_TIMEOUT_S, task=task_reference))  # fmt: skip
+
+
 def replay_in_subprocess(ledger: Ledger, run_id: str, artifact_id: int) -> str | None:
-    """``campaign replay RUN_ID --format json`` in a fresh interpreter. None when it answered
-    (identical or not: the replay there records its own ``replay`` event, the evidence);
-    otherwise why it could not replay."""
+    """The run's replay in a fresh child of the task host. None when it answered (identical
+    or not: the replay there records its own ``replay`` event, the evidence); otherwise why
+    it could not replay."""
     url = ledger.engine.url
     if url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:"):
         return "an in-memory ledger is not visible to another process"
-    env = {**os.environ, "CAMPAIGN_LEDGER": url.render_as_string(hide_password=False)}
+    task = ledger.campaign(ledger.run(run_id).campaign).task
     try:
-        answer = run_json(["-m", "campaign", "replay", run_id, "--format", "json"], env=env,
-                          answers_with=(0, 1))  # fmt: skip
-    except FreshProcessFailed as error:
+        verdict = replay_in_host(url.render_as_string(hide_password=False), run_id, task)
+    except (TaskContractError, LoopError, CheckpointError, HostedError) as error:
         return str(error)
-    if isinstance(answer, dict) and "identical" in answer:
-        return None
-    return "the fresh process answered no verdict"
+    return None if "identical" in verdict else "the fresh process answered no verdict"
 
 
 if __name__ == "__main__":

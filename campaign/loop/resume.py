@@ -22,7 +22,8 @@ from typing import Any
 from safetensors import SafetensorError, safe_open
 
 from campaign.ledger import Ledger
-from campaign.loop.checkpoint import FORMAT_VERSION, STATE_KEY, CheckpointError, file_sha256
+from campaign.loop.checkpoint_file import FORMAT_VERSION, STATE_KEY, file_sha256
+from campaign.loop.errors import CheckpointError
 from campaign.loop.run_files import locate
 
 
@@ -80,7 +81,7 @@ def _problem(path: Path, sha256: str, config_sha256: str) -> str | None:
     if actual != sha256:
         return f"sha256 {actual[:12]} differs from the recorded {sha256[:12]}"
     try:
-        with safe_open(str(path), framework="pt") as handle:
+        with safe_open(str(path), framework="numpy") as handle:
             state = json.loads((handle.metadata() or {})[STATE_KEY])
     except (SafetensorError, ValueError, KeyError, OSError) as error:
         return f"not a readable campaign checkpoint ({error})"

@@ -19,7 +19,7 @@ from typing import Any
 import pandas as pd
 
 from campaign.ledger import Ledger
-from campaign.loop.checkpoint import file_sha256
+from campaign.loop.checkpoint_file import file_sha256
 
 
 def record_file(

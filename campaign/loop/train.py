@@ -30,7 +30,7 @@ import signal
 import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,7 @@ from campaign.loop.engine import Trainer, seed_everything
 from campaign.loop.errors import LoopError, RunSetupFailed, first_line
 from campaign.loop.heartbeat import Heartbeat
 from campaign.loop.measure import Probe
+from campaign.loop.outcome import RunOutcome
 from campaign.loop.preflight import refuse_impossible
 from campaign.loop.replay import replay_in_subprocess, write_final
 from campaign.loop.resume import ResumePoint, choose_resume_point, replayed_steps_report
@@ -60,17 +61,6 @@ LEASE_GONE = (
     "heartbeat refused, the lease is gone (declared lost or taken by another worker); "
     "this worker stops without writing"
 )
-
-
-@dataclass(frozen=True)
-class RunOutcome:
-    """How a run ended, as returned to whoever placed it (the ledger holds the same)."""
-
-    run_id: str
-    status: str
-    cause: str
-    step: int
-    detail: str
 
 
 class RunLoop:

@@ -70,3 +70,22 @@ def pilot_classes(
                            gate_class=found.id)  # fmt: skip
         reports.append((found, report))
     return reports
+
+
+def pilot_documents(url: str, campaign: str, artifacts: str, device: str,
+                    overrides: dict[str, Any], only: str | None,
+                    every: bool) -> list[dict[str, Any]]:  # fmt: skip
+    """:func:`pilot_classes` on the ledger at ``url``, as JSON values: what ``campaign pilot``
+    runs in a child of the task host (the command imports no torch)."""
+    with Ledger.open(url) as ledger:
+        reports = pilot_classes(ledger, campaign, artifacts=Path(artifacts), device=device,
+                                overrides=overrides, only=only, every=every)  # fmt: skip
+    return [
+        {"pilot_id": report.pilot_id, "gate_class": found.id, "variant": report.variant,
+         "passed": report.passed,
+         "phases": [{"gate_class": found.id, "phase": r.phase, "verdict": r.verdict,
+                     "duration_s": None if r.duration_s is None else round(r.duration_s, 4),
+                     "allocated_peak": r.allocated_peak, "reserved_peak": r.reserved_peak,
+                     "rss_peak": r.rss_peak, "detail": r.detail} for r in report.records]}
+        for found, report in reports
+    ]  # fmt: skip

@@ -17,7 +17,7 @@ from campaign.loop.data import gate_view, rows
 from campaign.loop.task import Task
 
 if TYPE_CHECKING:
-    from campaign.ledger.reads import LedgerReader
+    pass
 
 
 def examples(task: Task, split: str, count: int) -> list[dict[str, Any]]:
@@ -65,22 +65,10 @@ def summary(task: Task, split: str, config: Mapping[str, Any]) -> dict[str, Any]
     return result
 
 
-def inspect_campaign(ledger: LedgerReader, campaign: str, split: str, count: int) -> dict[str, Any]:
-    """What ``campaign inspect`` shows, with the control's config: examples, a summary of the
-    split and the data gate's findings (``passed`` says whether every check held)."""
-    from campaign.loop import guarded
-
-    record = ledger.campaign(campaign)
-    runs = ledger.runs(campaign)
-    config = runs[runs["is_control"]].iloc[0]["config"]
-    inspected: dict[str, Any] = guarded.call(inspect_task, record.task, config, campaign, split,
-                                             count, what=f"inspecting the {split} split")
-    return inspected
-
-
 def inspect_task(reference: str, config: dict[str, Any], campaign: str, split: str,
                  count: int) -> dict[str, Any]:  # fmt: skip
-    """The task side of :func:`inspect_campaign` (run in a guarded process)."""
+    """The task side of :func:`campaign.pilot.inspect_hosted.inspect_campaign` (run in a
+    guarded child of the task host)."""
     from campaign.loop.task import build_task
     from campaign.pilot.data_gate import check_data, passed
 

@@ -22,12 +22,11 @@ from typing import Any
 import torch
 
 from campaign.gate_classes import gate_class as class_of
+from campaign.host.calls import FreshProcessFailed, run_module
 from campaign.ledger import Ledger
 from campaign.ledger.canonical import canonical_json
 from campaign.loop import checkpoint as ckpt
 from campaign.loop.data import describe_inputs, gate_view
-from campaign.loop.forkserver import task_preloads
-from campaign.loop.fresh_process import FreshProcessFailed, run_json
 from campaign.loop.measure import PhaseRecord, Probe
 from campaign.loop.replay import replay_file_in_subprocess, write_final
 from campaign.loop.run_files import artifacts_environment
@@ -326,7 +325,7 @@ class Pilot:
     def _resume(self, record: PhaseRecord) -> str:
         arguments = ["-m", "campaign.pilot.resume_check", str(self.saved.path), self.reference]
         try:
-            report = run_json(arguments, preload=task_preloads(self.reference))
+            report = run_module(arguments, task=self.reference)
         except FreshProcessFailed as error:
             raise PhaseFailure(f"the fresh process failed: {error}") from None
         record.inputs = {"checkpoint": str(self.saved.path)}

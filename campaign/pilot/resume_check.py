@@ -13,8 +13,8 @@ from pathlib import Path
 
 import torch
 
+from campaign.host.calls import answer
 from campaign.loop import checkpoint as ckpt
-from campaign.loop.fresh_process import answer
 from campaign.loop.task import build_task
 from campaign.pilot.session import PilotSession
 

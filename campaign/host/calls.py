@@ -1,0 +1,239 @@
+"""Task code in a child of the task host, with one time limit and one way to end.
+
+Three kinds of work go through here:
+
+- :func:`call` runs ``function(*args)`` (module level, JSON in and out) for a
+  command: the plan-time contract check and training-set size, ``inspect``,
+  ``order``, the pilot, a replay. It must return within
+  ``CAMPAIGN_TASK_TIMEOUT_S`` seconds (default 300; the pilot and replays pass
+  their own); a task that hangs (at import too), calls ``sys.exit`` or
+  ``os._exit``, or raises ends as one clear error, and a project error (a bad
+  spec, a ledger refusal) keeps its exit code.
+- :func:`run_module` runs ``python -m MODULE ARGS`` in a fresh child and reads
+  its one JSON answer (:func:`answer`): the pilot's fresh-process resume check
+  and the replay of a final artifact.
+- :func:`start` starts a child the caller watches itself (a run, watched by
+  its supervisor).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Container, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from campaign.host import client
+from campaign.host.client import Child, HostError
+from campaign.host.processes import ended_how
+from campaign.loop.errors import TaskContractError
+
+# What a run's process imports (torch._dynamo: the first optimizer a process builds imports it,
+# over a second): once per host, before its first run, never again per run.
+RUN_PRELOAD = ("torch._dynamo", "numpy", "pandas", "pyarrow.parquet", "safetensors.torch",
+               "campaign.loop.train", "campaign.loop.replay", "campaign.launch.run_body",
+               "campaign.launch.run_process")  # fmt: skip
+TIMEOUT_ENV = "CAMPAIGN_TASK_TIMEOUT_S"
+ANSWER_VARIABLE = "CAMPAIGN_ANSWER_FILE"  # where a fresh child writes its JSON answer
+DEFAULT_TIMEOUT_S = 300.0
+# Errors a call may raise as themselves (by class path): the callers' own refusals.
+PASSED_ON = {
+    ("campaign.loop.errors", "TaskContractError"),
+    ("campaign.loop.errors", "LoopError"),
+    ("campaign.loop.errors", "RunSetupFailed"),
+    ("campaign.loop.errors", "CheckpointError"),
+    ("campaign.ledger.errors", "LedgerInputError"),
+}
+
+
+class FreshProcessFailed(Exception):
+    """A fresh child exited with an error (its last stderr line is the message)."""
+
+
+class HostedError(Exception):
+    """A project error raised in a host child, carried back with its exit code (DESIGN §11)."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def target_of(function: Callable[..., Any]) -> str:
+    """``module:qualified.name`` of a module-level function (what a child imports)."""
+    return f"{function.__module__}:{function.__qualname__}"
+
+
+def start(target: str, args: Sequence[Any], *, follow: int | None = None,
+          stop_with: bool = False, result: Path | None = None, task: str | None = None,
+          env: Mapping[str, str] | None = None, preload: Sequence[str] = ()) -> Child:  # fmt: skip
+    """A child that calls ``target(*args)``, started now; the caller watches it. ``preload``:
+    modules the host imports once before it forks (inherited by every later child); ``task``:
+    the task reference, whose declared preloads a built-in task's host imports the same way."""
+    request = {"kind": "call", "target": target, "args": list(args), "cwd": os.getcwd(),
+               "env": dict(os.environ if env is None else env), "path": list(sys.path),
+               "result": str(result) if result else None, "follow": follow,
+               "stop_with": stop_with, "task": task, "preload": list(preload)}  # fmt: skip
+    return client.current().start(request)
+
+
+def call(function: Callable[..., Any] | str, *args: Any, what: str,
+         timeout_s: float | None = None, task: str | None = None,
+         preload: Sequence[str] = ()) -> Any:  # fmt: skip
+    """``function(*args)`` in a guarded child; its JSON-able value, or its error raised here.
+    ``function``: a module-level function, or its ``module:name`` (for a caller that must not
+    import the module: the command line imports nothing that imports torch)."""
+    return begin(function, *args, what=what, timeout_s=timeout_s, task=task,
+                 preload=preload).result()  # fmt: skip
+
+
+def begin(function: Callable[..., Any] | str, *args: Any, what: str,
+          timeout_s: float | None = None, task: str | None = None,
+          preload: Sequence[str] = ()) -> Pending:  # fmt: skip
+    """:func:`call` started now, answered by :meth:`Pending.result` (the caller works on
+    meanwhile: a second core imports the user's task while the host imports torch's rest)."""
+    target = function if isinstance(function, str) else target_of(function)
+    limit = timeout() if timeout_s is None else timeout_s
+    folder = tempfile.TemporaryDirectory(prefix="campaign-call-")
+    result = Path(folder.name) / "result.json"
+    try:
+        child = _started(lambda: start(target, args, follow=os.getpid(), result=result,
+                                       task=task, preload=preload))  # fmt: skip
+    except BaseException:
+        folder.cleanup()
+        raise
+    return Pending(child, folder, result, what, time.monotonic() + limit, limit)
+
+
+class Pending:
+    """A guarded call under way: its child, and where its answer will be."""
+
+    def __init__(self, child: Child, folder: tempfile.TemporaryDirectory[str], result: Path,
+                 what: str, deadline: float, limit: float) -> None:  # fmt: skip
+        self.child, self.folder, self.path = child, folder, result
+        self.what, self.deadline, self.limit = what, deadline, limit
+
+    def result(self) -> Any:
+        """The call's value, or its error raised here (the child is gone either way)."""
+        try:
+            timed_out = self.child.join(max(0.0, self.deadline - time.monotonic())) is None
+        finally:  # Ctrl-C or SIGTERM here must not leave the task's process behind
+            self.cancel()
+        try:
+            if timed_out:
+                raise TaskContractError(f"task code did not return within {self.limit:g} s "
+                                        f"while {self.what} ({TIMEOUT_ENV} sets the limit)")
+            try:
+                answer_ = json.loads(self.path.read_text())
+            except (OSError, ValueError):
+                how = ended_how(self.child.exitcode)
+                raise TaskContractError(f"task code ended its process ({how}) while "
+                                        f"{self.what}") from None  # fmt: skip
+        finally:
+            self.folder.cleanup()
+        if "value" in answer_:
+            return answer_["value"]
+        raise _error(answer_["error"], self.what)
+
+    def cancel(self) -> None:
+        """Kill the child (and what it forked) and wait for its end."""
+        self.child.kill()
+        self.child.join()
+
+
+def with_torch(function: Callable[..., Any], *args: Any, what: str, task: str | None = None,
+               preload: Sequence[str] = ()) -> Any:  # fmt: skip
+    """``function(*args)`` where torch is: in this process when it has torch already (a run,
+    the pilot, a test), else in a guarded child of the task host (a command, a worker, the
+    launcher: they import no torch). For checks that ask torch (the stack, a device, an
+    optimizer's signature); JSON values in and out."""
+    if "torch" in sys.modules:
+        return function(*args)
+    return call(function, *args, what=what, task=task, preload=preload)
+
+
+def _error(error: Mapping[str, Any], what: str) -> Exception:
+    if error.get("exit") is not None or error["name"] == "SystemExit":
+        return TaskContractError(f"task code raised {error['name']}({error['exit']}) while {what}")
+    if (error["module"], error["name"]) in PASSED_ON:
+        module = __import__(error["module"], fromlist=[error["name"]])
+        return getattr(module, error["name"])(error["message"])
+    if error.get("exit_code") is not None:
+        return HostedError(error["message"], int(error["exit_code"]))
+    return TaskContractError(f"task code failed while {what}: {error['name']}: {error['message']}")
+
+
+def timeout() -> float:
+    """The time limit of a guarded call (``CAMPAIGN_TASK_TIMEOUT_S``), checked."""
+    text = os.environ.get(TIMEOUT_ENV)
+    try:
+        value = DEFAULT_TIMEOUT_S if text is None else float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise TaskContractError(f"{TIMEOUT_ENV}={text!r}: expected a positive number of seconds")
+    return value
+
+
+def run_module(
+    arguments: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    timeout_s: float = 600,
+    answers_with: Container[int] = (0,),
+    task: str | None = None,
+) -> Any:
+    """``python -m MODULE ARGS`` (``arguments`` = ["-m", MODULE, *ARGS]) in a fresh child, in
+    the current directory; its answer (:func:`answer`, else stdout) parsed as one JSON
+    document. ``answers_with``: the exit codes after which it answered (a check that fails may
+    still answer). ``task``: the task reference; a built-in task's declared preloads (its
+    transformers, seconds) are imported once in the host, so later checks start without them."""
+    if arguments[:1] != ["-m"] or len(arguments) < 2:
+        raise ValueError("run_module runs a module: arguments start with -m MODULE")
+    environment = dict(os.environ if env is None else env)
+    with tempfile.TemporaryDirectory(prefix="campaign-answer-") as folder:
+        answer_path, out, err = (Path(folder) / n for n in ("answer.json", "stdout", "stderr"))
+        environment[ANSWER_VARIABLE] = str(answer_path)
+        request = {"kind": "module", "module": arguments[1], "argv": list(arguments[2:]),
+                   "cwd": os.getcwd(), "env": environment, "stdout": str(out),
+                   "stderr": str(err), "follow": os.getpid(), "task": task}  # fmt: skip
+        child = _started(lambda: client.current().start(request), fresh=True)
+        try:
+            returncode = child.join(timeout_s)
+        finally:
+            child.kill()
+            child.join()
+        if returncode is None:
+            raise FreshProcessFailed(f"the fresh process gave no answer within {timeout_s:g} s")
+        written = answer_path.read_text() if answer_path.exists() else None
+        stdout = out.read_text(errors="replace") if out.exists() else ""
+        stderr = err.read_text(errors="replace") if err.exists() else ""
+    if returncode not in answers_with:
+        lines = stderr.strip().splitlines()
+        raise FreshProcessFailed(lines[-1] if lines else f"exit status {returncode}")
+    try:  # the answer channel; stdout only for modules that do not use it
+        return json.loads(written if written is not None else stdout)
+    except json.JSONDecodeError as error:
+        raise FreshProcessFailed(f"no JSON answer ({error})") from None
+
+
+def answer(document: Any) -> bool:
+    """Give ``document`` to the process that asked (:func:`run_module`) through its own file,
+    never through stdout, where a task's prints would corrupt it. False when nobody asked."""
+    path = os.environ.get(ANSWER_VARIABLE)
+    if not path:
+        return False
+    Path(path).write_text(json.dumps(document, default=str))
+    return True
+
+
+def _started(begin: Callable[[], Child], *, fresh: bool = False) -> Child:
+    try:
+        return begin()
+    except HostError as error:
+        if fresh:
+            raise FreshProcessFailed(str(error)) from None
+        raise TaskContractError(f"the task host could not start task code: {error}") from None

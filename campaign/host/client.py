@@ -1,0 +1,199 @@
+"""The asking side of the task host: start it once, ask it for children, learn how they end.
+
+A process gets its host from :func:`current`: a child of a host talks to the
+host that forked it (through the socket it was given), any other process
+spawns its own on first use (``python -m campaign.host.server``), and keeps it
+until it exits. This module imports no torch: the command line and the
+launcher use it and stay light.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import itertools
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+from campaign.host.processes import kill_group
+
+HOST_GONE = -signal.SIGKILL  # the exit code of a child whose host died (it died with it)
+
+
+class HostError(RuntimeError):
+    """The host could not start a child, or went away."""
+
+
+class Child:
+    """A started child: its pid, and its exit code once the host reported it."""
+
+    def __init__(self, host: Host, pid: int) -> None:
+        self.host = host
+        self.pid = pid
+        self._exitcode: int | None = None
+
+    @property
+    def exitcode(self) -> int | None:
+        if self._exitcode is None:
+            self.host.pump(0)
+        return self._exitcode
+
+    def join(self, timeout: float | None = None) -> int | None:
+        """Wait until the child ended (or ``timeout`` seconds); its exit code, None if alive."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._exitcode is None:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                break
+            self.host.pump(0.5 if left is None else min(left, 0.5))
+        return self._exitcode
+
+    def kill(self) -> None:
+        """SIGKILL the child's process group (the child and what it forked)."""
+        kill_group(self.pid, ended=self._exitcode is not None)
+
+
+class Host:
+    """One connection to a host: the pipe pair of a host this process spawned, or the socket a
+    host gave its child."""
+
+    def __init__(self, read_fd: int, write_fd: int, process: subprocess.Popen[bytes] | None):
+        self.read_fd, self.write_fd, self.process = read_fd, write_fd, process
+        self.pid = os.getpid()  # the process this connection belongs to
+        self._refs = itertools.count(1)
+        self._buffer = b""
+        self._waiting: dict[int, dict[str, Any]] = {}  # ref -> the start answer, once read
+        self._children: dict[int, Child] = {}  # ref -> child
+        self._lock = threading.RLock()
+        self.gone = False
+
+    def start(self, request: dict[str, Any]) -> Child:
+        """Send one request (:mod:`campaign.host.child` says what it holds); the started
+        child once the host forked it."""
+        with self._lock:
+            if self.gone:
+                raise HostError("the task host has exited")
+            ref = next(self._refs)
+            data = (json.dumps({**request, "ref": ref}) + "\n").encode()
+            try:
+                while data:
+                    data = data[os.write(self.write_fd, data):]
+            except OSError as error:
+                self._lost()
+                raise HostError(f"the task host has exited ({error})") from None
+            while ref not in self._waiting:
+                if self.gone:
+                    raise HostError("the task host exited before it started the child")
+                self.pump(None)
+            answer = self._waiting.pop(ref)
+        if "error" in answer:
+            raise HostError(answer["error"])
+        return self._children[ref]
+
+    def pump(self, timeout: float | None) -> None:
+        """Read what the host said within ``timeout`` seconds (None: until it says something)."""
+        with self._lock:
+            if self.gone:
+                return
+            ready, _, _ = select.select([self.read_fd], [], [], timeout)
+            if not ready:
+                return
+            try:
+                chunk = os.read(self.read_fd, 65536)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                self._lost()
+                return
+            self._buffer += chunk
+            while b"\n" in self._buffer:
+                line, self._buffer = self._buffer.split(b"\n", 1)
+                self._heard(json.loads(line))
+
+    def _heard(self, message: dict[str, Any]) -> None:
+        ref = int(message["ref"])
+        if "exit" in message:
+            child = self._children.pop(ref, None)
+            if child is not None:
+                child._exitcode = int(message["exit"])
+            return
+        if "pid" in message:
+            self._children[ref] = Child(self, int(message["pid"]))
+        self._waiting[ref] = message
+
+    def _lost(self) -> None:
+        """The host is gone: so are its children (they die with it)."""
+        self.gone = True
+        for child in self._children.values():
+            child._exitcode = HOST_GONE
+        self._children.clear()
+
+    def close(self) -> None:
+        """End the host this process spawned (its children die with it)."""
+        self.gone = True
+        with contextlib.suppress(OSError):
+            os.close(self.write_fd)
+        if self.process is not None:
+            try:
+                self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        with contextlib.suppress(OSError):
+            os.close(self.read_fd)
+
+
+_hosts: dict[int, Host] = {}
+_adopted: list[tuple[int, int]] = []  # (pid, socket fd): set in a host's child
+_spawn_lock = threading.Lock()
+
+
+def adopt(fd: int) -> None:
+    """In a host's child: its socket to the host that forked it."""
+    _hosts.clear()
+    _adopted[:] = [(os.getpid(), fd)]
+
+
+def current() -> Host:
+    """This process's host: the one that forked it, else its own (spawned on first use)."""
+    pid = os.getpid()
+    with _spawn_lock:
+        host = _hosts.get(pid)
+        if host is not None and not host.gone:
+            return host
+        if _adopted and _adopted[0][0] == pid and host is None:
+            fd = _adopted[0][1]
+            host = Host(fd, fd, None)
+        else:
+            host = _spawn()
+            atexit.register(host.close)
+        _hosts.clear()  # a forked copy of a process never uses its parent's host
+        _hosts[pid] = host
+        return host
+
+
+def start_early() -> None:
+    """Spawn this process's host now without waiting for it: its imports (torch, seconds) then
+    overlap the caller's own work, and the first child finds it ready."""
+    current()
+
+
+def _spawn() -> Host:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "campaign.host.server", str(os.getpid())],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=os.getcwd(), close_fds=True,
+    )  # fmt: skip
+    assert process.stdin is not None and process.stdout is not None
+    read_fd, write_fd = os.dup(process.stdout.fileno()), os.dup(process.stdin.fileno())
+    process.stdout.close()
+    process.stdin.close()
+    os.set_inheritable(read_fd, False)
+    os.set_inheritable(write_fd, False)
+    return Host(read_fd, write_fd, process)

@@ -1,0 +1,90 @@
+"""Process groups, liveness and the words for how a child ended (no torch here).
+
+Every child of the task host is the leader of its own process group, so a
+kill reaches what its task forked too, and a follower thread makes a child
+die (or stop) with the process it serves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import os
+import signal
+import threading
+import time
+
+PR_SET_PDEATHSIG = 1
+
+
+def kill_group(pid: int | None, *, ended: bool = False) -> None:
+    """SIGKILL the process group led by ``pid`` (a host child and whatever it forked); the
+    process alone while it does not lead a group yet. Nothing once it is known ``ended``
+    (its pid may belong to another process by now)."""
+    if pid is None or ended:
+        return
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def die_with_parent() -> bool:
+    """Ask the kernel to SIGKILL this process when its parent dies (PR_SET_PDEATHSIG). False
+    when the parent was already gone (reparented) or the call is not available."""
+    parent = os.getppid()
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    return os.getppid() == parent
+
+
+def follow(parent: int, *, stop_with_it: bool) -> None:
+    """In a child: a thread that kills this process group when ``parent`` is gone (or dead and
+    not yet reaped), and, with ``stop_with_it``, stops this process while ``parent`` is stopped
+    (its parent continues it). A caller killed without running its cleanup (SIGTERM's default
+    action) then leaves nothing behind."""
+
+    def watch() -> None:
+        while True:
+            state = process_state(parent)
+            if state is None or state in ("Z", "X"):
+                os.killpg(0, signal.SIGKILL)
+            # stopped (not traced: a debugger's pause is not the parent's); looked at twice, so
+            # a parent continued in between is not followed into a stop nobody would end
+            if stop_with_it and state == "T" and process_state(parent) == "T":
+                os.kill(os.getpid(), signal.SIGSTOP)
+            time.sleep(0.2)
+
+    threading.Thread(target=watch, name="follow-parent", daemon=True).start()
+
+
+def ended_how(exitcode: int | None) -> str:
+    """How a child ended, in words: ``was killed by SIGSEGV``, ``exited with status 3``."""
+    if exitcode is not None and exitcode < 0:
+        return f"was killed by {signal_name(-exitcode)}"
+    return f"exited with status {exitcode}"
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:  # a real-time signal without a name
+        return f"signal {signum}"
+
+
+def process_state(pid: int) -> str | None:
+    """The one-letter state of process ``pid`` (``R``, ``S``, ``T``...), None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().rsplit(b")", 1)[1].split()[0].decode()
+    except FileNotFoundError:
+        return None
+    except (OSError, IndexError):  # no /proc here: liveness only
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        return "R"

@@ -1,0 +1,169 @@
+"""The task host's own process: ``python -m campaign.host.server OWNER_PID``.
+
+It imports what every child needs (``PRELOAD``), then serves requests until
+its owner goes: each request line (JSON, from the owner's pipe or from one of
+its children's sockets) asks for one child, which is forked at once
+(:func:`campaign.host.child.become`); the host answers with the child's pid,
+reaps it when it ends and answers with its exit code. It never computes, never
+initialises CUDA, and has no thread, so every fork is safe and starts in
+milliseconds. It ignores the signals a scheduler sends to every process of a
+job (SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2): the supervisor decides what
+they mean. Nothing is pickled: requests and answers are JSON lines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import select
+import signal
+import socket
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+# What every child needs; a request names more (a run: the loop; the pilot: its gates), imported
+# once on the first request that names them and inherited by every later child.
+PRELOAD = ("torch", "campaign.host.child")
+IGNORED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+OWNER_POLL_S = 0.5
+
+
+@dataclass
+class Connection:
+    """One requester: the owner (its pipe) or a child (a socket pair made at its fork)."""
+
+    read_fd: int
+    write_fd: int
+    owner: bool = False
+    buffer: bytes = b""
+    children: set[int] = field(default_factory=set)
+
+    def send(self, message: dict[str, Any]) -> None:
+        data = (json.dumps(message) + "\n").encode()
+        with contextlib.suppress(OSError):  # a requester that went away hears nothing
+            while data:
+                data = data[os.write(self.write_fd, data):]
+
+
+class Host:
+    """The serving loop's state: connections, live children and who asked for each."""
+
+    def __init__(self, owner: int) -> None:
+        self.owner = owner
+        self.connections: dict[int, Connection] = {0: Connection(0, 1, owner=True)}
+        self.children: dict[int, tuple[Connection, int]] = {}  # pid -> (requester, ref)
+        self.wake_read, wake_write = os.pipe()
+        for fd in (self.wake_read, wake_write):
+            os.set_blocking(fd, False)
+        signal.set_wakeup_fd(wake_write)
+        signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes the select through the pipe
+        self.wake_write = wake_write
+
+    def serve(self) -> None:
+        while 0 in self.connections and os.getppid() == self.owner:
+            ready, _, _ = select.select([*self.connections, self.wake_read], [], [], OWNER_POLL_S)
+            if self.wake_read in ready:
+                with contextlib.suppress(BlockingIOError):
+                    while os.read(self.wake_read, 512):
+                        pass
+            self._reap()
+            for fd in ready:
+                if fd in self.connections:
+                    self._read(self.connections[fd])
+
+    def _read(self, connection: Connection) -> None:
+        try:
+            chunk = os.read(connection.read_fd, 65536)
+        except OSError:
+            chunk = b""
+        if not chunk:  # the requester is gone: its children are not (they follow theirs)
+            self._drop(connection)
+            return
+        connection.buffer += chunk
+        while b"\n" in connection.buffer:
+            line, connection.buffer = connection.buffer.split(b"\n", 1)
+            if line.strip():
+                self._start(connection, json.loads(line))
+
+    def _drop(self, connection: Connection) -> None:
+        del self.connections[connection.read_fd]
+        if not connection.owner:
+            with contextlib.suppress(OSError):
+                os.close(connection.read_fd)
+
+    def _start(self, requester: Connection, request: dict[str, Any]) -> None:
+        ref = request.get("ref", 0)
+        for name in [*request.get("preload", ()), *task_preloads(request.get("task"))]:
+            with contextlib.suppress(Exception):  # once here, inherited by every later child
+                importlib.import_module(name)
+        mine, theirs = socket.socketpair()
+        try:
+            pid = os.fork()
+        except OSError as error:
+            mine.close()
+            theirs.close()
+            requester.send({"ref": ref, "error": f"fork failed: {error}"})
+            return
+        if pid == 0:
+            from campaign.host.child import become
+
+            mine.close()
+            become(request, theirs.detach(), self._descriptors())
+        theirs.close()
+        with contextlib.suppress(OSError):  # the child's own group, before anyone signals it
+            os.setpgid(pid, pid)
+        fd = mine.detach()
+        self.connections[fd] = Connection(fd, fd)
+        self.children[pid] = (requester, ref)
+        requester.send({"ref": ref, "pid": pid})
+
+    def _reap(self) -> None:
+        while self.children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            requester, ref = self.children.pop(pid, (None, 0))
+            if requester is not None:
+                exit_code = os.waitstatus_to_exitcode(status)
+                requester.send({"ref": ref, "pid": pid, "exit": exit_code})
+
+    def _descriptors(self) -> list[int]:
+        """What a child must close: every requester's channel and the wake-up pipe (the owner's
+        pipe is the host's fds 0 and 1, which the child replaces with its own streams)."""
+        channels = {fd for c in self.connections.values() for fd in (c.read_fd, c.write_fd)}
+        return sorted({self.wake_read, self.wake_write, *channels} - {0, 1, 2})
+
+
+def task_preloads(task_reference: str | None) -> list[str]:
+    """What a built-in task declares worth importing once per host (its ``PRELOAD``: the
+    causal-LM task's transformers takes seconds per process). A user's module is never
+    imported here: its import-time side effects (a thread, an exit) belong in a child."""
+    module = (task_reference or "").split(":", 1)[0]
+    if not module.startswith("campaign.tasks."):
+        return []
+    try:
+        return [module, *getattr(importlib.import_module(module), "PRELOAD", ())]
+    except Exception:
+        return []
+
+
+def main(owner: int) -> None:
+    for signum in IGNORED_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+    if os.getppid() != owner:  # the owner is already gone
+        return
+    sys.stdout = sys.stderr  # fd 1 is the answer channel: a print must not reach it
+    for name in PRELOAD:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
+    Host(owner).serve()
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]))

@@ -1,0 +1,88 @@
+"""The run itself, in its supervised process (a child of the task host): the body the
+supervisor (:mod:`campaign.launch.supervisor`) names for :mod:`campaign.launch.run_process`.
+Only this side imports torch and the loop; the worker that placed the run does not."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+from campaign.launch.replicated import replica_group
+from campaign.launch.worker import WorkerOptions, options_from
+from campaign.ledger import Claim, Ledger, StopRecord
+from campaign.loop import replicas as dp
+from campaign.loop.errors import LoopError, RunSetupFailed
+from campaign.loop.outcome import RunOutcome
+from campaign.loop.resume import ResumePoint
+from campaign.loop.run_files import record_log
+from campaign.loop.train import RunLoop
+
+
+def supervised_body(
+    options: dict[str, Any],
+    worker: str,
+    claim: dict[str, Any],
+    point: dict[str, Any] | None,
+    ledger: Ledger,
+    log: Path,
+) -> RunOutcome:
+    """The run in its supervised process, from the JSON values the worker sent (options,
+    claim and resume point as documents: nothing travels pickled)."""
+    placed = options_from(options)
+    if placed.threads:
+        import torch
+
+        torch.set_num_threads(placed.threads)
+    resume_point = None if point is None else ResumePoint(**point)
+    return _execute_here(ledger, placed, worker, Claim(**claim), resume_point, log)
+
+
+def _execute_here(
+    ledger: Ledger,
+    options: WorkerOptions,
+    worker: str,
+    claim: Claim,
+    point: ResumePoint | None,
+    log: Path,
+) -> RunOutcome:
+    """The run itself, in the supervised child process (the parent holds the heartbeat)."""
+    run_id = claim.run_id
+    world = int(ledger.run(run_id).config_document["loop"]["replicas"])
+    group: Any = contextlib.nullcontext()
+    replica = None
+    if world > 1:
+        group = replica_group(ledger, run_id, world, options.device, options.artifacts)
+        replica = dp.Replica(0, world)
+    loop_options = {**_loop_options(options, worker), "heartbeat_s": None}
+    try:
+        loop = RunLoop(ledger, run_id, claim=claim, replica=replica, resume=point, log=log,
+                       **loop_options)  # fmt: skip
+    except LoopError as error:  # refused before any work: a claimed run must still end
+        stop = StopRecord("exception", 0, "setup", str(error))
+        record_log(ledger, run_id, log, 0, lease=claim.lease)
+        ledger.finish(run_id, "failed", stop, lease=claim.lease, training_s=0.0)
+        return RunOutcome(run_id, "failed", "exception", 0, str(error))
+    with group:
+        try:
+            loop.setup()
+        except RunSetupFailed as error:  # the run is recorded as failed already
+            loop.cleanup()
+            return RunOutcome(loop.run_id, "failed", "exception", loop.step, str(error))
+        try:
+            return loop.train()
+        finally:
+            loop.cleanup()
+
+
+
+
+def _loop_options(options: WorkerOptions, worker: str) -> dict[str, Any]:
+    return {
+        "artifacts": options.artifacts,
+        "worker": worker,
+        "device": options.device,
+        "heartbeat_s": options.heartbeat_s,
+        "replay_in_subprocess": options.replay_in_subprocess,
+        "preempt_signals": options.preempt_signals,
+    }
