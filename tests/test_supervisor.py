@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from campaign.cli import main
 from campaign.ledger import Ledger
-from campaign.loop.forkserver import process_state
+from campaign.host.processes import process_state
 from tests.loop_helpers import plan_loop
 
 TASK = "tests.tasks.misbehaving:build"

@@ -185,6 +185,7 @@ def run_module(
     timeout_s: float = 600,
     answers_with: Container[int] = (0,),
     task: str | None = None,
+    preload: Sequence[str] = (),
 ) -> Any:
     """``python -m MODULE ARGS`` (``arguments`` = ["-m", MODULE, *ARGS]) in a fresh child, in
     the current directory; its answer (:func:`answer`, else stdout) parsed as one JSON
@@ -199,7 +200,8 @@ def run_module(
         environment[ANSWER_VARIABLE] = str(answer_path)
         request = {"kind": "module", "module": arguments[1], "argv": list(arguments[2:]),
                    "cwd": os.getcwd(), "env": environment, "stdout": str(out),
-                   "stderr": str(err), "follow": os.getpid(), "task": task}  # fmt: skip
+                   "stderr": str(err), "follow": os.getpid(), "task": task,
+                   "preload": list(preload)}  # fmt: skip
         child = _started(lambda: client.current().start(request), fresh=True)
         try:
             returncode = child.join(timeout_s)

@@ -20,6 +20,7 @@ class FaultyDigits(DigitsTask):
         self.at = int(config["task"].get("at", 3))
         self.sleep = float(config["task"].get("sleep", 0.0))
         self.marker = config["task"].get("marker")
+        self.config_signal = str(config["task"].get("signal", "SIGTERM"))
         self.calls = 0
 
     def model(self) -> torch.nn.Module:
@@ -54,6 +55,12 @@ class FaultyDigits(DigitsTask):
                 supervisor = os.environ.get("CAMPAIGN_SUPERVISOR_PID")  # the worker with it
                 os.kill(int(supervisor) if supervisor else os.getpid(), signal.SIGKILL)
                 time.sleep(60)
+            elif self.fault == "signal_tree" and self.marker and not os.path.exists(self.marker):
+                open(self.marker, "w").close()  # as SLURM signals a job step: every process
+                signum = getattr(signal, self.config_signal)  # of the run's tree at once
+                tree = [int(os.environ["CAMPAIGN_SUPERVISOR_PID"]), os.getppid(), os.getpid()]
+                for pid in tree:  # the supervisor, the task host, the run's own process
+                    os.kill(pid, signum)
             elif self.fault == "oom":
                 raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return total, units

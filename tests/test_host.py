@@ -1,0 +1,99 @@
+"""The task host: fresh children that answer from a state of their own, in the asker's
+directory and environment; failures as one clear line; a host that ignores the scheduler's
+signals, dies with its owner, and takes its children with it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import tests.fresh_state as state
+from campaign.host import calls, client
+from campaign.host.calls import FreshProcessFailed, run_module
+from campaign.host.processes import process_state
+from campaign.loop.errors import TaskContractError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _in_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)
+
+
+def test_a_fresh_child_sees_only_what_it_was_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(state, "COUNTER", 41)  # this process's state: not the fresh one's
+    env = {**os.environ, "PROBE_VARIABLE": "given"}
+    first = run_module(["-m", "tests.fresh_probe", "a", "b"], env=env)
+    second = run_module(["-m", "tests.fresh_probe"], env=env)
+    assert first["counter"] == second["counter"] == 0
+    assert first["argv"] == ["a", "b"] and second["argv"] == []
+    assert first["variable"] == "given" and first["cwd"] == str(ROOT)
+    assert len({first["pid"], second["pid"], os.getpid()}) == 3
+    assert first["torch_loaded"] is True  # the host imported it; the child did not pay
+    assert first["server"] == second["server"] == client.current().process.pid
+
+
+def test_a_failure_reads_as_its_last_line() -> None:
+    with pytest.raises(FreshProcessFailed, match=r"^the reason it failed$"):
+        run_module(["-m", "tests.fresh_probe", "--fail"])
+    with pytest.raises(FreshProcessFailed, match="No module named"):
+        run_module(["-m", "tests.no_such_module"])
+
+
+def test_a_check_can_have_modules_preloaded() -> None:
+    """Modules a request names are imported once in the host and inherited by later children."""
+    assert run_module(["-m", "tests.fresh_probe"], preload=["json.tool"])["json_tool_loaded"]
+    assert run_module(["-m", "tests.fresh_probe"])["json_tool_loaded"]
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ("import sys\nsys.exit(0)\n", r"raised SystemExit\(0\) while importing"),
+        ("import os\nos._exit(0)\n", r"ended its process \(exited with status 0\) while importing"),
+        ("import time\ntime.sleep(60)\n", r"did not return within 2 s while importing"),
+        ("raise RuntimeError('broken at import')\n", r"failed while importing.*broken at import"),
+    ],
+)
+def test_task_code_that_exits_or_hangs_at_import_is_one_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str, expected: str
+) -> None:
+    module = f"hostile_{abs(hash(body)) % 10**8}"
+    (tmp_path / f"{module}.py").write_text(body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv(calls.TIMEOUT_ENV, "2")
+    with pytest.raises(TaskContractError, match=expected):
+        calls.call("importlib:import_module", module, what="importing the task")
+
+
+def test_the_host_ignores_the_schedulers_signals_and_dies_with_its_owner(tmp_path: Path) -> None:
+    """An owner process with a host and a sleeping child: every signal SLURM or a terminal
+    sends reaches the host and leaves it serving; the owner's death ends host and child."""
+    owner = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import sys, time
+        from campaign.host import calls, client
+        child = calls.start("time:sleep", [600])
+        print(client.current().process.pid, child.pid, flush=True)
+        time.sleep(600)
+    """)], stdout=subprocess.PIPE, text=True, cwd=ROOT)  # fmt: skip
+    assert owner.stdout is not None
+    host, child = (int(p) for p in owner.stdout.readline().split())
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        os.kill(host, signum)
+    time.sleep(0.5)
+    assert process_state(host) not in (None, "Z", "X")
+    assert process_state(child) not in (None, "Z", "X")
+    owner.kill()
+    owner.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (process_state(host) or process_state(child)):
+        time.sleep(0.1)
+    assert process_state(host) is None and process_state(child) is None
