@@ -16,8 +16,8 @@ import pytest
 from click.testing import CliRunner
 
 from campaign.cli import main
-from campaign.ledger import Ledger
 from campaign.host.processes import process_state
+from campaign.ledger import Ledger
 from tests.loop_helpers import plan_loop
 
 TASK = "tests.tasks.misbehaving:build"

@@ -13,8 +13,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from campaign.ledger import Ledger
 
 ROOT = Path(__file__).resolve().parents[1]

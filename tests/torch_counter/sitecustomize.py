@@ -8,7 +8,7 @@ import sys
 
 
 class _FirstTorchImport(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):  # noqa: ANN001, ANN201
+    def find_spec(self, name, path=None, target=None):
         if name == "torch":
             sys.meta_path.remove(self)
             with open(os.environ["CAMPAIGN_TEST_TORCH_LOG"], "a") as log:
