@@ -8,10 +8,20 @@ its yardstick round by round; medians and ratios are printed:
 
 - ``campaign --help`` against ``python -c "import click"``: at most 2x;
 - ``campaign status C`` and ``campaign runs C`` against
-  ``python -c "import sqlalchemy"``: at most 2.5x each.
+  ``python -c "import sqlalchemy"``: at most 2.5x each;
+- ``campaign plan spec.toml --dry-run`` of the ``campaign init`` skeleton against
+  ``python -c "import torch; import study_task"``: at most 1.3x;
+- ``campaign run RUN_ID`` of the skeleton's 100 updates, replay included, against
+  ``benchmarks/bare_run.py`` (the same training by hand, safetensors, a forked
+  replay): at most 1.5x;
+- ``campaign launch C --workers 2``: the first update (from the ledger's clock)
+  at most 1.5x ``python -c "import torch"`` after the command starts, and the
+  gap between two runs on one worker (one run's end to the next one's start) at
+  most 100 ms.
 
-The campaign is planned once from ``examples/digits-lr.toml`` into a temporary
-SQLite ledger (12 runs).
+The digits campaign is planned once from ``examples/digits-lr.toml`` into a
+temporary SQLite ledger (12 runs); the skeleton is planned with one seed per
+round (its runs are consumed by ``campaign run``) and piloted once.
 """
 
 from __future__ import annotations
@@ -29,7 +39,11 @@ from common import interleaved
 ROOT = Path(__file__).resolve().parents[1]
 LIMITS = {"campaign --help": ("import click", 2.0),
           "campaign status": ("import sqlalchemy", 2.5),
-          "campaign runs": ("import sqlalchemy", 2.5)}  # fmt: skip
+          "campaign runs": ("import sqlalchemy", 2.5),
+          "campaign plan --dry-run": ("import torch; import study_task", 1.3),
+          "campaign run (100 updates)": ("bare_run.py (100 updates)", 1.5),
+          "launch: first update": ("import torch", 1.5)}  # fmt: skip
+GAP_LIMIT_S = 0.1
 
 
 def _campaign() -> list[str]:
@@ -46,9 +60,58 @@ def _runner(command: list[str], env: dict[str, str], cwd: Path) -> object:
     return run
 
 
+def _skeleton(root: Path, env: dict[str, str], rounds: int) -> tuple[Path, list[str]]:
+    """The ``campaign init`` skeleton with one seed per round, planned and piloted."""
+    campaign = _campaign()
+    subprocess.run([*campaign, "init", "study"], env=env, cwd=root, check=True,
+                   capture_output=True)  # fmt: skip
+    folder = root / "study"
+    spec = (folder / "spec.toml").read_text()
+    seeds = ", ".join(str(i) for i in range(rounds))
+    spec = spec.replace("seeds = [0, 1, 2]", f"seeds = [{seeds}]")
+    (folder / "spec.toml").write_text(spec)
+    skeleton_env = {**env, "CAMPAIGN_LEDGER": f"sqlite:///{folder / 'campaign.db'}"}
+    subprocess.run([*campaign, "plan", "spec.toml"], env=skeleton_env, cwd=folder, check=True,
+                   capture_output=True)  # fmt: skip
+    subprocess.run([*campaign, "pilot", "study"], env=skeleton_env, cwd=folder, check=True,
+                   capture_output=True)  # fmt: skip
+    listed = subprocess.run([*campaign, "runs", "study", "--format", "json"], env=skeleton_env,
+                            cwd=folder, check=True, capture_output=True, text=True)  # fmt: skip
+    import json
+
+    runs = [r["run_id"] for r in json.loads(listed.stdout) if r["variant"] == "lr-1e-2"]
+    return folder, runs
+
+
+def _launch_figures(root: Path, env: dict[str, str]) -> tuple[float, float]:
+    """One ``launch --workers 2`` of the skeleton's other variant: seconds from the command's
+    start to its first update, and the longest gap between two runs on one worker."""
+    import time
+
+    from campaign.ledger import Ledger
+
+    folder = root / "study"
+    url = f"sqlite:///{folder / 'campaign.db'}"
+    started = time.time()
+    subprocess.run([*_campaign(), "launch", "study", "--workers", "2"], cwd=folder, check=True,
+                   env={**env, "CAMPAIGN_LEDGER": url}, capture_output=True)  # fmt: skip
+    with Ledger.open(url) as ledger:
+        metrics = ledger.metrics("study", keys=["train/loss"])
+        runs = ledger.runs("study")
+    first = float(metrics["wall_time"].min()) - started
+    gaps = []
+    for _, mine in runs[runs["variant"] == "lr-3e-2"].groupby("worker"):
+        ordered = mine.sort_values("started_at")
+        ends, starts = ordered["ended_at"].iloc[:-1], ordered["started_at"].iloc[1:]
+        gaps += [(s - e).total_seconds() for e, s in zip(ends, starts, strict=True)]
+    return first, max(gaps, default=0.0)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--host-rounds", type=int, default=5,
+                        help="Rounds of the commands that start a task host (seconds each).")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         cwd = Path(folder)
@@ -68,10 +131,30 @@ def main() -> int:
             {label: _runner(command, env, cwd) for label, command in approaches.items()},
             args.rounds,
         )
-    print(f"\nfresh processes, median of {args.rounds} interleaved rounds")
+        skeleton, runs = _skeleton(cwd, env, args.host_rounds)
+        skeleton_env = {**env, "CAMPAIGN_LEDGER": f"sqlite:///{skeleton / 'campaign.db'}"}
+        queue = list(runs)
+        hosted = {
+            "import torch": [sys.executable, "-c", "import torch"],
+            "import torch; import study_task": [sys.executable, "-c",
+                                                "import torch; import study_task"],
+            "campaign plan --dry-run": [*campaign, "plan", "spec.toml", "--dry-run"],
+            "bare_run.py (100 updates)": [sys.executable, str(ROOT / "benchmarks" /
+                                                              "bare_run.py"), str(skeleton)],
+        }  # fmt: skip
+        rounds = {label: _runner(command, skeleton_env, skeleton)
+                  for label, command in hosted.items()}  # fmt: skip
+        rounds["campaign run (100 updates)"] = lambda: subprocess.run(
+            [*campaign, "run", queue.pop(0)], env=skeleton_env, cwd=skeleton, check=True,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        medians |= interleaved(rounds, args.host_rounds)
+        first, gap = _launch_figures(cwd, env)
+        medians["launch: first update"] = first
+    print(f"\nfresh processes, median of {args.rounds} interleaved rounds "
+          f"({args.host_rounds} for the task-host commands)")
     failed = False
     for label, seconds in medians.items():
-        line = f"  {label:<20} {seconds * 1000:8.1f} ms"
+        line = f"  {label:<34} {seconds * 1000:8.1f} ms"
         if label in LIMITS:
             yardstick, limit = LIMITS[label]
             ratio = seconds / medians[yardstick]
@@ -79,6 +162,10 @@ def main() -> int:
             failed |= ratio > limit
             line += f"  {ratio:5.2f}x {yardstick} (limit {limit}x: {verdict})"
         print(line)
+    verdict = "ok" if gap <= GAP_LIMIT_S else "OVER"
+    failed |= gap > GAP_LIMIT_S
+    print(f"  {'launch: gap between runs':<20} {gap * 1000:8.1f} ms  (limit "
+          f"{GAP_LIMIT_S * 1000:g} ms: {verdict})")
     return 1 if failed else 0
 
 

@@ -1,6 +1,6 @@
 """Loop overhead: our loop with full ledger recording against a bare PyTorch loop (and Lightning).
 
-    python benchmarks/overhead.py [--steps 300] [--rounds 3]
+    python benchmarks/overhead.py [--steps 300] [--rounds 3] [--device cuda]
 
 Same model, data, optimizer (AdamW), batch 64 and steps, CPU with 2 threads.
 Per-step time is the median step-to-step time in the steady state (after the
@@ -42,11 +42,11 @@ from campaign.spec import resolve_spec  # noqa: E402
 BATCH = 64
 
 
-def bare(model_name: str, steps: int) -> float:
+def bare(model_name: str, steps: int, device: str = "cpu") -> float:
     """Seconds per step of a plain loop: index, forward, loss, backward, step, .item()."""
     task = SyntheticTask({"task": {"model": model_name}})
     torch.manual_seed(0)
-    model = build_model(task.shape)
+    model = build_model(task.shape).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     train = task.splits()["train"]
     order = torch.randperm(len(train), generator=torch.Generator().manual_seed(0)).tolist()
@@ -54,6 +54,7 @@ def bare(model_name: str, steps: int) -> float:
     for step in range(steps):
         first = (step * BATCH) % len(order)
         batch = task.collate([train[i] for i in order[first : first + BATCH]])  # the same data path
+        batch = {k: v.to(device) if hasattr(v, "to") else v for k, v in batch.items()}
         loss = torch.nn.functional.cross_entropy(model(batch["x"]), batch["y"])
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -70,7 +71,7 @@ def per_step(stamps: list[float]) -> float:
     return statistics.median(gaps)
 
 
-def ours(model_name: str, steps: int, folder: Path, index: int) -> float:
+def ours(model_name: str, steps: int, folder: Path, index: int, device: str = "cpu") -> float:
     """Seconds per step of RunLoop, from the wall-time stamps of its logged points."""
     spec = {
         "campaign": {
@@ -92,6 +93,7 @@ def ours(model_name: str, steps: int, folder: Path, index: int) -> float:
             artifacts=folder / "artifacts",
             replay_in_subprocess=False,
             heartbeat_s=1.0,
+            device=device,
         )
         curve = ledger.metrics(record.name, keys=["train/loss"])
     return per_step(curve.sort_values("step")["wall_time"].tolist())
@@ -143,19 +145,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (Lightning: cpu only)")
     args = parser.parse_args()
     torch.set_num_threads(2)
     folder = Path(tempfile.mkdtemp(prefix="campaign-overhead-"))
     print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch {BATCH}, "
+        f"torch {torch.__version__} on {args.device}, {torch.get_num_threads()} threads, "
+        f"batch {BATCH}, "
         f"{args.steps} steps, allocator pinned: {os.environ.get('MALLOC_MMAP_THRESHOLD_')}"
     )
     for model_name in ("mlp", "tiny"):
         times: dict[str, list[float]] = {"bare": [], "ours": [], "lightning": [], "logged": []}
         for round_index in range(args.rounds):  # interleaved, round by round
-            times["bare"].append(bare(model_name, args.steps))
-            times["ours"].append(ours(model_name, args.steps, folder, round_index))
-            result = lightning(model_name, args.steps)
+            times["bare"].append(bare(model_name, args.steps, args.device))
+            times["ours"].append(ours(model_name, args.steps, folder, round_index, args.device))
+            result = lightning(model_name, args.steps) if args.device == "cpu" else None
             if result is not None:
                 times["lightning"].append(result[0])
                 times["logged"].append(result[1])

@@ -19,6 +19,7 @@ from typing import Any
 
 # What must match between the pilot's machine and a launching one for the pilot to speak for it.
 STACK_KEYS = ("torch", "cuda", "cudnn", "devices", "python")
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 PACKAGES = ("campaign", "numpy", "safetensors", "sqlalchemy", "pandas", "scikit-learn")
 
 
@@ -36,11 +37,23 @@ def environment(task_reference: str | None) -> dict[str, Any]:
         "python": platform.python_version(),
         "host": socket.gethostname(),
         "packages": {name: package_version(name) for name in PACKAGES},
+        "threads": thread_settings(),
     }
     if task_reference is not None:
         stack["task"] = task_reference
         stack["git_revision"] = git_revision(task_reference)
     return stack
+
+
+def thread_settings() -> dict[str, Any]:
+    """torch's intra- and inter-op thread counts and the settings they come from: the last
+    float32 bit of a reduction can depend on them, so every segment records them."""
+    import os
+
+    import torch
+
+    return {"intra_op": torch.get_num_threads(), "inter_op": torch.get_num_interop_threads(),
+            **{name: os.environ.get(name) for name in THREAD_VARIABLES}}  # fmt: skip
 
 
 @functools.cache

@@ -97,3 +97,27 @@ def test_the_host_ignores_the_schedulers_signals_and_dies_with_its_owner(tmp_pat
     while time.monotonic() < deadline and (process_state(host) or process_state(child)):
         time.sleep(0.1)
     assert process_state(host) is None and process_state(child) is None
+
+
+@pytest.mark.parametrize("threads", [None, "1"])
+def test_a_host_child_has_the_threads_a_fresh_interpreter_has(
+    monkeypatch: pytest.MonkeyPatch, threads: str | None
+) -> None:
+    """The last float32 bit of a reduction can depend on torch's thread counts: a child forked
+    from the host (which never ran an operator) must get what a new interpreter gets from the
+    same environment."""
+    import json
+
+    if threads is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", threads)
+    hosted = calls.call("campaign.stack:thread_settings", what="reading thread settings")
+    fresh = subprocess.run(
+        [sys.executable, "-c", "import json; from campaign.stack import thread_settings; "
+                               "print(json.dumps(thread_settings()))"],
+        capture_output=True, text=True, check=True, cwd=ROOT,
+    )  # fmt: skip
+    assert hosted == json.loads(fresh.stdout)
+    if threads is not None:
+        assert hosted["intra_op"] == 1

@@ -29,13 +29,15 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from campaign.host import client
+from campaign.host.client import THREAD_VARIABLES
 from campaign.host.processes import die_with_parent, follow
 
 DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2,
                    signal.SIGCHLD)  # fmt: skip
 
 
-def become(request: dict[str, Any], connection: int, host_fds: Sequence[int]) -> NoReturn:
+def become(request: dict[str, Any], connection: int, host_fds: Sequence[int],
+           default_threads: int | None = None) -> NoReturn:  # fmt: skip
     """The child from the fork to ``os._exit``: it never returns into the host's loop."""
     code = 1
     try:
@@ -53,6 +55,7 @@ def become(request: dict[str, Any], connection: int, host_fds: Sequence[int]) ->
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
+        _threads_as_a_new_interpreter(default_threads)
         if request.get("follow"):
             follow(int(request["follow"]), stop_with_it=bool(request.get("stop_with")))
         code = _run_module(request) if request["kind"] == "module" else _call(request)
@@ -66,6 +69,23 @@ def become(request: dict[str, Any], connection: int, host_fds: Sequence[int]) ->
             sys.stdout.flush()
             sys.stderr.flush()
         os._exit(code)
+
+
+def _threads_as_a_new_interpreter(default: int | None) -> None:
+    """torch's intra-op threads as a new interpreter would set them from this environment
+    (OMP_NUM_THREADS, else MKL_NUM_THREADS, else torch's default, which the host read with
+    neither set): the host imported torch under its owner's settings, not the request's."""
+    torch = sys.modules.get("torch")
+    if torch is None or default is None:
+        return
+    wanted = default
+    for name in THREAD_VARIABLES:
+        text = os.environ.get(name, "")
+        if text.strip().isdigit() and int(text) > 0:
+            wanted = int(text)
+            break
+    if torch.get_num_threads() != wanted:
+        torch.set_num_threads(wanted)
 
 
 def _standard_streams(request: dict[str, Any]) -> None:

@@ -24,6 +24,7 @@ from typing import Any
 
 from campaign.host.processes import kill_group
 
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")  # what sets torch's intra-op threads
 HOST_GONE = -signal.SIGKILL  # the exit code of a child whose host died (it died with it)
 
 
@@ -186,9 +187,12 @@ def start_early() -> None:
 
 
 def _spawn() -> Host:
+    # Without the thread settings: torch in the host computes its defaults, and each child
+    # takes the settings of its own request (campaign.host.child), as a new interpreter would.
+    env = {k: v for k, v in os.environ.items() if k not in THREAD_VARIABLES}
     process = subprocess.Popen(
         [sys.executable, "-m", "campaign.host.server", str(os.getpid())],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=os.getcwd(), close_fds=True,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=os.getcwd(), close_fds=True, env=env,
     )  # fmt: skip
     assert process.stdin is not None and process.stdout is not None
     read_fd, write_fd = os.dup(process.stdout.fileno()), os.dup(process.stdin.fileno())

@@ -51,8 +51,9 @@ class Connection:
 class Host:
     """The serving loop's state: connections, live children and who asked for each."""
 
-    def __init__(self, owner: int) -> None:
+    def __init__(self, owner: int, default_threads: int | None = None) -> None:
         self.owner = owner
+        self.default_threads = default_threads  # torch's own choice without OMP_NUM_THREADS
         self.connections: dict[int, Connection] = {0: Connection(0, 1, owner=True)}
         self.children: dict[int, tuple[Connection, int]] = {}  # pid -> (requester, ref)
         self.wake_read, wake_write = os.pipe()
@@ -111,7 +112,7 @@ class Host:
             from campaign.host.child import become
 
             mine.close()
-            become(request, theirs.detach(), self._descriptors())
+            become(request, theirs.detach(), self._descriptors(), self.default_threads)
         theirs.close()
         with contextlib.suppress(OSError):  # the child's own group, before anyone signals it
             os.setpgid(pid, pid)
@@ -162,7 +163,8 @@ def main(owner: int) -> None:
     for name in PRELOAD:
         with contextlib.suppress(ImportError):
             importlib.import_module(name)
-    Host(owner).serve()
+    torch = sys.modules.get("torch")  # reads the setting, starts no thread pool
+    Host(owner, torch.get_num_threads() if torch is not None else None).serve()
 
 
 if __name__ == "__main__":
