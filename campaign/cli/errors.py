@@ -32,7 +32,11 @@ ERRORS: tuple[tuple[str, str, int], ...] = (
 
 
 def exit_code_for(error: BaseException) -> int | None:
-    """The contract's exit code for ``error``; None when it is not one of the project's."""
+    """The contract's exit code for ``error``; None when it is not one of the project's. An
+    error raised in a child of the task host names the classes it derives from."""
+    hosted = getattr(error, "classes", None)
+    if type(error).__name__ == "HostedError" and hosted is not None:
+        return next((code for module, name, code in ERRORS if (module, name) in hosted), None)
     for module_name, class_name, code in ERRORS:
         module = sys.modules.get(module_name)
         kind = getattr(module, class_name, None) if module is not None else None

@@ -180,6 +180,8 @@ def launch(source: LedgerSource, campaign: str, workers: int | None, devices: st
             raise click.exceptions.Exit(2) from None
     if output_format == "json":
         click.echo(json.dumps(outcome.snapshot.document(), indent=2))
+    for refusal in outcome.refusals:
+        click.echo(f"campaign: worker {refusal}", err=True)
     if outcome.interrupted:
         click.echo(
             f"campaign: launch interrupted; resume with `campaign launch {campaign} "

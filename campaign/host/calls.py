@@ -55,11 +55,12 @@ class FreshProcessFailed(Exception):
 
 
 class HostedError(Exception):
-    """A project error raised in a host child, carried back with its exit code (DESIGN §11)."""
+    """A project error raised in a host child, carried back with the classes it derives from
+    (``module``, ``name``), from which the command line takes its exit code (DESIGN §11)."""
 
-    def __init__(self, message: str, exit_code: int) -> None:
+    def __init__(self, message: str, classes: Sequence[tuple[str, str]]) -> None:
         super().__init__(message)
-        self.exit_code = exit_code
+        self.classes = tuple(classes)
 
 
 def target_of(function: Callable[..., Any]) -> str:
@@ -161,8 +162,9 @@ def _error(error: Mapping[str, Any], what: str) -> Exception:
     if (error["module"], error["name"]) in PASSED_ON:
         module = __import__(error["module"], fromlist=[error["name"]])
         return getattr(module, error["name"])(error["message"])
-    if error.get("exit_code") is not None:
-        return HostedError(error["message"], int(error["exit_code"]))
+    classes = [(str(m), str(n)) for m, n in error.get("classes", ())]
+    if any(module.startswith("campaign.") for module, _ in classes):  # a project error
+        return HostedError(error["message"], classes)
     return TaskContractError(f"task code failed while {what}: {error['name']}: {error['message']}")
 
 

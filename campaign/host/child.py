@@ -149,12 +149,10 @@ def _call(request: dict[str, Any]) -> int:
 
 
 def describe_error(error: BaseException) -> dict[str, Any]:
-    """An error as the caller re-raises it: its class, first line and exit code (DESIGN §11)."""
-    from campaign.cli.errors import exit_code_for
-
+    """An error as the caller re-raises it: its class and the classes it derives from (the
+    caller's exit code follows them, DESIGN §11), its first line, an exit's status."""
     text = str(error)
     return {"module": type(error).__module__, "name": type(error).__qualname__,
+            "classes": [[c.__module__, c.__qualname__] for c in type(error).__mro__],
             "message": text.splitlines()[0] if text.strip() else "",
-            "exit": error.code if isinstance(error, SystemExit) else None,
-            "exit_code": exit_code_for(error) if isinstance(error, Exception) else None,
-            }  # fmt: skip
+            "exit": error.code if isinstance(error, SystemExit) else None}  # fmt: skip

@@ -22,7 +22,9 @@ import signal
 import socket
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
+
+from campaign.host.processes import kill_group
 
 # What every child needs; a request names more (a run: the loop; the pilot: its gates), imported
 # once on the first request that names them and inherited by every later child.
@@ -74,6 +76,14 @@ class Host:
             for fd in ready:
                 if fd in self.connections:
                     self._read(self.connections[fd])
+        self._end()
+
+    def _end(self) -> NoReturn:
+        """The owner is gone: so are its children, at once (a run must not write another
+        update for a supervisor that was killed), then this process, without a slow exit."""
+        for pid in self.children:
+            kill_group(pid)
+        os._exit(0)
 
     def _read(self, connection: Connection) -> None:
         try:
@@ -164,7 +174,7 @@ def main(owner: int) -> None:
         with contextlib.suppress(ImportError):
             importlib.import_module(name)
     torch = sys.modules.get("torch")  # reads the setting, starts no thread pool
-    Host(owner, torch.get_num_threads() if torch is not None else None).serve()
+    Host(owner, torch.get_num_threads() if torch is not None else None).serve()  # never returns
 
 
 if __name__ == "__main__":

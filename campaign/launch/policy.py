@@ -50,6 +50,8 @@ class LaunchOutcome:
     gate: GateDecision
     snapshot: Snapshot
     interrupted: bool
+    # What the workers' own stack checks refused (each worker checks in its task host).
+    refusals: tuple[str, ...] = ()
 
     @property
     def attention(self) -> dict[str, int]:
@@ -104,8 +106,13 @@ def launch_campaign(
     if request.executor == "local":
         slots = local_slots
         launcher = LocalLauncher(url, options, slots, display=display, grace_s=request.grace_s)
+        before = ledger.events(campaign)
+        seen = int(before["id"].max()) if len(before) else 0
         result = launcher.run(ledger)
-        return LaunchOutcome(gate, result.snapshot, result.interrupted)
+        events = ledger.events(campaign)
+        refused = events[(events["kind"] == "stack_refused") & (events["id"] > seen)]
+        return LaunchOutcome(gate, result.snapshot, result.interrupted,
+                             tuple(dict.fromkeys(refused["detail"])))  # fmt: skip
     return LaunchOutcome(gate, _on_engine(url, request, display), False)
 
 

@@ -115,9 +115,13 @@ def run_worker(
     A worker whose stack misses what the task declares, or whose device cannot run a
     precision the campaign's runs use, refuses to claim (:class:`StackRefused`).
     """
-    refuse_unfit_stack(ledger, options.campaign, options.device)
-    warm_up(ledger.campaign(options.campaign).task)
     report = WorkerReport(worker_name(options.device, options.name))
+    try:
+        refuse_unfit_stack(ledger, options.campaign, options.device)
+    except StackRefused as refused:  # recorded: a launcher that placed it says why
+        ledger.add_event(options.campaign, "stack_refused", f"{report.worker}: {refused}")
+        raise
+    warm_up(ledger.campaign(options.campaign).task)
     gated: set[str] = set()  # planned runs whose gate was checked (by the launch, then here)
     with _stop_on_signals(options.preempt_signals) as stopping:
         while not stopping.is_set():

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import signal
-import sys
 import time
 from typing import Any
 
@@ -30,7 +30,8 @@ class FaultyDigits(DigitsTask):
         model = super().model()
         drifting = os.environ.get("CAMPAIGN_TEST_DRIFT")  # the test's process or the run it
         supervisor = os.environ.get("CAMPAIGN_SUPERVISOR_PID")  # supervises (not a replay)
-        if drifting and drifting in (str(os.getpid()), supervisor) and "replay" not in sys.argv:
+        replaying = any(frame.function == "replay_artifact" for frame in inspect.stack())
+        if drifting and drifting in (str(os.getpid()), supervisor) and not replaying:
             model.register_forward_hook(lambda _m, _i, output: output.roll(1, dims=-1))
         return model
 
