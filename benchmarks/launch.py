@@ -45,8 +45,8 @@ import psycopg
 from campaign.launch.worker import WorkerOptions, run_worker
 from campaign.ledger import Ledger
 from campaign.loop.train import execute
-from campaign.plan import make_plan, record_plan
-from campaign.spec import resolve_spec
+from campaign.plan.grid import make_plan, record_plan
+from campaign.plan.spec import resolve_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 

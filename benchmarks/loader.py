@@ -37,8 +37,8 @@ from torch.utils.data import DataLoader, RandomSampler
 
 from campaign.ledger import Ledger
 from campaign.loop.train import execute
-from campaign.plan import make_plan, record_plan
-from campaign.spec import resolve_spec
+from campaign.plan.grid import make_plan, record_plan
+from campaign.plan.spec import resolve_spec
 
 MICROBATCH, ACCUMULATION = 8, 2
 

@@ -36,8 +36,8 @@ from overhead_task import SyntheticTask, build_model  # noqa: E402
 
 from campaign.ledger import Ledger  # noqa: E402
 from campaign.loop.train import execute  # noqa: E402
-from campaign.plan import make_plan, record_plan  # noqa: E402
-from campaign.spec import resolve_spec  # noqa: E402
+from campaign.plan.grid import make_plan, record_plan  # noqa: E402
+from campaign.plan.spec import resolve_spec  # noqa: E402
 
 BATCH = 64
 

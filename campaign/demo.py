@@ -16,18 +16,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from campaign.launch.gate import open_gate
+from campaign.gates.launch_gate import open_gate
+from campaign.launch.live_table import ProgressDisplay, Snapshot
 from campaign.launch.local import LocalLauncher, plan_slots
-from campaign.launch.progress import ProgressDisplay, Snapshot
 from campaign.launch.worker import WorkerOptions
 from campaign.ledger import Ledger
 from campaign.loop.run_files import artifacts_environment
 from campaign.pilot.by_class import pilot_classes
 from campaign.pilot.inspect_hosted import inspect_campaign
-from campaign.plan import make_plan, record_plan
+from campaign.plan.grid import make_plan, record_plan
+from campaign.plan.spec import resolve_spec
 from campaign.report.balance import balance_sheet
 from campaign.report.render import write
-from campaign.spec import resolve_spec
 
 NAME = "digits-lr"
 SPEC: dict[str, Any] = {

@@ -6,8 +6,8 @@ import copy
 from typing import Any
 
 from campaign.ledger import Ledger
-from campaign.plan import make_plan, record_plan
-from campaign.spec import resolve_spec
+from campaign.plan.grid import make_plan, record_plan
+from campaign.plan.spec import resolve_spec
 
 BASE: dict[str, Any] = {
     "campaign": {"name": "loop", "question": "does the loop work?",

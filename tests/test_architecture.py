@@ -133,18 +133,24 @@ def test_the_ledger_imports_nothing_else_of_ours(graph: dict[str, set[str]]) -> 
 def test_imports_point_one_way(graph: dict[str, set[str]]) -> None:
     """cli -> plan / pilot / launch / report -> loop -> ledger (DESIGN.md §9)."""
     upper = ("campaign.cli", "campaign.launch", "campaign.pilot", "campaign.report",
-             "campaign.plan", "campaign.demo", "campaign.doctor")  # fmt: skip
+             "campaign.plan.grid", "campaign.demo", "campaign.gates.doctor")  # fmt: skip
     rules = {
         "campaign.loop": upper,
         "campaign.report": ("campaign.cli", "campaign.launch", "campaign.pilot", "campaign.loop",
                             "campaign.serve"),
         # The dashboard reads: the ledger, the report's tables, the progress arithmetic.
-        "campaign.serve": ("campaign.cli", "campaign.pilot", "campaign.loop", "campaign.plan",
+        "campaign.serve": ("campaign.cli", "campaign.pilot", "campaign.loop", "campaign.plan.grid",
                            "campaign.demo"),
         "campaign.pilot": ("campaign.cli", "campaign.launch", "campaign.report"),
         "campaign.launch": ("campaign.cli", "campaign.report"),
         "campaign.tasks": (*upper, "campaign.ledger"),
-        "campaign.stack": (*upper, "campaign.loop", "campaign.ledger"),
+        "campaign.gates.stack": (*upper, "campaign.loop", "campaign.ledger"),
+        # The task host knows only how to fork and report: no command, no placement, no run.
+        "campaign.host": (*upper, "campaign.plan", "campaign.gates", "campaign.serve",
+                          "campaign.ledger", "campaign.tasks"),
+        "campaign.plan": ("campaign.cli", "campaign.launch", "campaign.pilot", "campaign.report",
+                          "campaign.serve", "campaign.demo"),
+        "campaign.gates": ("campaign.cli", "campaign.report", "campaign.serve", "campaign.demo"),
     }
     for name in graph:
         for package, forbidden in rules.items():

@@ -20,13 +20,13 @@ import pytest
 from click.testing import CliRunner
 
 from campaign.cli import main
-from campaign.launch.gate import open_gate
+from campaign.gates.launch_gate import open_gate
 from campaign.ledger import Ledger
 from campaign.loop.train import execute
-from campaign.plan import make_plan, record_plan
+from campaign.plan.grid import make_plan, record_plan
+from campaign.plan.spec import resolve_spec
 from campaign.report.balance import balance_sheet
 from campaign.report.render import render
-from campaign.spec import resolve_spec
 
 NAME = "honest"
 SKIP_REASON = "pilot verified by hand on the same machine"

@@ -15,7 +15,7 @@ from filelock import FileLock
 from nbclient import NotebookClient
 
 from campaign.cli import main
-from campaign.launch.gate import pilot_passed
+from campaign.gates.launch_gate import pilot_passed
 from campaign.ledger import Ledger
 from campaign.loop.replay import replay_artifact
 from tests.launch_helpers import ROOT, run

@@ -10,10 +10,10 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from campaign.cli import main
-from campaign.gate_classes import gate_class
+from campaign.gates.classes import gate_class
 from campaign.ledger import Ledger
-from campaign.plan import make_plan, record_plan
-from campaign.spec import resolve_spec
+from campaign.plan.grid import make_plan, record_plan
+from campaign.plan.spec import resolve_spec
 from tests.loop_helpers import BASE
 
 
@@ -109,7 +109,7 @@ def test_a_relaunch_that_cuts_targets_is_refused_until_truncation_is_allowed(
 def test_a_run_planned_while_workers_run_is_gated_before_a_claim(
     sqlite_ledger: Ledger, sqlite_url: str, tmp_path: Path
 ) -> None:
-    from campaign.launch.gate import GateClosed
+    from campaign.gates.launch_gate import GateClosed
     from campaign.launch.worker import _refuse_ungated_newcomers
 
     spec = copy.deepcopy(BASE)

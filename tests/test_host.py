@@ -112,9 +112,9 @@ def test_a_host_child_has_the_threads_a_fresh_interpreter_has(
         monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     else:
         monkeypatch.setenv("OMP_NUM_THREADS", threads)
-    hosted = calls.call("campaign.stack:thread_settings", what="reading thread settings")
+    hosted = calls.call("campaign.gates.stack:thread_settings", what="reading thread settings")
     fresh = subprocess.run(
-        [sys.executable, "-c", "import json; from campaign.stack import thread_settings; "
+        [sys.executable, "-c", "import json; from campaign.gates.stack import thread_settings; "
                                "print(json.dumps(thread_settings()))"],
         capture_output=True, text=True, check=True, cwd=ROOT,
     )  # fmt: skip

@@ -184,7 +184,7 @@ def test_status_reads_the_campaign_from_the_ledger(ledger: Ledger, ledger_url: s
     from click.testing import CliRunner
 
     from campaign.cli import main
-    from campaign.launch.progress import ProgressDisplay, take_snapshot
+    from campaign.launch.live_table import ProgressDisplay, take_snapshot
 
     run_ids = plan_quick(ledger, "watched", runs=3, updates=4)
     claim = ledger.claim_next("watched", "elsewhere:7:cuda:1")

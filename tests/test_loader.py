@@ -123,7 +123,7 @@ def test_validation_on_a_fixed_sample_and_an_estimate_of_the_training_loss(
     say which); validation.train_sample: train_eval/loss and scores at every validation."""
     import pandas as pd
 
-    from campaign.launch.gate import open_gate
+    from campaign.gates.launch_gate import open_gate
     from campaign.loop.train import execute
 
     with Ledger.open(sqlite_url, create=True) as ledger:

@@ -13,12 +13,12 @@ import torch
 from click.testing import CliRunner
 
 from campaign.cli import main
-from campaign.launch.gate import open_gate
+from campaign.gates.launch_gate import open_gate
 from campaign.ledger import Ledger
 from campaign.loop.optim import build_optimizer, decay_groups, lr_factor
 from campaign.loop.train import execute
-from campaign.plan import make_plan, record_plan
-from campaign.spec import SpecError, resolve_spec
+from campaign.plan.grid import make_plan, record_plan
+from campaign.plan.spec import SpecError, resolve_spec
 
 LR = 0.01
 

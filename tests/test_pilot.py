@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from campaign.cli import main
-from campaign.launch.gate import pilot_passed
+from campaign.gates.launch_gate import pilot_passed
 from campaign.ledger import Ledger
 from campaign.loop.task import Task
 from campaign.pilot import sizing
@@ -302,7 +302,7 @@ def test_task_protocol_is_satisfied_by_built_in_tasks() -> None:
 
 
 def test_stack_differences_name_what_changed() -> None:
-    from campaign.stack import stack_differences
+    from campaign.gates.stack import stack_differences
 
     pilot = {"torch": "2.13.0", "cuda": None, "devices": ["cpu"], "python": "3.11.7"}
     same = dict(pilot)
@@ -322,8 +322,8 @@ def test_the_overfit_criterion_comes_from_the_spec_and_is_shown(
     table records the criterion with the verdict, and a command-line option still wins."""
     import copy
 
-    from campaign.plan import make_plan, record_plan
-    from campaign.spec import resolve_spec
+    from campaign.plan.grid import make_plan, record_plan
+    from campaign.plan.spec import resolve_spec
     from tests.loop_helpers import BASE
 
     spec = copy.deepcopy(BASE)

@@ -14,8 +14,8 @@ from click.testing import CliRunner
 
 from campaign.cli import main
 from campaign.ledger import Ledger
-from campaign.plan import account, make_plan
-from campaign.spec import SpecError, load_spec
+from campaign.plan.grid import account, make_plan
+from campaign.plan.spec import SpecError, load_spec
 from tests.raw import execute
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,7 +71,7 @@ def test_three_learning_rates_plan_nine_runs(ledger_url: str) -> None:
 def test_plan_hash_is_stable_across_processes() -> None:
     here = load_spec(SPEC)
     code = (
-        "from campaign.spec import load_spec; from campaign.plan import make_plan; "
+        "from campaign.plan.spec import load_spec; from campaign.plan.grid import make_plan; "
         f"s = load_spec({str(SPEC)!r}); "
         "print(s.sha256, *[r.config_sha256 for r in make_plan(s).runs])"
     )
@@ -235,8 +235,8 @@ def test_a_stated_training_set_size_must_match_the_task() -> None:
     the command line), not planned with wrong epochs."""
     import copy
 
-    from campaign.plan import make_plan
-    from campaign.spec import resolve_spec
+    from campaign.plan.grid import make_plan
+    from campaign.plan.spec import resolve_spec
     from tests.loop_helpers import BASE
 
     spec = copy.deepcopy(BASE)

@@ -14,9 +14,9 @@ from campaign import Ledger as NotebookLedger
 from campaign.cli import main
 from campaign.ledger import Ledger, StopRecord
 from campaign.loop.train import execute
-from campaign.plan import make_plan, record_plan
+from campaign.plan.grid import make_plan, record_plan
+from campaign.plan.spec import resolve_spec
 from campaign.report.balance import balance_sheet
-from campaign.spec import resolve_spec
 from tests.helpers import plan_campaign
 
 HOSTILE = "<script>alert(1)</script>"

@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from campaign.launch.gate import open_gate
+from campaign.gates.launch_gate import open_gate
 from campaign.ledger import Ledger
-from campaign.plan import make_plan, record_plan
-from campaign.spec import resolve_spec
+from campaign.plan.grid import make_plan, record_plan
+from campaign.plan.spec import resolve_spec
 from tests.conftest import REQUIRE_ALL
 from tests.launch_helpers import start
 

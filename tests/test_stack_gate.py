@@ -9,9 +9,9 @@ import pytest
 from click.testing import CliRunner
 
 from campaign.cli import main
+from campaign.gates.stack_gate import precision_problem, stack_problems
 from campaign.launch.worker import StackRefused, WorkerOptions, run_worker
 from campaign.ledger import Ledger
-from campaign.stack_gate import precision_problem, stack_problems
 from tests.loop_helpers import plan_loop
 
 DEMANDING = "tests.tasks.demanding:build"

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from campaign.launch.gate import open_gate
+from campaign.gates.launch_gate import open_gate
 from campaign.ledger import Ledger
 from campaign.loop import checkpoint as ckpt
 from campaign.loop.engine import Trainer, checkpoint_blocks

@@ -19,7 +19,7 @@ def init(given: str) -> None:
 
     Example: campaign init my-study && cd my-study && campaign plan spec.toml
     """
-    from campaign.skeleton import InitError, campaign_name, write_skeleton
+    from campaign.plan.skeleton import InitError, campaign_name, write_skeleton
 
     if not given.strip():  # Path("") would be the current folder
         raise BadInput("no folder given: name the folder to write the study into (. for here)")

@@ -61,7 +61,7 @@ def _say_gate(decision: Any) -> None:
 
 
 def _gate(ledger: Any, campaign: str, skip_pilot: bool, reason: str | None, who: str) -> None:
-    from campaign.launch.gate import GateClosed, open_gate
+    from campaign.gates.launch_gate import GateClosed, open_gate
 
     why = skip_reason(skip_pilot, reason)
     try:
@@ -155,7 +155,7 @@ def launch(source: LedgerSource, campaign: str, workers: int | None, devices: st
 
     Example: campaign launch digits-lr --workers 4 --devices cpu
     """
-    from campaign.launch.gate import GateClosed
+    from campaign.gates.launch_gate import GateClosed
     from campaign.launch.placement import PlacementError
     from campaign.launch.policy import LaunchRefused, LaunchRequest, launch_campaign
 
@@ -233,7 +233,7 @@ def worker(source: LedgerSource, campaign: str, skip_pilot: bool, reason: str | 
         if not launched or skip_pilot:
             _gate(ledger, campaign, skip_pilot, reason, who="worker")
         else:  # the launcher checked the gate; the stack is this worker's to compare
-            from campaign.launch.gate import stack_warnings
+            from campaign.gates.launch_gate import stack_warnings
 
             for warning in stack_warnings(ledger, campaign, None, who="launch worker"):
                 click.echo(f"campaign: warning: stack differs from the pilot's: {warning}",
@@ -260,7 +260,7 @@ def status(source: LedgerSource, campaign: str, output_format: str) -> None:
 
     Example: campaign status digits-lr --format json
     """
-    from campaign.launch.progress import format_duration, take_snapshot
+    from campaign.launch.live_table import format_duration, take_snapshot
 
     with source.open() as ledger:
         snapshot = take_snapshot(ledger, campaign)

@@ -230,7 +230,7 @@ def doctor(source: LedgerSource, stale_after: float, dry_run: bool, campaign: st
 
     Example: campaign doctor --stale-after 120 --format json
     """
-    from campaign.doctor import examine
+    from campaign.gates.doctor import examine
 
     document = examine(source.url, stale_after_s=stale_after, dry_run=dry_run)
     unfit: list[str] = []

@@ -24,11 +24,11 @@ def plan(source: LedgerSource, spec_path: str, dry_run: bool, output_format: str
 
     Example: campaign plan lr-sweep.toml --dry-run
     """
-    from campaign import plan as planning
     from campaign.host import calls
     from campaign.loop.errors import TaskContractError
-    from campaign.optimizer_check import raise_first
-    from campaign.spec import SpecError, load_spec
+    from campaign.plan import grid as planning
+    from campaign.plan.optimizer_check import raise_first
+    from campaign.plan.spec import SpecError, load_spec
 
     # A spec that does not parse or validate ends here, before the task host starts; the
     # optimizer checks (torch's own) wait for the task's child to be under way.
@@ -117,7 +117,7 @@ def runs(
 
     Example: campaign runs digits-lr --status diverged --format csv
     """
-    from campaign.config_keys import held_deviations
+    from campaign.plan.config_keys import held_deviations
     from campaign.report.flags import campaign_flags
 
     with source.open() as ledger:
@@ -152,8 +152,8 @@ def relaunch(source: LedgerSource, run_id: str, sets: tuple[str, ...], reason: s
 
     Example: campaign relaunch 01jd... --set loop.microbatch=1 --reason "OOM in validation"
     """
-    from campaign import plan as planning
-    from campaign.config_keys import config_changes
+    from campaign.plan import grid as planning
+    from campaign.plan.config_keys import config_changes
     from campaign.report.relaunches import defining_keys
 
     sets_given = dict(_parse_set(item) for item in sets)

@@ -60,7 +60,7 @@ def _execute(
 
 
 def _gate(ledger: Ledger, campaign: str, run_id: str, skip: str | None) -> None:
-    from campaign.launch.gate import GateClosed, open_gate
+    from campaign.gates.launch_gate import GateClosed, open_gate
 
     try:
         open_gate(ledger, campaign, skip_reason=skip, who=f"run {run_id}", run_ids=[run_id])

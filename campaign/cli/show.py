@@ -49,7 +49,7 @@ def show(source: LedgerSource, target: str, output_format: str) -> None:
 
 
 def _show_run(run: Any, frame: Any, files: Any, output_format: str) -> None:
-    from campaign.config_keys import config_changes, flatten
+    from campaign.plan.config_keys import config_changes, flatten
 
     config = run.config_document
     controls = frame[frame["is_control"] & frame["relaunch_of"].isna()]

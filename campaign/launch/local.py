@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from campaign.launch.progress import ProgressDisplay, Snapshot, take_snapshot
+from campaign.launch.live_table import ProgressDisplay, Snapshot, take_snapshot
 from campaign.launch.worker import WorkerOptions, worker_name
 from campaign.ledger import Ledger
 from campaign.ledger.location import ENV_VAR

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from campaign.gates.launch_gate import GateDecision, open_gate
 from campaign.launch.defaults import EXECUTORS
-from campaign.launch.gate import GateDecision, open_gate
+from campaign.launch.live_table import ProgressDisplay, Snapshot
 from campaign.launch.local import DeviceError, LocalLauncher, plan_slots
-from campaign.launch.progress import ProgressDisplay, Snapshot
 from campaign.launch.worker import WorkerOptions
 from campaign.ledger import Ledger
 from campaign.ledger.locality import check_single_host
@@ -75,7 +75,7 @@ def launch_campaign(
 
     ``on_gate`` hears the gate's decision (and its stack warnings) before any
     worker starts. Raises :class:`LaunchRefused` for a launch that cannot work and
-    :class:`~campaign.launch.gate.GateClosed` without a passing pilot (or a
+    :class:`~campaign.gates.launch_gate.GateClosed` without a passing pilot (or a
     recorded decision to skip it).
     """
     campaign, options = request.options.campaign, request.options

@@ -25,13 +25,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from campaign.launch.live_table import ProgressDisplay, Snapshot, take_snapshot
 from campaign.launch.placement import (
     PlacementError,
     options_document,
     outcome_document,
     run_placed,
 )
-from campaign.launch.progress import ProgressDisplay, Snapshot, take_snapshot
 from campaign.launch.worker import WorkerOptions
 from campaign.ledger import Ledger
 

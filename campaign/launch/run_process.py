@@ -27,7 +27,7 @@ from typing import Any, NoReturn
 
 from campaign.ledger import Ledger
 from campaign.ledger.errors import LeaseLost
-from campaign.loop import progress
+from campaign.loop import progress_page
 from campaign.loop.signals import WALL_TIME_SIGNAL
 
 CHILD_FAILED = 70  # the exit code when the run's body raised (EX_SOFTWARE)
@@ -60,7 +60,7 @@ def run_child(job: dict[str, Any]) -> NoReturn:
         for signum in (signal.SIGTERM, signal.SIGINT, WALL_TIME_SIGNAL):
             signal.signal(signum, signal.SIG_DFL)
         _redirect(Path(job["log"]))
-        progress.install(progress.ProgressBoard(Path(job["board"])))
+        progress_page.install(progress_page.ProgressBoard(Path(job["board"])))
         module, _, name = job["body"].partition(":")
         body = getattr(importlib.import_module(module), name)
         with Ledger.open(job["url"]) as ledger:

@@ -26,13 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from campaign.launch.live_table import ProgressDisplay, Snapshot, take_snapshot
 from campaign.launch.placement import (
     PlacementError,
     options_document,
     outcome_document,
     run_placed,
 )
-from campaign.launch.progress import ProgressDisplay, Snapshot, take_snapshot
 from campaign.launch.worker import WorkerOptions
 from campaign.ledger import Ledger
 

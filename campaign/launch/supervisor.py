@@ -5,7 +5,7 @@ call ``sys.exit``, ``os._exit``, segfault, fork, or print. A thread that
 stamps the heartbeat regardless kept such runs ``running`` for ever. Here
 the parent (a worker, or ``campaign run``) holds the lease and the
 heartbeat, and stamps only while the child's progress page
-(:mod:`campaign.loop.progress`) moves. It enforces, on the run's behalf:
+(:mod:`campaign.loop.progress_page`) moves. It enforces, on the run's behalf:
 
 - the wall time as a hard limit: SIGUSR1 at the limit (the loop ends
   ``stopped``/``wall_time`` after its update), SIGKILL ``grace_s`` later
@@ -50,7 +50,7 @@ from campaign.host.processes import ended_how, process_state, signal_name
 from campaign.launch.run_process import ARTIFACTS_ENV, SUPERVISOR_ENV, ChildJob
 from campaign.ledger import Claim, Ledger, LedgerError, RefusedWrite, StopRecord
 from campaign.ledger.errors import LeaseLost
-from campaign.loop import progress
+from campaign.loop import progress_page
 from campaign.loop.outcome import RunOutcome
 from campaign.loop.run_files import record_file
 from campaign.loop.signals import WALL_TIME_SIGNAL
@@ -115,7 +115,7 @@ def supervise(
                    # task code (a tokenizer's cache) finds the artifacts folder
                    ARTIFACTS_ENV: str(folder.absolute().parent)}  # fmt: skip
     result.unlink(missing_ok=True)
-    board = progress.ProgressBoard(board_path, create=True)
+    board = progress_page.ProgressBoard(board_path, create=True)
     child: Child | None = None
     try:
         with _forwarding(lambda: child) as signals:
@@ -155,7 +155,7 @@ def _watch(
     ledger: Ledger,
     claim: Claim,
     child: Child,
-    board: progress.ProgressBoard,
+    board: progress_page.ProgressBoard,
     supervision: Supervision,
     config: Mapping[str, Any],
     signals: _Signals,
@@ -247,7 +247,9 @@ def _still_ours(ledger: Ledger, claim: Claim) -> bool:
     return record.status not in ("running", "lost")
 
 
-def _died(exitcode: int | None, answer: Mapping[str, Any], board: progress.Progress) -> _Verdict:
+def _died(
+    exitcode: int | None, answer: Mapping[str, Any], board: progress_page.Progress
+) -> _Verdict:
     how = "died with its task host" if exitcode == HOST_GONE else ended_how(exitcode)
     detail = (f"the run's process {how} in {board.phase} after update {board.step} "
               "without recording its end")  # fmt: skip

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from campaign.gates.stack_gate import unfit_problems
 from campaign.host import calls
 from campaign.launch.defaults import DEFAULT_HEARTBEAT_S, DEFAULT_LEASE_S
 from campaign.launch.supervisor import Supervision, supervise
@@ -33,7 +34,6 @@ from campaign.ledger.vocabulary import TERMINAL_STATUSES
 from campaign.loop.errors import CheckpointError, RunSetupFailed
 from campaign.loop.outcome import RunOutcome
 from campaign.loop.resume import choose_resume_point
-from campaign.stack_gate import unfit_problems
 
 
 @dataclass(frozen=True)
@@ -234,8 +234,8 @@ def _next_run(
 def _refuse_ungated_newcomers(ledger: Ledger, campaign: str, gated: set[str]) -> None:
     """A run planned while workers run (a relaunch with a wider model) is gated like the rest:
     before a claim, the planned runs this worker has not seen pass their class's gate, or the
-    worker stops (:class:`~campaign.launch.gate.GateClosed`, naming the class)."""
-    from campaign.launch.gate import open_gate
+    worker stops (:class:`~campaign.gates.launch_gate.GateClosed`, naming the class)."""
+    from campaign.gates.launch_gate import open_gate
 
     _, rows = ledger.progress_rows(campaign)  # plain rows: a cheap query before each claim
     planned = {row["id"] for row in rows if row["status"] == "planned"}

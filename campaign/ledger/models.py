@@ -190,7 +190,7 @@ class Pilot(Base):
     verdict: Mapped[str | None] = mapped_column(String(16))
     environment: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = _now()
-    # The memory class it gates (campaign/gate_classes.py); None: the whole spec (before 0004).
+    # The memory class it gates (campaign/gates/classes.py); None: the whole spec (before 0004).
     gate_class: Mapped[str | None] = mapped_column(String(64))
 
 

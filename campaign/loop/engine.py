@@ -30,7 +30,7 @@ import torch
 from torch.utils.checkpoint import checkpoint as activation_checkpoint
 
 from campaign.loop import checkpoint as ckpt
-from campaign.loop import model_state, progress
+from campaign.loop import model_state, progress_page
 from campaign.loop import replicas as dp
 from campaign.loop.data import DataOrder, to_device
 from campaign.loop.errors import LoopError
@@ -262,7 +262,7 @@ def accumulate(
     total = torch.zeros((), dtype=torch.float64)
     units = 0
     for batch in batches:
-        progress.tick()
+        progress_page.tick()
         with context:
             loss_sum, count = task.loss(model, batch)
         _check_units(count)
@@ -301,7 +301,7 @@ def evaluate(
     total, units, records = 0.0, 0, []
     try:
         for start in range(0, len(examples), batch_size):
-            progress.tick()
+            progress_page.tick()
             chunk = [examples[i] for i in range(start, min(start + batch_size, len(examples)))]
             batch = to_device(task.collate(chunk), device)
             with autocast():

@@ -13,7 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from campaign.loop.errors import TaskContractError
-from campaign.taskref import TaskReferenceError, load_factory
+from campaign.plan.taskref import TaskReferenceError, load_factory
 
 RECORD_KEYS = ("id", "prediction", "target")  # every record predict() returns
 CONTRACT = ("model", "splits", "collate", "loss", "predict", "score", "describe", "control_inputs")

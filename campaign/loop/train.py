@@ -36,11 +36,12 @@ from typing import Any
 
 import torch
 
+from campaign.gates.stack import environment
 from campaign.ledger import Claim, Ledger, StopRecord
 from campaign.ledger.canonical import canonical_json
 from campaign.ledger.errors import LeaseLost
 from campaign.loop import checkpoint as ckpt
-from campaign.loop import model_state, progress
+from campaign.loop import model_state, progress_page
 from campaign.loop import replicas as dp
 from campaign.loop.data import describe_inputs
 from campaign.loop.engine import Trainer, seed_everything
@@ -55,7 +56,6 @@ from campaign.loop.run_files import record_file, record_log, save_traceback, wri
 from campaign.loop.signals import SignalLatch
 from campaign.loop.stop import StopDecision, StopRules
 from campaign.loop.task import Batch, build_task
-from campaign.stack import environment
 
 LEASE_GONE = (
     "heartbeat refused, the lease is gone (declared lost or taken by another worker); "
@@ -172,14 +172,14 @@ class RunLoop:
         if self.writes:
             stack = environment(self.task_reference)
             self.ledger.set_environment(self.run_id, stack, lease=self.lease)
-        progress.tick()
+        progress_page.tick()
         seed_everything(int(self.config["seed"]))
         task = build_task(self.task_reference, self.record.config_document)
-        progress.tick()
+        progress_page.tick()
         self.trainer = Trainer(task, self.config, self.device, self.replica)
         if self.writes and self.trainer.base is not None:  # what an adapter was trained on
             self._event("base_model", model_state.as_text(self.trainer.base))
-        progress.tick()
+        progress_page.tick()
         self.rules = StopRules(self.config)  # the wall-time clock starts once the run is built
         if resume_from:
             self._restore(resume_from)
@@ -211,7 +211,7 @@ class RunLoop:
     def phase(self, name: str) -> None:
         """Every phase change tells a supervisor the run makes progress, and where it is."""
         self._phase = name
-        progress.tick(name, self.step)
+        progress_page.tick(name, self.step)
 
     @property
     def _trainer(self) -> Trainer:

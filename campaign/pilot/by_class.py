@@ -2,7 +2,7 @@
 
 A campaign whose variants differ only in learning rate has one class and one
 pilot; a variant with a wider model, or a relaunch with another
-``max_length``, adds a class (campaign/gate_classes.py). ``campaign pilot C``
+``max_length``, adds a class (campaign/gates/classes.py). ``campaign pilot C``
 pilots every class that could run and has no passing pilot yet; ``--class``
 picks one (piloted again even when covered); ``--all`` re-pilots them all.
 """
@@ -12,8 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from campaign.gate_classes import GateClass, run_classes
-from campaign.gate_rule import gate_state, pilot_decisions
+from campaign.gates.classes import GateClass, run_classes
+from campaign.gates.rule import gate_state, pilot_decisions
 from campaign.ledger import Ledger, LedgerInputError
 from campaign.pilot.phase_gates import PilotOptions, PilotReport, run_pilot
 

@@ -21,7 +21,9 @@ from typing import Any
 
 import torch
 
-from campaign.gate_classes import gate_class as class_of
+from campaign.gates.classes import gate_class as class_of
+from campaign.gates.stack import environment
+from campaign.gates.stack_gate import precision_problem, stack_problems
 from campaign.host.calls import FreshProcessFailed, run_module
 from campaign.ledger import Ledger
 from campaign.ledger.canonical import canonical_json
@@ -35,8 +37,6 @@ from campaign.pilot import activations
 from campaign.pilot.data_gate import check_data
 from campaign.pilot.overfit import PilotOptions, varied
 from campaign.pilot.session import PilotSession
-from campaign.stack import environment
-from campaign.stack_gate import precision_problem, stack_problems
 
 # What to do when a phase fails (DESIGN.md §5).
 ADVICE = {

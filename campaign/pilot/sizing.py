@@ -1,6 +1,6 @@
 """The sizing sheet: from each gate class's pilot to time, rentals and memory that fit.
 
-Per gate class (campaign/gate_classes.py), from its latest passing pilot:
+Per gate class (campaign/gates/classes.py), from its latest passing pilot:
 the median update, validation and checkpoint times and the per-run fixed
 costs the pilot measured (building the task and the model; export with its
 fresh-process replay). The runs still to run are ordered by priority (seed
@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from campaign.gate_classes import EXECUTABLE, gate_class
-from campaign.gate_rule import gate_state, pilot_decisions
+from campaign.gates.classes import EXECUTABLE, gate_class
+from campaign.gates.rule import gate_state, pilot_decisions
 from campaign.projection import (
     RENTAL_DAYS,
     Projection,

@@ -17,8 +17,8 @@ from typing import Any
 
 import pandas as pd
 
-from campaign.config_keys import held_deviations
 from campaign.ledger import LedgerReader
+from campaign.plan.config_keys import held_deviations
 from campaign.report.conclusions import VALUED, campaign_conclusion, conclusions, stop_words
 from campaign.report.flags import integrity_flags
 from campaign.report.relaunches import defining_keys, lineage, relaunch_table
@@ -138,7 +138,7 @@ def _sortable(value: Any) -> tuple[int, Any]:
 def _run_order(runs: pd.DataFrame, keys: set[str]) -> list[int]:
     """Control first, then variants by their defining keys' values (lr 3e-4 before 1e-3
     before 3e-3, not as text); within a variant by seed, each original before its relaunches."""
-    from campaign.config_keys import config_value
+    from campaign.plan.config_keys import config_value
 
     first = runs[runs["relaunch_of"].isna()].drop_duplicates("variant").set_index("variant")
     ordered = sorted(keys)

@@ -21,10 +21,10 @@ from typing import Any
 
 import pandas as pd
 
-from campaign.config_keys import config_value, held_deviations
-from campaign.gate_classes import gate_class
-from campaign.gate_rule import gate_state, pilot_decisions, skip_decisions
-from campaign.stack import stack_differences
+from campaign.gates.classes import gate_class
+from campaign.gates.rule import gate_state, pilot_decisions, skip_decisions
+from campaign.gates.stack import stack_differences
+from campaign.plan.config_keys import config_value, held_deviations
 
 KINDS = ("replay_differs", "determinism_differs", "pilot_skipped", "ungated", "stack_differs",
          "held_deviation", "changes_variant_key", "budget_not_reached")  # fmt: skip
@@ -85,7 +85,7 @@ def _gate_flags(
     runs: pd.DataFrame, events: pd.DataFrame, pilots: pd.DataFrame, spec_sha256: str
 ) -> list[dict[str, Any]]:
     """How each started run got through the pilot gate: the launch's rule
-    (:mod:`campaign.gate_rule`) applied at the run's start, to its own gate class."""
+    (:mod:`campaign.gates.rule`) applied at the run's start, to its own gate class."""
     inputs: dict[str, Any] = {}  # per gate class: one pilot speaks for its own class
     skips = skip_decisions(events)
     found = []

@@ -15,7 +15,7 @@ from typing import Any
 
 import pandas as pd
 
-from campaign.config_keys import config_changes, flatten
+from campaign.plan.config_keys import config_changes, flatten
 
 COLUMNS = ("run_id", "relaunch_of", "original", "lineage", "variant", "seed", "reason", "status",
            "stop_cause", "metric", "changes", "changes_variant_key")  # fmt: skip

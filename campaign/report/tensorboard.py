@@ -226,7 +226,7 @@ def _hparams_event(tag: str, data: Any, now: float, protos: Any) -> Any:
 
 
 def _flat_config(config: Any) -> dict[str, Any]:
-    from campaign.config_keys import flatten
+    from campaign.plan.config_keys import flatten
 
     flat = {}
     for key, value in flatten(config).items():

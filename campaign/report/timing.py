@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from campaign.gate_classes import gate_class
+from campaign.gates.classes import gate_class
 from campaign.projection import counts, latest_passing_pilot, pilot_figures, project
 
 

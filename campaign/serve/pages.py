@@ -72,7 +72,7 @@ def campaign_page(watcher: Watcher, name: str) -> str:
 
 
 def run_page(reader: LedgerReader, run_id: str) -> str:
-    from campaign.config_keys import config_changes, flatten
+    from campaign.plan.config_keys import config_changes, flatten
 
     run = reader.run(run_id)
     config = run.config_document

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from campaign.launch.progress import Snapshot, snapshot_of
+from campaign.launch.live_table import Snapshot, snapshot_of
 from campaign.ledger import LedgerReader
 from campaign.ledger.errors import LedgerInputError, NotFound
 from campaign.ledger.vocabulary import TERMINAL_STATUSES

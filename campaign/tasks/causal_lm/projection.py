@@ -176,7 +176,7 @@ def parse_overrides(pairs: tuple[str, ...]) -> dict[str, Any]:
 def project_campaign(ledger: Any, campaign: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
     """The projection for each gate class with a passing pilot (its run config, its pilot's
     forward measurement), with the assumptions in words."""
-    from campaign.gate_classes import gate_class
+    from campaign.gates.classes import gate_class
     from campaign.projection import latest_passing_pilot
 
     record = ledger.campaign(campaign)

@@ -26,7 +26,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from campaign.taskref import TaskReferenceError, load_factory
+from campaign.plan.taskref import TaskReferenceError, load_factory
 
 
 def declared(task_reference: str) -> Mapping[str, Any]:

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from campaign.host.calls import with_torch
-from campaign.spec_error import SpecError
+from campaign.plan.spec_error import SpecError
 
 # What one check is: the optimizer table, where each key came from, and the spec's path.
 Deferred = tuple[dict[str, Any], Mapping[str, str], str]

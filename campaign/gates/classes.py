@@ -21,8 +21,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from campaign.config_keys import config_value, flatten
 from campaign.ledger.canonical import canonical_json, sha256_text
+from campaign.plan.config_keys import config_value, flatten
 
 EXECUTABLE = ("planned", "interrupted", "lost")  # the runs a launch could still start
 DATA_KEYS = ("task", "loop.max_length", "loop.allow_target_truncation")

@@ -30,11 +30,11 @@ from pydantic import (
     ValidationError,
 )
 
-from campaign.config_schema import RunConfig, widen_integers
 from campaign.ledger.canonical import canonical_json, sha256_text
-from campaign.optimizer_check import raise_first
-from campaign.spec_error import SpecError
-from campaign.taskref import TaskReferenceError, load_factory
+from campaign.plan.config_schema import RunConfig, widen_integers
+from campaign.plan.optimizer_check import raise_first
+from campaign.plan.spec_error import SpecError
+from campaign.plan.taskref import TaskReferenceError, load_factory
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
 TASK_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
@@ -170,7 +170,7 @@ def resolve_spec(
 ) -> ResolvedSpec:
     """Validate a parsed spec document and resolve every variant into a full config.
     ``optimizers``: a list to which each variant's optimizer check is deferred (the caller
-    runs them with :func:`campaign.optimizer_check.raise_first`), else checked here."""
+    runs them with :func:`campaign.plan.optimizer_check.raise_first`), else checked here."""
     bad = _non_finite(document)
     if bad is not None:  # the frozen spec is JSON, which has no inf or nan
         raise SpecError(f"{where}: {_path(bad[0])}: expected a finite number, got {bad[1]!r}")

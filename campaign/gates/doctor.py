@@ -7,10 +7,10 @@ from typing import Any
 
 from sqlalchemy.exc import DBAPIError
 
+from campaign.gates.stack import environment
 from campaign.host.calls import with_torch
 from campaign.ledger import migrate
 from campaign.ledger.store import Ledger
-from campaign.stack import environment
 
 
 def examine(url: str, *, stale_after_s: float, dry_run: bool) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """The launch gate: no run starts on a configuration that no gate has seen.
 
 Every run that could execute (planned, interrupted, lost; or the runs named)
-belongs to a gate class (campaign/gate_classes.py). Each class must have a
+belongs to a gate class (campaign/gates/classes.py). Each class must have a
 passing pilot for the frozen spec, its latest one, or someone must have
 recorded a decision to skip the pilot (``--skip-pilot --reason``: a
 ``pilot_skipped`` event, kept forever). The refusal names every class that
@@ -16,11 +16,11 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from campaign.gate_classes import GateClass, gate_class, run_classes
-from campaign.gate_rule import gate_state, pilot_decisions, skip_decisions
+from campaign.gates.classes import GateClass, gate_class, run_classes
+from campaign.gates.rule import gate_state, pilot_decisions, skip_decisions
+from campaign.gates.stack import environment, stack_differences
 from campaign.host.calls import with_torch
 from campaign.ledger import Ledger, LedgerReader
-from campaign.stack import environment, stack_differences
 
 
 class GateClosed(Exception):

@@ -15,11 +15,11 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from campaign.config_keys import held_deviations
 from campaign.ledger import CampaignRecord, Ledger, LedgerInputError, NewRun, NewVariant, NotFound
 from campaign.ledger.canonical import canonical_json, sha256_text
-from campaign.spec import ResolvedSpec, SpecError, resolve_config
-from campaign.taskref import load_factory
+from campaign.plan.config_keys import held_deviations
+from campaign.plan.spec import ResolvedSpec, SpecError, resolve_config
+from campaign.plan.taskref import load_factory
 
 ACCOUNTING_KEYS = ("examples_per_update", "examples_seen", "updates_per_epoch", "fixed")
 MAX_UPDATES = 10**9  # as budget.updates allows (config_schema)
@@ -210,7 +210,7 @@ def task_facts(task: str, control: dict[str, Any], configs: list[dict[str, Any]]
     contract (``contract``: the problem or None)."""
     from campaign.loop.errors import TaskContractError
     from campaign.loop.task import check_contract
-    from campaign.spec import task_reference_problem
+    from campaign.plan.spec import task_reference_problem
 
     problem = task_reference_problem(task)
     if problem is not None:

@@ -64,7 +64,7 @@ class BudgetConfig(_Strict):
 
 class OptimizerConfig(_Strict):
     """Any ``torch.optim`` optimizer by name; its arguments are checked against its signature
-    when a spec is resolved (``campaign.spec.resolve_config``, with the key's own path)."""
+    when a spec is resolved (``campaign.plan.spec.resolve_config``, with the key's own path)."""
 
     name: str = "adamw"
     lr: float = Field(1e-3, gt=0)
