@@ -9,6 +9,7 @@ gets its own database, created and dropped here.
 from __future__ import annotations
 
 import os
+import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -63,15 +64,110 @@ def ledger_url(request: pytest.FixtureRequest) -> str:
     return request.getfixturevalue(f"{request.param}_url")
 
 
+@pytest.fixture(scope="session")
+def _sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One SQLite ledger migrated to head per test process; each test's ledger is a copy
+    (migrating takes about half a second, a copy a millisecond)."""
+    path = tmp_path_factory.mktemp("template") / "ledger.db"
+    Ledger.open(f"sqlite:///{path}", create=True).close()
+    return path
+
+
+@pytest.fixture(scope="session")
+def _postgresql_template() -> Iterator[str]:
+    """One PostgreSQL database migrated to head per test process, the TEMPLATE of each test's
+    ledger database; dropped at the end."""
+    name = f"campaign_template_{uuid.uuid4().hex[:12]}"
+    with _admin_connection() as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    base = POSTGRES_ADMIN_URL.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://")
+    Ledger.open(f"{base}/{name}", create=True).close()
+    try:
+        yield name
+    finally:
+        with _admin_connection() as admin:
+            admin.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+
+def _at_head(request: pytest.FixtureRequest, url: str) -> str:
+    """Make the empty ledger location ``url`` a ledger at head, from this process's template."""
+    if url.startswith("sqlite:///"):
+        shutil.copyfile(request.getfixturevalue("_sqlite_template"), url.removeprefix("sqlite:///"))
+        return url
+    template = request.getfixturevalue("_postgresql_template")
+    name = url.rsplit("/", 1)[1]
+    with _admin_connection() as admin:
+        admin.execute(sql.SQL("DROP DATABASE {}").format(sql.Identifier(name)))
+        admin.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+            sql.Identifier(name), sql.Identifier(template)))  # fmt: skip
+    return url
+
+
 @pytest.fixture
-def ledger(ledger_url: str) -> Iterator[Ledger]:
-    """A ledger created at head on each engine."""
-    with Ledger.open(ledger_url, create=True) as opened:
+def ledger(request: pytest.FixtureRequest, ledger_url: str) -> Iterator[Ledger]:
+    """A ledger at head on each engine."""
+    with Ledger.open(_at_head(request, ledger_url)) as opened:
         yield opened
 
 
+# The slowest tests (from `--durations`), scheduled first: the xdist workers then end
+# together instead of one of them running a two-minute test while the others wait.
+SLOWEST_FIRST = (
+    "tests/test_causal_lm.py::test_the_llm_demo_compares_full_and_lora_with_conclusions",
+    "tests/test_causal_lm.py::test_lora_trains_and_saves_only_its_adapter",
+    "tests/test_ray_executor.py::",
+    "tests/test_lazy_data.py::test_ten_million_lazy_examples",
+    "tests/test_launch.py::test_workers_execute_every_run_exactly_once",
+    "tests/test_gate_classes.py::",
+    "tests/test_demo.py::",
+    "tests/test_task_base.py::test_the_readme_steps_for_your_own_task",
+    "tests/test_torch_imports.py::",
+    "tests/test_loader.py::",
+    "tests/test_launch.py::",
+    "tests/test_concurrency.py::",
+    "tests/test_loop_exact.py::",
+    "tests/test_serve_browser.py::",
+    "tests/test_leases.py::",
+    "tests/test_signals_everywhere.py::",
+    "tests/test_slurm_executor.py::",
+    "tests/test_resume_safety.py::",
+)
+
+
+def _workers(config: pytest.Config) -> int:
+    try:
+        return max(1, int(config.getoption("numprocesses") or 1))
+    except (ValueError, TypeError):  # "auto" or no xdist
+        return 1
+
+
+def _spread_slowest(items: list[pytest.Item], workers: int) -> list[pytest.Item]:
+    """The slowest tests first in each worker's share: ``--dist worksteal`` gives each worker a
+    contiguous block of the collection (``len // workers`` each, in order) and idle workers
+    steal from the busiest, so each block starts with its turn of the slowest."""
+    slow = sorted((i for i in items if _slowness(i) < len(SLOWEST_FIRST)), key=_slowness)
+    rest = iter([i for i in items if _slowness(i) == len(SLOWEST_FIRST)])
+    blocks: list[list[pytest.Item]] = [slow[k::workers] for k in range(workers)]
+    remaining = len(items)
+    for k, block in enumerate(blocks):
+        size = remaining // (workers - k)
+        remaining -= size
+        block.extend(next(rest) for _ in range(max(0, size - len(block))))
+    spread = [item for block in blocks for item in block]
+    return spread + list(rest)
+
+
+def _slowness(item: pytest.Item) -> int:
+    return next((i for i, p in enumerate(SLOWEST_FIRST) if item.nodeid.startswith(p)),
+                len(SLOWEST_FIRST))  # fmt: skip
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``gpu`` need a CUDA device: skipped by capability where there is none."""
+    """The slowest tests first; tests marked ``gpu`` need a CUDA device: skipped by
+    capability where there is none."""
+    items[:] = _spread_slowest(items, _workers(config))
     import torch
 
     if torch.cuda.is_available():
@@ -83,16 +179,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture
-def sqlite_ledger(sqlite_url: str) -> Iterator[Ledger]:
+def sqlite_ledger(request: pytest.FixtureRequest, sqlite_url: str) -> Iterator[Ledger]:
     """A ledger at head on SQLite only (for behaviour that does not depend on the engine)."""
-    with Ledger.open(sqlite_url, create=True) as opened:
+    with Ledger.open(_at_head(request, sqlite_url)) as opened:
         yield opened
 
 
 @pytest.fixture
-def postgresql_ledger(postgresql_url: str) -> Iterator[Ledger]:
+def postgresql_ledger(request: pytest.FixtureRequest, postgresql_url: str) -> Iterator[Ledger]:
     """A ledger at head on PostgreSQL only (the engine that several machines share)."""
-    with Ledger.open(postgresql_url, create=True) as opened:
+    with Ledger.open(_at_head(request, postgresql_url)) as opened:
         yield opened
 
 

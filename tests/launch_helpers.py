@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -35,18 +36,37 @@ def run(url: str, *args: str, timeout: float = 600) -> subprocess.CompletedProce
     )  # fmt: skip
 
 
+def invoke(url: str, *args: str, cwd: Path = ROOT,
+           env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """A `campaign` command in this process (click's runner), for tests where the command's
+    own process is not under test: its runs still train in children of this process's task
+    host, each as fresh as a new interpreter (docs/processes.md), without a new torch import
+    per command. The result reads like a finished process."""
+    from click.testing import CliRunner
+
+    from campaign.cli import main
+
+    with contextlib.chdir(cwd):
+        result = CliRunner().invoke(main, ["--ledger", url, *args],
+                                    env={"OMP_NUM_THREADS": "1", **(env or {})})  # fmt: skip
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return subprocess.CompletedProcess(["campaign", *args], result.exit_code, result.stdout,
+                                       result.stderr)  # fmt: skip
+
+
 def run_interrupt_resume(url: str, artifacts: str, references: tuple[str, ...], cut: str,
                          reason: str) -> None:  # fmt: skip
     """`campaign run` of each reference run (exit 0) and of ``cut``, whose task sends itself a
-    SIGTERM (exit 1: interrupted), then `campaign resume` of ``cut`` in a new process (exit 0):
-    what every exact-resume test compares afterwards."""
+    SIGTERM (exit 1: interrupted), then `campaign resume` of ``cut`` in a new process (a fresh
+    child of the task host; exit 0): what every exact-resume test compares afterwards."""
     skip = ("--skip-pilot", "--reason", reason)
     for run_id in references:
-        done = run(url, "run", run_id, "--artifacts", artifacts, *skip)
+        done = invoke(url, "run", run_id, "--artifacts", artifacts, *skip)
         assert done.returncode == 0, done.stderr[-3000:]
-    interrupted = run(url, "run", cut, "--artifacts", artifacts, *skip)
+    interrupted = invoke(url, "run", cut, "--artifacts", artifacts, *skip)
     assert interrupted.returncode == 1, interrupted.stderr[-3000:]
-    resumed = run(url, "resume", cut, "--artifacts", artifacts)
+    resumed = invoke(url, "resume", cut, "--artifacts", artifacts)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from campaign.ledger import Ledger
 from campaign.loop.train import execute
-from tests.launch_helpers import last_step, losses, run, start, wait_for
+from tests.launch_helpers import invoke, last_step, losses, run, start, wait_for
 from tests.loop_helpers import plan_quick
 
 # Short enough to keep the tests quick, long enough that a heartbeat thread starved by the
@@ -53,7 +53,7 @@ def test_kill_9_mid_run_is_lost_then_resume_matches_an_uninterrupted_run(
     # Declared by the staleness rule (no heartbeat past the limit), not by anyone's guess.
     assert "no heartbeat for" in record.stop_detail and "(limit 5 s)" in record.stop_detail
 
-    resumed = run(ledger_url, "resume", run_id, "--artifacts", artifacts)
+    resumed = invoke(ledger_url, "resume", run_id, "--artifacts", artifacts)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert ledger.run(run_id).status == "completed"
 

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import torch
@@ -12,6 +10,7 @@ import torch
 from campaign.ledger import Ledger
 from campaign.loop.engine import accumulate
 from campaign.tasks.arithmetic import IGNORE, ArithmeticTask
+from tests.launch_helpers import invoke
 from tests.loop_helpers import plan_loop
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,15 +78,8 @@ def test_prompt_tokens_contribute_nothing_to_the_loss() -> None:
 
 
 def _cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "CAMPAIGN_LEDGER": url}
-    return subprocess.run(
-        [sys.executable, "-m", "campaign", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=600,
-    )
+    """The command in this process; its run trains in a fresh child of the task host."""
+    return invoke(url, *args)
 
 
 def test_resume_after_sigterm_is_exact(sqlite_url: str, tmp_path: Path) -> None:
@@ -102,8 +94,8 @@ def test_resume_after_sigterm_is_exact(sqlite_url: str, tmp_path: Path) -> None:
             config={"task.fault": "sigterm", "task.at": 11, "task.marker": str(marker)},
         )[0]
     artifacts = str(tmp_path / "artifacts")
-    # The reference: uninterrupted, in a fresh process as the others (a long-lived test process
-    # may lay its tensors out otherwise, and BLAS kernels may then round the last bit apart).
+    # The reference: uninterrupted, in a fresh child of the host as the others (a long-lived
+    # test process may lay its tensors out otherwise, and kernels may round the last bit apart).
     reference = _cli(sqlite_url, "run", plain, "--artifacts", artifacts, "--skip-pilot",
                      "--reason", "exactness test")  # fmt: skip
     assert reference.returncode == 0, reference.stderr

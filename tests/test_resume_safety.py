@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 from campaign.ledger import Ledger
+from tests.launch_helpers import invoke
 from tests.loop_helpers import plan_loop
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -16,9 +15,8 @@ FAULTY = "tests.tasks.faulty:build"
 
 
 def _cli(url: str, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "CAMPAIGN_LEDGER": url, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "campaign", *args], capture_output=True,
-                          text=True, env=env, cwd=cwd, timeout=600)  # fmt: skip
+    """The command in this process, in ``cwd``; its run trains in a child of the task host."""
+    return invoke(url, *args, cwd=cwd)
 
 
 def _interrupted(url: str, tmp_path: Path, name: str, at: int = 11) -> tuple[str, Path]:
