@@ -137,10 +137,8 @@ SLOWEST_FIRST = (
 
 
 def _workers(config: pytest.Config) -> int:
-    try:
-        return max(1, int(config.getoption("numprocesses") or 1))
-    except (ValueError, TypeError):  # "auto" or no xdist
-        return 1
+    """How many xdist workers share the collection (it is collected on each of them)."""
+    return max(1, int(getattr(config, "workerinput", {}).get("workercount", 1)))
 
 
 def _spread_slowest(items: list[pytest.Item], workers: int) -> list[pytest.Item]:
