@@ -96,11 +96,12 @@ def _launch_figures(root: Path, env: dict[str, str]) -> tuple[float, float]:
     subprocess.run([*_campaign(), "launch", "study", "--workers", "2"], cwd=folder, check=True,
                    env={**env, "CAMPAIGN_LEDGER": url}, capture_output=True)  # fmt: skip
     with Ledger.open(url) as ledger:
-        metrics = ledger.metrics("study", keys=["train/loss"])
         runs = ledger.runs("study")
+        launched = runs[runs["variant"] == "lr-3e-2"]
+        metrics = ledger.metrics(runs=list(launched["run_id"]), keys=["train/loss"])
     first = float(metrics["wall_time"].min()) - started
     gaps = []
-    for _, mine in runs[runs["variant"] == "lr-3e-2"].groupby("worker"):
+    for _, mine in launched.groupby("worker"):
         ordered = mine.sort_values("started_at")
         ends, starts = ordered["ended_at"].iloc[:-1], ordered["started_at"].iloc[1:]
         gaps += [(s - e).total_seconds() for e, s in zip(ends, starts, strict=True)]

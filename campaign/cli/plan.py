@@ -24,14 +24,16 @@ def plan(source: LedgerSource, spec_path: str, dry_run: bool, output_format: str
 
     Example: campaign plan lr-sweep.toml --dry-run
     """
-    from campaign.host import calls
+    from campaign.host import calls, client
     from campaign.loop.errors import TaskContractError
     from campaign.plan import grid as planning
     from campaign.plan.optimizer_check import raise_first
     from campaign.plan.spec import SpecError, load_spec
 
-    # A spec that does not parse or validate ends here, before the task host starts; the
-    # optimizer checks (torch's own) wait for the task's child to be under way.
+    # The task host starts now (spawned, not waited for): its torch import overlaps reading
+    # and validating the spec. A bad spec ends the command, and the host with it, at once.
+    client.start_early()
+    # The optimizer checks (torch's own) wait for the task's child to be under way.
     optimizers: list[Any] = []
     resolved = load_spec(spec_path, check_task=False, optimizers=optimizers)
     # What planning asks the task, in one guarded child (the user's module imported once),

@@ -38,13 +38,13 @@ def _execute(
         if expect == "planned" and status != "planned":
             hint = " (use `campaign resume`)" if status in ("interrupted", "lost") else ""
             raise click.UsageError(f"run {run_id} is {status}, not planned{hint}")
-        if expect == "planned":
-            _gate(ledger, record.campaign, run_id, skip)
         if expect == "resumable" and status not in ("interrupted", "lost"):
             raise click.UsageError(
                 f"run {run_id} is {status}: only interrupted or lost runs resume"
             )
-        start_early()  # the run's process is forked from it: it starts while torch is imported
+        start_early()  # the run's process is forked from it: torch imports while the gate reads
+        if expect == "planned":
+            _gate(ledger, record.campaign, run_id, skip)
         from campaign.launch.worker import WorkerOptions, execute_one
 
         options = WorkerOptions(record.campaign, artifacts, device, grace_s=grace_s)

@@ -137,16 +137,16 @@ class Host:
         self._children.clear()
 
     def close(self) -> None:
-        """End the host this process spawned (its children die with it)."""
+        """End the host this process spawned, at once (its children die with it): a host still
+        importing torch would read the closed pipe only seconds later, and the command that
+        owns it must not wait for that at its exit."""
         self.gone = True
         with contextlib.suppress(OSError):
             os.close(self.write_fd)
         if self.process is not None:
-            try:
-                self.process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
                 self.process.kill()
-                self.process.wait()
+            self.process.wait()
         with contextlib.suppress(OSError):
             os.close(self.read_fd)
 
