@@ -8,9 +8,12 @@ artifact alone reproduces them; the comparison is recorded as an event.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
+import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +21,15 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from campaign.host.calls import FreshProcessFailed, HostedError, answer, call, run_module
+from campaign.host.calls import (
+    FreshProcessFailed,
+    HostedError,
+    Pending,
+    answer,
+    begin,
+    call,
+    run_module,
+)
 from campaign.ledger import Ledger
 from campaign.ledger.vocabulary import TERMINAL_STATUSES
 from campaign.loop.checkpoint import (
@@ -33,8 +44,10 @@ from campaign.loop.errors import LoopError, TaskContractError
 from campaign.loop.model_state import base_record, load_saved_state, saved_state
 from campaign.loop.run_files import artifacts_environment
 from campaign.loop.task import build_task
+from campaign.plan.taskref import load_factory
 
 REPLAY_TIMEOUT_S = 600.0  # as `campaign replay` (campaign/cli/run.py)
+RUN_LIFETIME_S = 365 * 24 * 3600.0  # an early replay child waits as long as its run trains
 BASE_KEY = "base_model"  # metadata: the frozen base an adapter-only artifact needs
 
 
@@ -150,19 +163,57 @@ def replay_in_host(url: str, run_id: str, task_reference: str) -> dict[str, Any]
                      timeout_s=REPLAY_TIMEOUT_S, task=task_reference))  # fmt: skip
 
 
-def replay_in_subprocess(ledger: Ledger, run_id: str, artifact_id: int) -> str | None:
-    """The run's replay in a fresh child of the task host. None when it answered (identical
-    or not: the replay there records its own ``replay`` event, the evidence); otherwise why
-    it could not replay."""
-    url = ledger.engine.url
-    if url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:"):
-        return "an in-memory ledger is not visible to another process"
-    task = ledger.campaign(ledger.run(run_id).campaign).task
-    try:
-        verdict = replay_in_host(url.render_as_string(hide_password=False), run_id, task)
-    except (TaskContractError, LoopError, CheckpointError, HostedError) as error:
-        return str(error)
-    return None if "identical" in verdict else "the fresh process answered no verdict"
+def replay_when_told(url: str, run_id: str, task_reference: str, go: str) -> dict[str, Any]:
+    """The replay's fresh child, started as its run starts: it imports the task's module (the
+    slow part: a user's module and what it imports, seconds) while the run trains, waits for
+    ``go`` (the final artifact is written), then replays it (:func:`replay_recorded`). It is a
+    child of the host, not of the run: it shares no memory with the process that trains."""
+    with contextlib.suppress(Exception):  # an import error is the replay's to report
+        load_factory(task_reference)
+    while not Path(go).exists():
+        time.sleep(0.02)
+    return replay_recorded(url, run_id)
+
+
+class EarlyReplay:
+    """A run's replay check, its fresh child started with the run (:func:`replay_when_told`)
+    and told to replay once the final artifact is recorded; cancelled if the run ends
+    otherwise."""
+
+    def __init__(self, ledger: Ledger, run_id: str, task_reference: str) -> None:
+        url = ledger.engine.url
+        self.why_not: str | None = None
+        self.pending: Pending | None = None
+        if url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:"):
+            self.why_not = "an in-memory ledger is not visible to another process"
+            return
+        self.folder = tempfile.TemporaryDirectory(prefix="campaign-replay-")
+        self.go = Path(self.folder.name) / "go"
+        self.pending = begin(replay_when_told, url.render_as_string(hide_password=False),
+                             run_id, task_reference, str(self.go), task=task_reference,
+                             what=f"replaying run {run_id}", timeout_s=RUN_LIFETIME_S)  # fmt: skip
+
+    def result(self) -> str | None:
+        """Replay now. None when it answered (identical or not: the replay records its own
+        ``replay`` event, the evidence); otherwise why it could not replay."""
+        if self.pending is None:
+            return self.why_not
+        self.go.touch()
+        self.pending.deadline = time.monotonic() + REPLAY_TIMEOUT_S
+        self.pending.limit = REPLAY_TIMEOUT_S
+        try:
+            verdict = self.pending.result()
+        except (TaskContractError, LoopError, CheckpointError, HostedError) as error:
+            return str(error)
+        finally:
+            self.cancel()
+        return None if "identical" in verdict else "the fresh process answered no verdict"
+
+    def cancel(self) -> None:
+        if self.pending is not None:
+            self.pending.cancel()
+            self.pending = None
+            self.folder.cleanup()
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ from campaign.loop.heartbeat import Heartbeat
 from campaign.loop.measure import Probe
 from campaign.loop.outcome import RunOutcome
 from campaign.loop.preflight import refuse_impossible
-from campaign.loop.replay import replay_in_subprocess, write_final
+from campaign.loop.replay import EarlyReplay, write_final
 from campaign.loop.resume import ResumePoint, choose_resume_point, replayed_steps_report
 from campaign.loop.run_files import record_file, record_log, save_traceback, write_predictions
 from campaign.loop.signals import SignalLatch
@@ -92,6 +92,7 @@ class RunLoop:
         self.folder = Path(artifacts) / run_id
         self.measure_every = measure_every
         self.replay_in_subprocess = replay_in_subprocess
+        self.replay: EarlyReplay | None = None
         self.replica = replica or dp.Replica(0, 1)
         self.writes = self.replica.leader  # only rank 0 writes to the ledger and artifacts
         refuse_impossible(self.config, run_id, self.replica.world, self.device)
@@ -131,6 +132,8 @@ class RunLoop:
             shared = dp.broadcast_json(None, self.replica, self._group_device)
             self._prepare(shared["resume_from"])
             return
+        if self.replay_in_subprocess:  # its fresh child imports the task while this one trains
+            self.replay = EarlyReplay(self.ledger, self.run_id, self.task_reference)
         point = self._resume or ResumePoint(None)
         if self._claim is None and self.record.status in ("interrupted", "lost"):
             # Chosen and verified before the run leaves its status: a bad checkpoint changes
@@ -428,10 +431,10 @@ class RunLoop:
         with self.probe.phase("export", {"step": self.step}):
             stack = canonical_json(environment(self.task_reference))
             write_final(path, trainer.model, trainer.task, self.record.config, stack, self.device)
-        artifact = record_file(self.ledger, self.run_id, "final", path, self.step, lease=self.lease)
+        record_file(self.ledger, self.run_id, "final", path, self.step, lease=self.lease)
         self._write_phases()
-        if self.replay_in_subprocess:
-            failure = replay_in_subprocess(self.ledger, self.run_id, artifact)
+        if self.replay is not None:
+            failure = self.replay.result()
             if failure is not None:
                 self._event("replay", f"replay of the final artifact in a fresh process failed: "
                             f"{failure}")  # fmt: skip
@@ -473,6 +476,8 @@ class RunLoop:
         self.signals.request(signum)
 
     def cleanup(self) -> None:
+        if self.replay is not None:  # the run ended before its final artifact: no replay
+            self.replay.cancel()
         if self.trainer is not None:
             self.trainer.close()  # the loader's workers
         self.heartbeat.stop()
