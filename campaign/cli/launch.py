@@ -223,12 +223,14 @@ def worker(source: LedgerSource, campaign: str, skip_pilot: bool, reason: str | 
 
     Example: campaign --ledger postgresql://me@db/lab worker digits-lr --device cuda:0
     """
+    from campaign.host.client import start_early
     from campaign.launch.worker import run_worker
     from campaign.ledger.locality import check_single_host
 
     options = _options(campaign, artifacts, **kw)
     with source.open() as ledger:
         ledger.campaign(campaign)
+        start_early()  # its runs fork from it: torch imports while the gate and stack are read
         check_single_host(ledger, options.lease_s)
         if not launched or skip_pilot:
             _gate(ledger, campaign, skip_pilot, reason, who="worker")

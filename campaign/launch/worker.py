@@ -18,6 +18,7 @@ import contextlib
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -91,14 +92,28 @@ class StackRefused(RunSetupFailed):
     """This worker's software stack or device cannot run the campaign's runs as declared."""
 
 
-def refuse_unfit_stack(ledger: Ledger, campaign: str, device: str) -> None:
-    """Raise :class:`StackRefused` naming what this stack misses, before any claim."""
+def refuse_unfit_stack(ledger: Ledger, campaign: str, device: str, *,
+                       meanwhile: Callable[[], None] | None = None) -> None:  # fmt: skip
+    """Raise :class:`StackRefused` naming what this stack misses, before any claim.
+    ``meanwhile``: work done while the check's child of the task host runs (a worker's host
+    imports the run's modules while that child imports the task's)."""
     task = ledger.campaign(campaign).task
     runs = ledger.runs(campaign)
     waiting = runs[runs["status"].isin(("planned", "interrupted", "lost"))]
     precisions = sorted({c["loop"]["precision"] for c in waiting["config"] if "loop" in c})
-    problems = calls.with_torch(unfit_problems, task, device, precisions, task=task,
-                                what="checking the software stack and the device")  # fmt: skip
+    what = "checking the software stack and the device"
+    if "torch" in sys.modules:  # this process can ask torch itself
+        problems = unfit_problems(task, device, precisions)
+        if meanwhile is not None:
+            meanwhile()
+    else:
+        checking = calls.begin(unfit_problems, task, device, precisions, task=task, what=what)
+        try:
+            if meanwhile is not None:
+                meanwhile()
+            problems = checking.result()
+        finally:
+            checking.cancel()
     if problems:
         raise StackRefused(f"worker on {device} refuses to claim runs of {campaign!r}: "
                            + "; ".join(problems))  # fmt: skip
@@ -116,12 +131,13 @@ def run_worker(
     precision the campaign's runs use, refuses to claim (:class:`StackRefused`).
     """
     report = WorkerReport(worker_name(options.device, options.name))
+    task = ledger.campaign(options.campaign).task
     try:
-        refuse_unfit_stack(ledger, options.campaign, options.device)
+        refuse_unfit_stack(ledger, options.campaign, options.device,
+                           meanwhile=lambda: warm_up(task))  # fmt: skip
     except StackRefused as refused:  # recorded: a launcher that placed it says why
         ledger.add_event(options.campaign, "stack_refused", f"{report.worker}: {refused}")
         raise
-    warm_up(ledger.campaign(options.campaign).task)
     gated: set[str] = set()  # planned runs whose gate was checked (by the launch, then here)
     with _stop_on_signals(options.preempt_signals) as stopping:
         while not stopping.is_set():
