@@ -112,8 +112,11 @@ def ledger(request: pytest.FixtureRequest, ledger_url: str) -> Iterator[Ledger]:
         yield opened
 
 
-# The slowest tests (from `--durations`), scheduled first: the xdist workers then end
-# together instead of one of them running a two-minute test while the others wait.
+# The slowest tests (from `--durations`), scheduled first. With `--dist worksteal` they fall
+# in the first worker's share, which runs them one after the other while the other workers
+# take the light tests and steal the rest of its queue: each of these starts workers and
+# hosts of its own, and three at once oversubscribe two cores (measured: 16 min 24 s this
+# way, 19+ min with the slowest spread one per worker).
 SLOWEST_FIRST = (
     "tests/test_causal_lm.py::test_the_llm_demo_compares_full_and_lora_with_conclusions",
     "tests/test_causal_lm.py::test_lora_trains_and_saves_only_its_adapter",
@@ -136,27 +139,6 @@ SLOWEST_FIRST = (
 )
 
 
-def _workers(config: pytest.Config) -> int:
-    """How many xdist workers share the collection (it is collected on each of them)."""
-    return max(1, int(getattr(config, "workerinput", {}).get("workercount", 1)))
-
-
-def _spread_slowest(items: list[pytest.Item], workers: int) -> list[pytest.Item]:
-    """The slowest tests first in each worker's share: ``--dist worksteal`` gives each worker a
-    contiguous block of the collection (``len // workers`` each, in order) and idle workers
-    steal from the busiest, so each block starts with its turn of the slowest."""
-    slow = sorted((i for i in items if _slowness(i) < len(SLOWEST_FIRST)), key=_slowness)
-    rest = iter([i for i in items if _slowness(i) == len(SLOWEST_FIRST)])
-    blocks: list[list[pytest.Item]] = [slow[k::workers] for k in range(workers)]
-    remaining = len(items)
-    for k, block in enumerate(blocks):
-        size = remaining // (workers - k)
-        remaining -= size
-        block.extend(next(rest) for _ in range(max(0, size - len(block))))
-    spread = [item for block in blocks for item in block]
-    return spread + list(rest)
-
-
 def _slowness(item: pytest.Item) -> int:
     return next((i for i, p in enumerate(SLOWEST_FIRST) if item.nodeid.startswith(p)),
                 len(SLOWEST_FIRST))  # fmt: skip
@@ -165,7 +147,7 @@ def _slowness(item: pytest.Item) -> int:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The slowest tests first; tests marked ``gpu`` need a CUDA device: skipped by
     capability where there is none."""
-    items[:] = _spread_slowest(items, _workers(config))
+    items.sort(key=_slowness)  # stable: the rest keep their order
     import torch
 
     if torch.cuda.is_available():
