@@ -100,8 +100,8 @@ def test_each_command_starts_at_most_one_torch_interpreter_per_host(
     assert counter.count("resume", first, *art) == 1  # its replay forked from the same host
     assert counter.count("pilot", "count", *art) == 1  # its fresh-process checks too
     assert counter.count("launch", "count", "--workers", "2", *art) == 2  # one host per worker
-    for listing in (("status", "count"), ("runs", "count"), ("report", "count", "--format",
-                                                              "json")):  # fmt: skip
+    for listing in (("status", "count"), ("runs", "count"),
+                    ("report", "count", "--format", "json", "--output", "-")):  # fmt: skip
         assert counter.count(*listing) == 0, listing
     assert counter.count_serving() == 0
     with Ledger.open(ledger_url) as ledger:

@@ -147,3 +147,10 @@ def device_problems(device: str) -> list[str]:
         build = "; this torch is a CPU-only build" if torch.version.cuda is None else ""
         return [f"device {device} does not exist here ({count} CUDA device(s) visible{build})"]
     return []
+
+
+def cuda_device_count() -> int:
+    """How many CUDA devices this process sees (0 on a CPU-only torch)."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0

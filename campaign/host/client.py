@@ -52,6 +52,7 @@ class Child:
         while self._exitcode is None:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
+                self.host.pump(0)  # what the host said while the caller was busy counts
                 break
             self.host.pump(0.5 if left is None else min(left, 0.5))
         return self._exitcode
@@ -96,7 +97,7 @@ class Host:
             answer = self._waiting.pop(ref)
         if "error" in answer:
             raise HostError(answer["error"])
-        return self._children[ref]
+        return answer["child"]  # kept with its answer: its exit may have been read already
 
     def pump(self, timeout: float | None) -> None:
         """Read what the host said within ``timeout`` seconds (None: until it says something)."""
@@ -127,6 +128,7 @@ class Host:
             return
         if "pid" in message:
             self._children[ref] = Child(self, int(message["pid"]))
+            message = {**message, "child": self._children[ref]}
         self._waiting[ref] = message
 
     def _lost(self) -> None:

@@ -19,16 +19,18 @@ PR_SET_PDEATHSIG = 1
 
 
 def kill_group(pid: int | None, *, ended: bool = False) -> None:
-    """SIGKILL the process group led by ``pid`` (a host child and whatever it forked); the
-    process alone while it does not lead a group yet. Nothing once it is known ``ended``
-    (its pid may belong to another process by now)."""
-    if pid is None or ended:
+    """SIGKILL the process group led by ``pid``: a host child and whatever it forked (a
+    loader's workers, a task's subprocess), which may outlive the leader. The process alone
+    while it does not lead a group yet, unless it is known ``ended`` (its pid may belong to
+    another process by now; a group id stays reserved while any member lives)."""
+    if pid is None:
         return
     try:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
+        if not ended:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def die_with_parent() -> bool:

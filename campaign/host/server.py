@@ -44,6 +44,8 @@ class Connection:
     children: set[int] = field(default_factory=set)
 
     def send(self, message: dict[str, Any]) -> None:
+        if self.write_fd < 0:  # gone: its fd number may belong to a newer connection now
+            return
         data = (json.dumps(message) + "\n").encode()
         with contextlib.suppress(OSError):  # a requester that went away hears nothing
             while data:
@@ -53,10 +55,10 @@ class Connection:
 class Host:
     """The serving loop's state: connections, live children and who asked for each."""
 
-    def __init__(self, owner: int, default_threads: int | None = None) -> None:
+    def __init__(self, owner: int, answers: int, default_threads: int | None = None) -> None:
         self.owner = owner
         self.default_threads = default_threads  # torch's own choice without OMP_NUM_THREADS
-        self.connections: dict[int, Connection] = {0: Connection(0, 1, owner=True)}
+        self.connections: dict[int, Connection] = {0: Connection(0, answers, owner=True)}
         self.children: dict[int, tuple[Connection, int]] = {}  # pid -> (requester, ref)
         self.wake_read, wake_write = os.pipe()
         for fd in (self.wake_read, wake_write):
@@ -104,6 +106,7 @@ class Host:
         if not connection.owner:
             with contextlib.suppress(OSError):
                 os.close(connection.read_fd)
+        connection.write_fd = -1  # its children's ends are told nothing more
 
     def _start(self, requester: Connection, request: dict[str, Any]) -> None:
         ref = request.get("ref", 0)
@@ -169,12 +172,16 @@ def main(owner: int) -> None:
         signal.signal(signum, signal.SIG_IGN)
     if os.getppid() != owner:  # the owner is already gone
         return
-    sys.stdout = sys.stderr  # fd 1 is the answer channel: a print must not reach it
+    # fd 1 is the answer channel: moved away, so that nothing a preload prints (Python or C)
+    # can reach it; fd 1 becomes stderr.
+    answers = os.dup(1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
     for name in PRELOAD:
         with contextlib.suppress(ImportError):
             importlib.import_module(name)
     torch = sys.modules.get("torch")  # reads the setting, starts no thread pool
-    Host(owner, torch.get_num_threads() if torch is not None else None).serve()  # never returns
+    Host(owner, answers, torch.get_num_threads() if torch is not None else None).serve()
 
 
 if __name__ == "__main__":

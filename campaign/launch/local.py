@@ -24,6 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from campaign.gates.stack_gate import cuda_device_count
+from campaign.host.calls import with_torch
 from campaign.launch.live_table import ProgressDisplay, Snapshot, take_snapshot
 from campaign.launch.worker import WorkerOptions, worker_name
 from campaign.ledger import Ledger
@@ -65,9 +67,8 @@ def plan_slots(devices: str, workers: int | None) -> list[Slot]:
 
 
 def _cuda_indices(names: Sequence[str]) -> list[int]:
-    import torch
-
-    available = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    # torch counts the devices in a child of the task host: the launcher imports no torch
+    available = int(with_torch(cuda_device_count, what="counting CUDA devices"))
     if names == ["cuda"]:
         if not available:
             raise DeviceError("--devices cuda: no CUDA device is visible on this machine")

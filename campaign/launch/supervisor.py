@@ -45,12 +45,13 @@ from typing import Any
 from sqlalchemy.exc import SQLAlchemyError
 
 from campaign.host import calls
-from campaign.host.client import HOST_GONE, Child
+from campaign.host.client import HOST_GONE, Child, HostError
 from campaign.host.processes import ended_how, process_state, signal_name
 from campaign.launch.run_process import ARTIFACTS_ENV, SUPERVISOR_ENV, ChildJob
 from campaign.ledger import Claim, Ledger, LedgerError, RefusedWrite, StopRecord
 from campaign.ledger.errors import LeaseLost
 from campaign.loop import progress_page
+from campaign.loop.errors import RunSetupFailed
 from campaign.loop.outcome import RunOutcome
 from campaign.loop.run_files import record_file
 from campaign.loop.signals import WALL_TIME_SIGNAL
@@ -119,9 +120,15 @@ def supervise(
     child: Child | None = None
     try:
         with _forwarding(lambda: child) as signals:
-            child = calls.start("campaign.launch.run_process:run_child", [job.document()],
-                                follow=os.getpid(), stop_with=True, env=environment,
-                                task=task, preload=calls.RUN_PRELOAD)  # fmt: skip
+            try:
+                child = calls.start("campaign.launch.run_process:run_child", [job.document()],
+                                    follow=os.getpid(), stop_with=True, env=environment,
+                                    task=task, preload=calls.RUN_PRELOAD)  # fmt: skip
+            except HostError as error:  # a claimed run must still end, and say why
+                detail = f"the task host could not start the run's process: {error}"
+                ledger.finish(claim.run_id, "failed", StopRecord("exception", 0, "setup", detail),
+                              lease=claim.lease)  # fmt: skip
+                raise RunSetupFailed(f"run {claim.run_id}: {detail}") from None
             verdict = _watch(ledger, claim, child, board, supervision, config, signals, stopping)
         if signals.received and stopping is not None:  # it came as the run was ending
             stopping.signum = signals.received[0]
@@ -142,6 +149,10 @@ def supervise(
             return RunOutcome(**answer["outcome"])
         return RunOutcome(row.id, row.status, str(row.stop_cause), int(row.stop_step or 0),
                           str(row.stop_detail or ""))  # fmt: skip
+    if verdict is None and signals.received:  # a job-wide signal before the run's handler
+        verdict = _Verdict("interrupted", "interrupted",
+                           f"{signal_name(signals.received[0])} received; the run's process "
+                           f"{ended_how(child.exitcode)} before it could checkpoint")  # fmt: skip
     verdict = verdict or _died(child.exitcode, answer, seen)
     stop = StopRecord(verdict.cause, seen.step, seen.phase, verdict.detail)
     with contextlib.suppress(OSError, LedgerError, SQLAlchemyError):
@@ -194,9 +205,6 @@ def _watch(
                 stopping.set()
             _signal(child.pid, signals.received[0])  # SIGTERM, SIGINT or a preemption signal
             kill_at, latest_kill = now + grace, now + LONGEST_ENDING * grace
-            verdict = _Verdict("interrupted", "interrupted",
-                               f"{signal_name(signals.received[0])} received; the run did not stop "
-                               f"within {grace:g} s and was killed")  # fmt: skip
         if wall_s is not None and not wall_signalled and now - started >= wall_s:
             wall_signalled = True
             _signal(child.pid, WALL_TIME_SIGNAL)
@@ -213,6 +221,10 @@ def _watch(
                                f"{seen.step} (stop.stall); the run's process was killed",
                                )  # fmt: skip
         if kill_at is not None and now >= kill_at:
+            if forwarded and verdict is None:  # said only when it is true: it was killed
+                verdict = _Verdict("interrupted", "interrupted",
+                                   f"{signal_name(signals.received[0])} received; the run did not "
+                                   f"stop within {grace:g} s and was killed")  # fmt: skip
             child.kill()
         if now >= next_beat and not ended:
             next_beat = now + supervision.heartbeat_s
