@@ -27,7 +27,6 @@ from campaign.host.calls import (
     Pending,
     answer,
     begin,
-    call,
     run_module,
 )
 from campaign.ledger import Ledger
@@ -154,13 +153,6 @@ def replay_recorded(url: str, run_id: str) -> dict[str, Any]:
     check run in a fresh child of the task host (the URL travels on the host's channel)."""
     with Ledger.open(url) as ledger:
         return replay(ledger, run_id)
-
-
-def replay_in_host(url: str, run_id: str, task_reference: str) -> dict[str, Any]:
-    """:func:`replay_recorded` in a fresh child of the task host (no memory shared with the
-    process that trained or asks); its verdict."""
-    return dict(call(replay_recorded, url, run_id, what=f"replaying run {run_id}",
-                     timeout_s=REPLAY_TIMEOUT_S, task=task_reference))  # fmt: skip
 
 
 def replay_when_told(url: str, run_id: str, task_reference: str, go: str) -> dict[str, Any]:
