@@ -134,7 +134,7 @@ SLOWEST_FIRST = (
     "tests/test_serve_browser.py::",
     "tests/test_leases.py::",
     "tests/test_signals_everywhere.py::",
-    "tests/test_slurm_executor.py::",
+    "tests/test_slurm_cluster.py::",
     "tests/test_resume_safety.py::",
 )
 

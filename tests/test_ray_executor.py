@@ -69,11 +69,12 @@ def test_ray_runs_a_campaign_and_a_retried_task_never_runs_a_run_twice(
 
 def _assert_private_instance_is_loopback_with_a_token(launcher_pid: int) -> None:
     """The Ray servers the launcher started listen on 127.0.0.1 only, with token auth on."""
+    commands = {p: _command_line(p) for p in psutil.Process(launcher_pid).children(recursive=True)}
     servers = [
-        p for p in psutil.Process(launcher_pid).children(recursive=True)
-        if any(name in " ".join(p.cmdline()) for name in ("gcs_server", "raylet"))
+        p for p, words in commands.items()
+        if any(name in " ".join(words) for name in ("gcs_server", "raylet"))
     ]  # fmt: skip
-    assert {Path(p.cmdline()[0]).name for p in servers} >= {"gcs_server", "raylet"}
+    assert {Path(commands[p][0]).name for p in servers} >= {"gcs_server", "raylet"}
     listening = [
         c.laddr.ip for p in servers for c in p.net_connections(kind="inet")
         if c.status == psutil.CONN_LISTEN
@@ -83,6 +84,14 @@ def _assert_private_instance_is_loopback_with_a_token(launcher_pid: int) -> None
         environment = server.environ()
         assert environment.get("RAY_AUTH_MODE") == "token"
         assert len(environment.get("RAY_AUTH_TOKEN", "")) == 64
+
+
+def _command_line(process: psutil.Process) -> list[str]:
+    """A child's argv, or nothing for one that ended (a zombie) while the tree was listed."""
+    try:
+        return process.cmdline()
+    except psutil.Error:
+        return []
 
 
 def _loopback(text: str) -> bool:

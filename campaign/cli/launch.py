@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import functools
 import json
+import signal
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -109,7 +111,8 @@ def _gate(ledger: Any, campaign: str, skip_pilot: bool, reason: str | None, who:
     "--slurm-folder",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
-    help="slurm: folder for submitit's job files (default: ARTIFACTS/slurm).",
+    help="slurm: folder (made 0700) for the batch script and the tasks' logs "
+    "(default: ARTIFACTS/slurm).",
 )
 @click.option("--slurm-partition", default=None, help="slurm: partition to submit to.")
 @click.option(
@@ -117,19 +120,21 @@ def _gate(ledger: Any, campaign: str, skip_pilot: bool, reason: str | None, who:
     type=click.IntRange(1),
     default=60,
     show_default=True,
-    help="slurm: time limit of each job in minutes.",
+    help="slurm: time limit of each array task in minutes.",
 )
 @click.option(
-    "--slurm-local",
-    is_flag=True,
-    help="slurm: simulate the cluster with submitit's local executor on this machine.",
+    "--slurm-signal-s",
+    type=click.IntRange(1, 65535),
+    default=120,
+    show_default=True,
+    help="slurm: SIGUSR2 this long before the time limit (the run checkpoints, the task requeues).",
 )
 @click.option(
     "--max-requeues",
     type=click.IntRange(0),
     default=3,
     show_default=True,
-    help="slurm: how often a preempted or timed-out run may be requeued.",
+    help="slurm: how often one array task may requeue itself after a preemption.",
 )
 @click.option(
     "--grace-s",
@@ -144,7 +149,7 @@ def _gate(ledger: Any, campaign: str, skip_pilot: bool, reason: str | None, who:
 def launch(source: LedgerSource, campaign: str, workers: int | None, devices: str, executor: str,
            address: str | None, gpus_per_run: float | None, schedule_timeout_s: float,
            slurm_folder: Path | None, slurm_partition: str | None, slurm_time_min: int,
-           slurm_local: bool, max_requeues: int, grace_s: float, skip_pilot: bool,
+           slurm_signal_s: int, max_requeues: int, grace_s: float, skip_pilot: bool,
            reason: str | None, artifacts: Path, output_format: str, **kw: Any) -> None:  # fmt: skip
     """Execute a campaign's planned runs on workers that claim them from the ledger.
 
@@ -164,7 +169,7 @@ def launch(source: LedgerSource, campaign: str, workers: int | None, devices: st
         devices=devices, skip_reason=skip_reason(skip_pilot, reason), address=address,
         gpus_per_run=gpus_per_run, schedule_timeout_s=schedule_timeout_s,
         slurm_folder=slurm_folder, slurm_partition=slurm_partition,
-        slurm_time_min=slurm_time_min, slurm_local=slurm_local, max_requeues=max_requeues,
+        slurm_time_min=slurm_time_min, slurm_signal_s=slurm_signal_s, max_requeues=max_requeues,
         grace_s=grace_s,
     )  # fmt: skip
     with source.open() as ledger:
@@ -205,6 +210,20 @@ def launch(source: LedgerSource, campaign: str, workers: int | None, devices: st
 )
 @click.option("--max-runs", type=click.IntRange(1), default=None, help="Stop after this many runs.")
 @click.option(
+    "--slurm",
+    "slurm_task",
+    is_flag=True,
+    help="This worker is a SLURM array task: SIGUSR2 announces preemption (the run checkpoints "
+    "and ends preempted, then the task requeues itself); preempted runs are resumed first.",
+)
+@click.option(
+    "--max-requeues",
+    type=click.IntRange(0),
+    default=3,
+    show_default=True,
+    help="--slurm: how often this array task may requeue itself after a preemption.",
+)
+@click.option(
     "--launched",
     is_flag=True,
     hidden=True,
@@ -213,8 +232,8 @@ def launch(source: LedgerSource, campaign: str, workers: int | None, devices: st
 @_worker_options
 @click.pass_obj
 def worker(source: LedgerSource, campaign: str, skip_pilot: bool, reason: str | None,
-           artifacts: Path,
-           launched: bool, **kw: Any) -> None:  # fmt: skip
+           artifacts: Path, launched: bool, slurm_task: bool, max_requeues: int,
+           **kw: Any) -> None:  # fmt: skip
     """Run one plain worker: claim runs of CAMPAIGN from the ledger until none is left.
 
     Start one on each machine that shares a PostgreSQL ledger, no engine needed.
@@ -228,6 +247,8 @@ def worker(source: LedgerSource, campaign: str, skip_pilot: bool, reason: str | 
     from campaign.ledger.locality import check_single_host
 
     options = _options(campaign, artifacts, **kw)
+    if slurm_task:
+        options = replace(options, preempt_signals=(int(signal.SIGUSR2),), resume_preempted=True)
     with source.open() as ledger:
         ledger.campaign(campaign)
         start_early()  # its runs fork from it: torch imports while the gate and stack are read
@@ -249,8 +270,32 @@ def worker(source: LedgerSource, campaign: str, skip_pilot: bool, reason: str | 
             )
 
         report = run_worker(ledger, options, on_outcome=None if launched else tell)
+    if slurm_task and report.preempted:
+        _requeue(max_requeues)
     if report.stopped_by_signal:
         raise click.exceptions.Exit(1)
+
+
+def _requeue(max_requeues: int) -> None:
+    """A preempted SLURM array task goes back in the queue (its run is checkpointed)."""
+    from campaign.launch.slurm_task import RequeueRefused, requeue, this_task
+
+    task = this_task()
+    if task is None:
+        click.echo("campaign: --slurm outside a SLURM job: nothing to requeue", err=True)
+        return
+    try:
+        requeued = requeue(task, max_requeues)
+    except RequeueRefused as refused:
+        click.echo(f"campaign: {refused}; the preempted run stays interrupted", err=True)
+        return
+    if requeued:
+        click.echo(f"campaign: preempted; SLURM task {task.name} requeued "
+                   f"({task.restarts + 1} of {max_requeues})", err=True)  # fmt: skip
+    else:
+        click.echo(f"campaign: preempted; SLURM task {task.name} used its {max_requeues} "
+                   "requeue(s): the run stays interrupted (launch --resume-interrupted)",
+                   err=True)  # fmt: skip
 
 
 @click.command()

@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -28,6 +27,7 @@ from campaign.gates.stack_gate import cuda_device_count
 from campaign.host.calls import with_torch
 from campaign.launch.live_table import ProgressDisplay, Snapshot, take_snapshot
 from campaign.launch.worker import WorkerOptions, worker_name
+from campaign.launch.worker_command import worker_command
 from campaign.ledger import Ledger
 from campaign.ledger.location import ENV_VAR
 
@@ -128,20 +128,7 @@ class LocalLauncher:
         self._lost: list[str] = []
 
     def command(self, slot: Slot) -> list[str]:
-        o = self.options
-        line = [
-            sys.executable, "-m", "campaign", "worker", o.campaign,
-            "--device", slot.device, "--artifacts", str(o.artifacts),
-            "--heartbeat-s", f"{o.heartbeat_s:g}", "--lease-s", f"{o.lease_s:g}", "--launched",
-            "--stop-grace-s", f"{o.grace_s:g}",
-        ]  # fmt: skip
-        if slot.threads:
-            line += ["--threads", str(slot.threads)]
-        for status in o.resume:
-            line.append(f"--resume-{status}")
-        if not o.replay_in_subprocess:
-            line.append("--no-replay-check")
-        return line
+        return worker_command(self.options, slot.device, slot.threads)
 
     def _spawn(self, slot: Slot, respawns: int = 0) -> _Worker:
         # The ledger URL travels in the environment: a password never appears on a command line.

@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from campaign.gates.launch_gate import GateDecision, open_gate
 from campaign.launch.defaults import EXECUTORS
@@ -40,7 +39,7 @@ class LaunchRequest:
     slurm_folder: Path | None = None
     slurm_partition: str | None = None
     slurm_time_min: int = 60
-    slurm_local: bool = False
+    slurm_signal_s: int = 120
     max_requeues: int = 3
     grace_s: float = 300
 
@@ -113,10 +112,11 @@ def launch_campaign(
         refused = events[(events["kind"] == "stack_refused") & (events["id"] > seen)]
         return LaunchOutcome(gate, result.snapshot, result.interrupted,
                              tuple(dict.fromkeys(refused["detail"])))  # fmt: skip
-    return LaunchOutcome(gate, _on_engine(url, request, display), False)
+    snapshot, interrupted = _on_engine(url, request, display)
+    return LaunchOutcome(gate, snapshot, interrupted)
 
 
-def _on_engine(url: str, request: LaunchRequest, display: ProgressDisplay) -> Any:
+def _on_engine(url: str, request: LaunchRequest, display: ProgressDisplay) -> tuple[Snapshot, bool]:
     """Launch on Ray or SLURM (imported only when asked for: both are optional extras)."""
     if request.executor == "ray":
         from campaign.launch.ray_executor import RayOptions, launch_on_ray
@@ -128,10 +128,13 @@ def _on_engine(url: str, request: LaunchRequest, display: ProgressDisplay) -> An
         return launch_on_ray(url, request.options, ray_options, display)
     from campaign.launch.slurm_executor import SlurmOptions, launch_on_slurm
 
+    gpus = request.gpus_per_run
+    gpus = int(gpus) if gpus is not None else int(request.devices.startswith("cuda"))
     slurm_options = SlurmOptions(
         folder=request.slurm_folder or request.options.artifacts / "slurm",
-        partition=request.slurm_partition, time_min=request.slurm_time_min,
-        max_requeues=request.max_requeues, gpus_per_run=int(request.gpus_per_run or 0),
-        parallel=request.workers, local=request.slurm_local,
+        workers=request.workers or 1, partition=request.slurm_partition,
+        time_min=request.slurm_time_min, max_requeues=request.max_requeues,
+        gpus_per_task=gpus, cpus_per_task=request.options.threads or 1,
+        signal_s=request.slurm_signal_s, grace_s=request.grace_s,
     )  # fmt: skip
     return launch_on_slurm(url, request.options, slurm_options, display)

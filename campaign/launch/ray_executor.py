@@ -61,8 +61,9 @@ def execute_run_task(url: str, options: dict[str, Any], run_id: str, cwd: str) -
 
 def launch_on_ray(
     url: str, options: WorkerOptions, ray_options: RayOptions, display: ProgressDisplay
-) -> Snapshot:
-    """Submit one task per run of the campaign and follow them to the end."""
+) -> tuple[Snapshot, bool]:
+    """Submit one task per run of the campaign and follow them to the end; (the last
+    snapshot, interrupted)."""
     started_here = ray_options.address is None
     if started_here:  # read by Ray at import: set before it
         os.environ.setdefault("RAY_AUTH_MODE", "token")
@@ -75,7 +76,7 @@ def launch_on_ray(
     else:
         ray.init(address=ray_options.address, log_to_driver=False, logging_level="ERROR")
     try:
-        return _follow(ray, url, options, ray_options, display)
+        return _follow(ray, url, options, ray_options, display), False
     finally:
         ray.shutdown()
 
@@ -88,9 +89,7 @@ def _import_ray(*, loopback: bool) -> Any:
     try:
         import ray
     except ImportError:
-        raise PlacementError(
-            "--executor ray needs Ray: pip install 'campaign[ray]'"
-        ) from None
+        raise PlacementError("--executor ray needs Ray: pip install 'campaign[ray]'") from None
     return ray
 
 

@@ -55,6 +55,9 @@ class WorkerOptions:
     # Signals by which a scheduler announces preemption or a time limit (SLURM: USR2):
     # the run checkpoints and ends interrupted with stop cause ``preempted``.
     preempt_signals: tuple[int, ...] = ()
+    # Continue runs that a preemption interrupted (a SLURM array task does: the preempted
+    # run goes on wherever a slot is free), before planned ones.
+    resume_preempted: bool = False
     # Each run executes in a supervised child process (campaign/launch/supervisor.py);
     # ``grace_s``: between a graceful signal to it (wall time, SIGTERM) and the kill.
     grace_s: float = 30.0
@@ -163,6 +166,8 @@ def run_worker(
                 stopping.set()
                 report.preempted = outcome.cause == "preempted"
         report.stopped_by_signal = stopping.is_set()
+        if stopping.is_set() and not report.outcomes:  # the signal came between two runs
+            report.preempted = stopping.signum in options.preempt_signals
     return report
 
 
@@ -201,8 +206,9 @@ def run_one(ledger: Ledger, options: WorkerOptions, run_id: str) -> RunOutcome |
 def warm_up(task_reference: str) -> None:
     """Before a worker claims a run: its task host started and ready (torch and the built-in
     task's preloads imported), so a run's first heartbeat never waits for it."""
-    probe = calls.start("os:getpid", [], follow=os.getpid(), task=task_reference,
-                        preload=calls.RUN_PRELOAD)
+    probe = calls.start(
+        "os:getpid", [], follow=os.getpid(), task=task_reference, preload=calls.RUN_PRELOAD
+    )
     probe.join()
 
 
@@ -232,8 +238,10 @@ def _next_run(
     atomically. A resumable run is taken by the loop's own compare-and-set
     start, so two workers racing for it cannot both win.
     """
-    if options.resume:
-        for run_id in _candidates(ledger, options, options.resume):
+    resumable = [*(("interrupted", "preempted"),) * options.resume_preempted,
+                 *((status, None) for status in options.resume)]  # fmt: skip
+    for status, cause in resumable:
+        for run_id in _candidates(ledger, options, (status,), cause):
             if run_id not in refused:
                 return run_id, None
     if options.only_runs:
@@ -261,8 +269,12 @@ def _refuse_ungated_newcomers(ledger: Ledger, campaign: str, gated: set[str]) ->
     gated |= planned
 
 
-def _candidates(ledger: Ledger, options: WorkerOptions, statuses: Sequence[str]) -> Iterator[str]:
+def _candidates(
+    ledger: Ledger, options: WorkerOptions, statuses: Sequence[str], cause: str | None = None
+) -> Iterator[str]:
     runs = ledger.runs(options.campaign, status=list(statuses))
+    if cause is not None:
+        runs = runs[runs["stop_cause"] == cause]
     for run_id in runs["run_id"]:
         if not options.only_runs or run_id in options.only_runs:
             yield str(run_id)

@@ -1,0 +1,73 @@
+"""What a worker does differently when it is a task of a SLURM job array.
+
+SLURM signals every process of a job step at once. ``scancel`` sends SIGTERM
+(then SIGKILL after the cluster's ``KillWait``); a preemption, and the
+warning the batch script asks for ahead of the time limit
+(``--signal=USR2@SECONDS``), send SIGUSR2. Only the supervisor interprets
+them (:mod:`campaign.launch.supervisor`): SIGTERM ends the run
+``interrupted``/``interrupted``, SIGUSR2 ``interrupted``/``preempted``, each
+with a checkpoint at the update it was in.
+
+After a preemption the task requeues itself (``scontrol requeue``): the
+allocation is about to go, the campaign is not done. The requeued task is a
+fresh worker that, like every array task, resumes preempted runs before it
+claims planned ones, so the preempted run continues wherever a slot is free.
+``max_requeues`` bounds how often one array task is requeued (SLURM counts
+them in ``SLURM_RESTART_COUNT``); past it the run stays ``interrupted``,
+resumable by ``launch --resume-interrupted``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ArrayTask:
+    """This process's place in a SLURM job array, read from the variables SLURM sets."""
+
+    job_id: str  # the task's own job id (requeue takes it)
+    array_job_id: str | None
+    array_task_id: str | None
+    restarts: int
+
+    @property
+    def name(self) -> str:
+        """``ARRAYJOB_TASK`` as squeue shows it (or the plain job id)."""
+        if self.array_job_id and self.array_task_id:
+            return f"{self.array_job_id}_{self.array_task_id}"
+        return self.job_id
+
+
+def this_task(environment: Mapping[str, str] | None = None) -> ArrayTask | None:
+    """The array task this process runs in, or None outside a SLURM job."""
+    env = os.environ if environment is None else environment
+    job_id = env.get("SLURM_JOB_ID")
+    if not job_id:
+        return None
+    return ArrayTask(job_id, env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID"),
+                     int(env.get("SLURM_RESTART_COUNT") or 0))  # fmt: skip
+
+
+class RequeueRefused(RuntimeError):
+    """``scontrol requeue`` failed (the cluster may forbid requeueing: JobRequeue=0)."""
+
+
+def requeue(task: ArrayTask, max_requeues: int) -> bool:
+    """Put this array task back in the queue after a preemption; False past ``max_requeues``.
+
+    Called after the run ended and its checkpoint is recorded: SLURM ends this
+    job's processes as it requeues it.
+    """
+    if task.restarts >= max_requeues:
+        return False
+    scontrol = shutil.which("scontrol") or "scontrol"
+    done = subprocess.run([scontrol, "requeue", task.job_id], capture_output=True, text=True,
+                          timeout=60, check=False)  # fmt: skip
+    if done.returncode != 0:
+        raise RequeueRefused(f"scontrol requeue {task.job_id}: {done.stderr.strip()}")
+    return True
