@@ -99,6 +99,42 @@ def test_the_host_ignores_the_schedulers_signals_and_dies_with_its_owner(tmp_pat
     assert process_state(host) is None and process_state(child) is None
 
 
+def _mask(pid: int, field: str = "SigBlk") -> int:
+    status = (Path("/proc") / str(pid) / "status").read_text()
+    (line,) = [line for line in status.splitlines() if line.startswith(f"{field}:")]
+    return int(line.split()[1], 16)
+
+
+def test_a_child_receives_signals_its_owner_blocks() -> None:
+    """A Ray worker blocks SIGINT (Ray interrupts a task another way) and a mask survives fork
+    and exec: the host and its children clear it, or the run never hears its supervisor."""
+    owner = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import signal, time
+        signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT, signal.SIGTERM])
+        from campaign.host import calls, client
+        child = calls.start("time:sleep", [600])
+        print(client.current().process.pid, child.pid, flush=True)
+        time.sleep(600)
+    """)], stdout=subprocess.PIPE, text=True, cwd=ROOT)  # fmt: skip
+    assert owner.stdout is not None
+    try:
+        host, child = (int(p) for p in owner.stdout.readline().split())
+        term = 1 << (signal.SIGTERM - 1)
+        deadline = time.monotonic() + 10  # the child left the host's ignored signals behind
+        while time.monotonic() < deadline and _mask(child, "SigIgn") & term:
+            time.sleep(0.05)
+        assert _mask(owner.pid) & (1 << (signal.SIGINT - 1))  # the owner still blocks it
+        assert _mask(host) == 0 and _mask(child) == 0
+        os.kill(child, signal.SIGTERM)  # blocked in the owner; default action in the child
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and process_state(child) not in (None, "Z", "X"):
+            time.sleep(0.1)
+        assert process_state(child) in (None, "Z", "X")
+    finally:
+        owner.kill()
+        owner.wait()
+
+
 @pytest.mark.parametrize("threads", [None, "1"])
 def test_a_host_child_has_the_threads_a_fresh_interpreter_has(
     monkeypatch: pytest.MonkeyPatch, threads: str | None

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -37,14 +36,9 @@ def _supervise(url: str, run_id: str, artifacts: Path, signal_name: str) -> subp
                    "--skip-pilot", "--reason", "signal test", "--artifacts", str(artifacts),
                    "--stop-grace-s", "60"]  # fmt: skip
     else:  # what a SLURM array task runs: a worker that reads USR2 as preemption
-        command = [sys.executable, "-c", textwrap.dedent(f"""
-            import os, signal
-            from campaign.launch.placement import run_placed
-            from campaign.launch.worker import WorkerOptions, options_document
-            options = WorkerOptions("tree-sigusr2", {str(artifacts)!r}, grace_s=60)
-            run_placed({url!r}, options_document(options), {run_id!r}, os.getcwd(),
-                       preempt_signals=(int(signal.SIGUSR2),))
-        """)]  # fmt: skip
+        command = [sys.executable, "-m", "campaign", "--ledger", url, "worker", "tree-sigusr2",
+                   "--slurm", "--skip-pilot", "--reason", "signal test", "--artifacts",
+                   str(artifacts), "--stop-grace-s", "60"]  # fmt: skip
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

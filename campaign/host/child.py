@@ -47,6 +47,9 @@ def become(request: dict[str, Any], connection: int, host_fds: Sequence[int],
         signal.set_wakeup_fd(-1)
         for signum in DEFAULT_SIGNALS:
             signal.signal(signum, signal.SIG_DFL)
+        # No signal blocked: a parent may block some (a Ray worker blocks SIGINT), and a mask
+        # is inherited through fork and exec; the run must receive what its supervisor sends.
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
         _standard_streams(request)
         for fd in host_fds:
             with contextlib.suppress(OSError):

@@ -170,6 +170,9 @@ def task_preloads(task_reference: str | None) -> list[str]:
 def main(owner: int) -> None:
     for signum in IGNORED_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
+    # Ignored, not blocked: a mask inherited from the owner (a Ray worker blocks SIGINT) would
+    # also be every child's until it clears its own; SIGCHLD must reach the loop.
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
     if os.getppid() != owner:  # the owner is already gone
         return
     # fd 1 is the answer channel: moved away, so that nothing a preload prints (Python or C)

@@ -81,11 +81,17 @@ def launch_campaign(
     ledger.campaign(campaign)
     if request.executor not in EXECUTORS:
         raise LaunchRefused(f"unknown executor {request.executor!r}: {', '.join(EXECUTORS)}")
-    if request.executor != "ray" or request.address is None:
+    address = request.address
+    if request.executor == "ray":
+        from campaign.launch.ray_executor import cluster_address
+
+        address = cluster_address(address)
+    if request.executor != "ray" or address is None:
         check_single_host(ledger, options.lease_s)
     elif ledger.dialect == "sqlite":
         raise LaunchRefused(
-            "--executor ray --address: workers on other hosts cannot share a SQLite ledger; "
+            "--executor ray on a cluster (--address or RAY_ADDRESS): workers on other hosts "
+            "cannot share a SQLite ledger; "
             "use a PostgreSQL ledger (--ledger postgresql://USER@HOST/DB)"
         )
     local_slots = []
@@ -124,6 +130,7 @@ def _on_engine(url: str, request: LaunchRequest, display: ProgressDisplay) -> tu
         ray_options = RayOptions(
             address=request.address, workers=request.workers, devices=request.devices,
             gpus_per_run=request.gpus_per_run, schedule_timeout_s=request.schedule_timeout_s,
+            grace_s=request.grace_s,
         )  # fmt: skip
         return launch_on_ray(url, request.options, ray_options, display)
     from campaign.launch.slurm_executor import SlurmOptions, launch_on_slurm

@@ -1,51 +1,64 @@
-"""The Ray executor: one Ray task per run, each with its GPU resource, on a shared ledger.
+"""The Ray executor: Ray tasks that are workers, on a shared ledger.
 
-Ray only places work; the ledger stays the queue and the judge. Each task
-opens the ledger itself and executes its run through
-:func:`campaign.launch.worker.run_one`, so a task Ray retries after its
-process died finds the run held by a dead lease, waits for it to be
-declared lost, and continues it from its checkpoint instead of starting a
-second execution.
+Ray only places workers; the ledger stays the queue and the judge. Each task
+is a worker (:func:`campaign.launch.worker.run_worker`) with one task host:
+it claims runs until none is left, so the gap between two runs on one slot
+is a local worker's. A task Ray retries after its process died is a new
+worker; the run the dead one held is declared ``lost`` once its lease
+expires and continued (``--resume-lost``) by whichever worker is free.
+
+What Ray is handed carries the ledger URL without its password (Ray keeps a
+task's arguments in its control store and shows the driver's command line in
+its jobs API): the password travels in a 0600 file
+(:mod:`campaign.launch.secret_file`), and the driver's ``sys.argv`` is shown
+with the password masked.
 
 A Ray instance that the launcher starts itself binds to the loopback
 interface only (Ray's single-node mode) and has token authentication on
-(``RAY_AUTH_MODE=token`` with a fresh random token), so nothing else on the
-network can submit work to it. A request that can never be scheduled (GPUs
-on a cluster without them) is refused before submission; anything else that
-stays unscheduled ends after ``schedule_timeout_s`` with a clear error
-instead of hanging.
+(``RAY_AUTH_MODE=token`` with a fresh random token). ``--address`` or
+``RAY_ADDRESS`` joins an existing cluster instead. A request that can never
+be scheduled (GPUs on a cluster without them) is refused before submission;
+anything else that stays unscheduled ends after ``schedule_timeout_s``.
+
+SIGINT/SIGTERM to the launcher: every worker task is cancelled gently (Ray
+raises KeyboardInterrupt in it: its run checkpoints and ends
+``interrupted``); after the grace, the rest are killed.
 """
 
 from __future__ import annotations
 
 import os
 import secrets
+import signal
+import subprocess
 import sys
+import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from campaign.launch.live_table import ProgressDisplay, Snapshot, take_snapshot
-from campaign.launch.placement import (
-    PlacementError,
-    options_document,
-    outcome_document,
-    run_placed,
-)
-from campaign.launch.worker import WorkerOptions
+from campaign.launch.placement import PlacementError, enter, options_document, options_from
+from campaign.launch.secret_file import handed_over, taken_back
+from campaign.launch.worker import WorkerOptions, run_worker
 from campaign.ledger import Ledger
+from campaign.ledger.engine import safe_url
 
 MAX_TASK_RETRIES = 3
+ADDRESS_ENV = "RAY_ADDRESS"
 
 
 @dataclass(frozen=True)
 class RayOptions:
     address: str | None = None
-    workers: int | None = None  # CPUs of a private local instance (default: all)
+    workers: int | None = None  # worker tasks (default: the cluster's CPUs)
     devices: str = "cpu"
     gpus_per_run: float | None = None
     schedule_timeout_s: float = 600.0
     max_retries: int = MAX_TASK_RETRIES
+    grace_s: float = 300.0
 
     @property
     def gpus(self) -> float:
@@ -54,31 +67,92 @@ class RayOptions:
         return 1.0 if self.devices.startswith("cuda") else 0.0
 
 
-def execute_run_task(url: str, options: dict[str, Any], run_id: str, cwd: str) -> dict[str, Any]:
-    """The body of one Ray task (module level, so Ray ships it by reference)."""
-    return outcome_document(run_id, run_placed(url, options, run_id, cwd))
+def cluster_address(address: str | None) -> str | None:
+    """``--address``, else ``RAY_ADDRESS`` (as Ray's own tools read it), else None: a private
+    instance."""
+    return address or os.environ.get(ADDRESS_ENV) or None
+
+
+def execute_worker_task(url: str, secret: str | None, document: dict[str, Any],
+                        cwd: str) -> dict[str, Any]:  # fmt: skip
+    """The body of one Ray task: a worker (module level, so Ray ships it by reference)."""
+    enter(cwd)
+    with Ledger.open(taken_back(url, secret)) as ledger:
+        report = run_worker(ledger, options_from(document))
+    return {"worker": report.worker, "runs": [asdict(o) for o in report.outcomes],
+            "stopped": report.stopped_by_signal}  # fmt: skip
 
 
 def launch_on_ray(
     url: str, options: WorkerOptions, ray_options: RayOptions, display: ProgressDisplay
 ) -> tuple[Snapshot, bool]:
-    """Submit one task per run of the campaign and follow them to the end; (the last
-    snapshot, interrupted)."""
-    started_here = ray_options.address is None
-    if started_here:  # read by Ray at import: set before it
+    """Start the worker tasks and follow the campaign to the end; (the last snapshot,
+    interrupted)."""
+    address = cluster_address(ray_options.address)
+    if address is None:  # read by Ray at import: set before it
         os.environ.setdefault("RAY_AUTH_MODE", "token")
         if os.environ["RAY_AUTH_MODE"] == "token":
             os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
-    ray = _import_ray(loopback=started_here)
-    if started_here:
-        ray.init(num_cpus=ray_options.workers or os.cpu_count(), include_dashboard=False,
-                 log_to_driver=False, logging_level="ERROR")  # fmt: skip
-    else:
-        ray.init(address=ray_options.address, log_to_driver=False, logging_level="ERROR")
+    with _quiet_stdout(), _masked_argv(), handed_over(url) as (engine_url, secret):
+        ray = _import_ray(loopback=address is None)
+        if address is None:
+            ray.init(num_cpus=ray_options.workers or os.cpu_count(), include_dashboard=False,
+                     log_to_driver=False, logging_level="ERROR")  # fmt: skip
+        else:
+            ray.init(address=address, log_to_driver=False, logging_level="ERROR")
+        stopping = threading.Event()
+        previous = {s: signal.signal(s, lambda *_: stopping.set())
+                    for s in (signal.SIGTERM, signal.SIGINT)}  # fmt: skip
+        try:
+            snapshot = _follow(ray, url, (engine_url, secret), options, ray_options, display,
+                               stopping)  # fmt: skip
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+            ray.shutdown()
+    return snapshot, stopping.is_set()
+
+
+@contextmanager
+def _quiet_stdout() -> Iterator[None]:
+    """Ray's own messages ("A worker died...", state dumps) go to stderr while it runs, so
+    that stdout carries only the command's output (one JSON document with --format json)."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
     try:
-        return _follow(ray, url, options, ray_options, display), False
+        yield
     finally:
-        ray.shutdown()
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+@contextmanager
+def _masked_argv() -> Iterator[None]:
+    """Ray records the driver's command line as read from /proc (its jobs API shows it): a
+    ledger URL on it is shown without its password, there and in ``ps``, from here on
+    (setproctitle, which Ray itself depends on, rewrites the process's argv)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    def masked(word: str) -> str:
+        if "://" not in word:
+            return word
+        try:
+            return safe_url(make_url(word))
+        except ArgumentError:
+            return word
+
+    shown = [masked(word) for word in sys.argv]
+    if shown != sys.argv:
+        try:
+            import setproctitle
+        except ImportError:  # Ray installs it; without it the URL stays visible
+            pass
+        else:
+            setproctitle.setproctitle(subprocess.list2cmdline([sys.executable, *shown]))
+    yield
 
 
 def _import_ray(*, loopback: bool) -> Any:
@@ -93,57 +167,69 @@ def _import_ray(*, loopback: bool) -> Any:
     return ray
 
 
-def _follow(
-    ray: Any, url: str, options: WorkerOptions, ray_options: RayOptions, display: ProgressDisplay
-) -> Snapshot:
+def _follow(ray: Any, url: str, handed: tuple[str, str | None], options: WorkerOptions,
+            ray_options: RayOptions, display: ProgressDisplay,
+            stopping: threading.Event) -> Snapshot:  # fmt: skip
     gpus = ray_options.gpus
-    available = ray.cluster_resources().get("GPU", 0)
-    if gpus > available:
+    resources = ray.cluster_resources()
+    if gpus > resources.get("GPU", 0):
         raise PlacementError(
-            f"each run asks for {gpus:g} GPU(s) but the Ray cluster has {available:g}: "
-            "no run could ever be scheduled (use --devices cpu or --gpus-per-run 0)"
+            f"each run asks for {gpus:g} GPU(s) but the Ray cluster has "
+            f"{resources.get('GPU', 0):g}: no run could ever be scheduled "
+            "(use --devices cpu or --gpus-per-run 0)"
         )
     with Ledger.open(url) as ledger:
-        statuses = ["planned", *options.resume]
-        run_ids = [str(r) for r in ledger.runs(options.campaign, status=statuses)["run_id"]]
-        task = ray.remote(execute_run_task).options(
+        ledger.mark_lost(options.lease_s, options.campaign)  # swept before anything is listed
+        waiting = len(ledger.runs(options.campaign, status=["planned", *options.resume]))
+        count = max(1, min(ray_options.workers or int(resources.get("CPU", 1)), waiting))
+        task = ray.remote(execute_worker_task).options(
             num_cpus=1, num_gpus=gpus, max_retries=ray_options.max_retries,
             retry_exceptions=False, name=f"campaign:{options.campaign}",
         )  # fmt: skip
         payload = options_document(options, threads=1)
-        refs = [task.remote(url, payload, run_id, os.getcwd()) for run_id in run_ids]
-        began = time.monotonic()
+        refs = [task.remote(*handed, payload, os.getcwd()) for _ in range(count)]
+        began, cancelled_at = time.monotonic(), None
+        ended_before, started = take_snapshot(ledger, options.campaign).done, False
         pending, failures = list(refs), []
         while pending:
             done, pending = ray.wait(pending, num_returns=len(pending), timeout=1.0)
-            for ref in done:
-                try:
-                    ray.get(ref)
-                except Exception as error:  # past its retries: the ledger shows the run's state
-                    lines = str(error).strip().splitlines()
-                    failures.append(lines[-1] if lines else type(error).__name__)
+            failures += _failures(ray, done)
             ledger.mark_lost(options.lease_s, options.campaign)
-            snapshot = take_snapshot(ledger, options.campaign)
+            snapshot = take_snapshot(ledger, options.campaign, count)
             display.show(snapshot)
-            if _nothing_started(snapshot, run_ids, ledger) and (
-                time.monotonic() - began > ray_options.schedule_timeout_s
-            ):
+            started = started or bool(snapshot.running) or snapshot.done > ended_before
+            if stopping.is_set():
+                if cancelled_at is None:  # KeyboardInterrupt in each task: runs checkpoint
+                    cancelled_at = time.monotonic()
+                    for ref in pending:
+                        ray.cancel(ref, force=False)
+                elif time.monotonic() - cancelled_at > ray_options.grace_s:
+                    for ref in pending:
+                        ray.cancel(ref, force=True)
+            elif not started and time.monotonic() - began > ray_options.schedule_timeout_s:
                 for ref in pending:
                     ray.cancel(ref, force=True)
                 raise PlacementError(
                     f"no run could start on the Ray cluster within "
                     f"{ray_options.schedule_timeout_s:g} s (resources: "
-                    f"{ray.cluster_resources()}; each run asks for 1 CPU and {gpus:g} GPU)"
+                    f"{ray.cluster_resources()}; each worker asks for 1 CPU and {gpus:g} GPU)"
                 )
-        snapshot = take_snapshot(ledger, options.campaign)
+        snapshot = take_snapshot(ledger, options.campaign, count)
         display.show(snapshot)
         display.close()
-    for failure in failures:
-        print(f"campaign: a Ray task failed past its retries: {failure}", file=sys.stderr)
+    for failure in dict.fromkeys(failures):
+        if not stopping.is_set():
+            print(f"campaign: a Ray worker task failed past its retries: {failure}",
+                  file=sys.stderr)  # fmt: skip
     return snapshot
 
 
-def _nothing_started(snapshot: Snapshot, run_ids: list[str], ledger: Ledger) -> bool:
-    runs = ledger.runs(snapshot.campaign)
-    mine = runs[runs["run_id"].isin(run_ids)]
-    return bool(mine["started_at"].isna().all())
+def _failures(ray: Any, done: list[Any]) -> list[str]:
+    failures = []
+    for ref in done:
+        try:
+            ray.get(ref)
+        except Exception as error:  # past its retries (or cancelled): the ledger says the rest
+            lines = str(error).strip().splitlines()
+            failures.append(lines[-1] if lines else type(error).__name__)
+    return failures

@@ -4,7 +4,9 @@ Any number of workers on any number of machines may share one PostgreSQL
 ledger (claims are atomic, see :mod:`campaign.ledger.claims`). Before each
 claim a worker sweeps runs whose heartbeat is older than the lease limit and
 declares them ``lost``; with ``resume`` statuses it continues such runs from
-their last verified checkpoint before taking planned ones.
+their last verified checkpoint before taking planned ones, and (resuming
+``lost``) stays while other runs are running, so that the run of a worker that
+died is continued by a live one.
 
 SIGTERM/SIGINT: the running run checkpoints and ends ``interrupted`` (the
 loop's own handler), and the worker claims nothing more. A worker whose lease
@@ -20,7 +22,6 @@ import signal
 import socket
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -31,7 +32,6 @@ from campaign.host import calls
 from campaign.launch.defaults import DEFAULT_HEARTBEAT_S, DEFAULT_LEASE_S
 from campaign.launch.supervisor import Supervision, supervise
 from campaign.ledger import Claim, IllegalTransition, Ledger
-from campaign.ledger.vocabulary import TERMINAL_STATUSES
 from campaign.loop.errors import CheckpointError, RunSetupFailed
 from campaign.loop.outcome import RunOutcome
 from campaign.loop.resume import choose_resume_point
@@ -151,6 +151,8 @@ def run_worker(
             ]
             taken = _next_run(ledger, options, report.worker, gated, set(report.not_resumed))
             if taken is None:
+                if _may_be_lost(ledger, options) and not stopping.wait(options.heartbeat_s):
+                    continue  # a run still running may yet be lost: this worker resumes it
                 break
             try:
                 outcome = _execute(ledger, options, report.worker, *taken, stopping)
@@ -171,36 +173,13 @@ def run_worker(
     return report
 
 
-class RunHeldElsewhere(RuntimeError):
-    """The run stayed ``running`` under another live lease for longer than we may wait."""
-
-
-def run_one(ledger: Ledger, options: WorkerOptions, run_id: str) -> RunOutcome | None:
-    """Execute one named run to its end, for engines that place one task per run.
-
-    Engines run a task at least once: a retried task may find its run already
-    ended (returns None), or still ``running`` under the lease of an attempt
-    that died. Then it sweeps until the run's heartbeat is older than the
-    lease limit, the run is declared ``lost``, and it continues the run from
-    its last checkpoint in a new segment: never two executions at once.
-    """
-    deadline = time.monotonic() + 2 * options.lease_s + 10 * options.heartbeat_s
-    single = replace(options, only_runs=(run_id,), resume=("lost", "interrupted"), max_runs=1)
-    while True:
-        status = ledger.run(run_id).status
-        if status in TERMINAL_STATUSES:
-            return None
-        if status == "running":
-            if time.monotonic() > deadline:
-                raise RunHeldElsewhere(
-                    f"run {run_id} is still running under another worker's live lease"
-                )
-            ledger.mark_lost(options.lease_s, options.campaign)
-            time.sleep(min(options.heartbeat_s, 1.0))
-            continue
-        report = run_worker(ledger, single)
-        if report.outcomes:
-            return report.outcomes[0]
+def _may_be_lost(ledger: Ledger, options: WorkerOptions) -> bool:
+    """With ``lost`` among the statuses to resume, a worker with nothing to claim stays while
+    other runs are running: one whose worker died (a node crash) is declared lost when its
+    lease expires, and a live worker continues it instead of leaving it for the next launch."""
+    if "lost" not in options.resume:
+        return False
+    return len(ledger.runs(options.campaign, status="running")) > 0
 
 
 def warm_up(task_reference: str) -> None:
