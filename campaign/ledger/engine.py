@@ -115,6 +115,10 @@ def create_ledger_engine(url: URL, *, read_only: bool = False) -> Engine:
             # process that was paused or hung (SIGSTOP, a debugger, a frozen VM) would hold
             # its row locks forever. The server ends such a session and frees the locks.
             "options": options,
+            # Never a server-side prepared statement: behind a pooler in transaction mode
+            # (PgBouncer, docs/ledger.md) the next transaction may run on another server
+            # connection, where it does not exist.
+            "prepare_threshold": None,
         },
     )
 
