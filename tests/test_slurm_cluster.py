@@ -264,3 +264,23 @@ def test_without_slurm_the_executor_says_so(sqlite_url: str, tmp_path: Path) -> 
     )  # fmt: skip
     assert refused.returncode == 2
     assert "no SLURM on this machine" in refused.stderr and "Traceback" not in refused.stderr
+
+
+@pytest.mark.slow
+def test_the_time_limit_warning_is_a_preemption(
+    postgresql_url: str, tmp_path: Path, cluster: list[str]
+) -> None:
+    """--slurm-time-min 1 with the warning 50 s ahead: SLURM itself sends SIGUSR2 about ten
+    seconds in (at its next time-limit check); with no requeue left the run stays preempted."""
+    cluster.append("sl-limit-time")
+    with Ledger.open(postgresql_url, create=True) as ledger:
+        (run_id,) = plan_quick(ledger, "sl-limit-time", runs=1, updates=5000, **SLOW)
+        launch = _launch(postgresql_url, "sl-limit-time", tmp_path / "art", "--slurm-time-min",
+                         "1", "--slurm-signal-s", "50", "--max-requeues", "0")  # fmt: skip
+        _, stderr = launch.communicate(timeout=240)
+        assert launch.returncode == 1, stderr[-3000:]
+        record = ledger.run(run_id)
+        assert (record.status, record.stop_cause) == ("interrupted", "preempted"), record
+        assert "SIGUSR2" in str(record.stop_detail) and "killed" not in str(record.stop_detail)
+        assert record.stop_step in _checkpoint_steps(ledger, "sl-limit-time", run_id)
+        assert 0 < record.stop_step < 5000

@@ -1,6 +1,6 @@
 """The task host: one interpreter per process that runs task code or places runs.
 
-Every command, ``campaign worker``, SLURM array task or Ray actor that needs
+Every command, ``campaign worker``, SLURM array task or Ray worker task that needs
 torch spawns at most one host (:mod:`campaign.host.server`): it imports torch,
 the loop and a built-in task's declared preloads once, never initialises CUDA
 and never computes, and forks every child that runs task code: the run, the
