@@ -60,10 +60,8 @@ def one(executor: str, runs: int) -> tuple[float, float]:
             admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
     gaps = []
     for _, mine in segments.groupby("worker"):
-        starts = mine["started_at"].iloc[1:].to_numpy()
-        ends = mine["ended_at"].iloc[:-1].to_numpy()
-        gaps += [(s - e) / 1e9 for s, e in zip(starts.astype("int64"), ends.astype("int64"),
-                                                  strict=True)]  # fmt: skip
+        starts, ends = list(mine["started_at"].iloc[1:]), list(mine["ended_at"].iloc[:-1])
+        gaps += [(s - e).total_seconds() for s, e in zip(starts, ends, strict=True)]
     first = segments["started_at"].iloc[0].timestamp() - began
     return statistics.median(gaps), first
 
