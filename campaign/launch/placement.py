@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
-__all__ = ["PlacementError", "enter", "options_document", "options_from"]
+__all__ = ["PlacementError", "enter", "options_document", "options_from", "settle"]
 
-from campaign.launch.worker import options_document, options_from
+from campaign.launch.live_table import ProgressDisplay, Snapshot, take_snapshot
+from campaign.launch.worker import WorkerOptions, options_document, options_from
+from campaign.ledger import Ledger
 
 
 class PlacementError(RuntimeError):
@@ -27,3 +30,18 @@ def enter(cwd: str) -> None:
         os.chdir(cwd)
         if cwd not in sys.path:
             sys.path.insert(0, cwd)
+
+
+def settle(ledger: Ledger, options: WorkerOptions, display: ProgressDisplay) -> Snapshot:
+    """After the engine's last task ended: a run still ``running`` has no process left (its
+    task was killed, its node lost). Sweep until the lease rule declares it ``lost`` (at most
+    one lease and a few heartbeats), so the launcher's exit speaks of every run and nothing it
+    placed is left ``running``."""
+    deadline = time.monotonic() + options.lease_s + 3 * options.heartbeat_s
+    snapshot = take_snapshot(ledger, options.campaign)
+    while snapshot.running and time.monotonic() < deadline:
+        time.sleep(min(1.0, options.heartbeat_s))
+        ledger.mark_lost(options.lease_s, options.campaign)
+        snapshot = take_snapshot(ledger, options.campaign)
+        display.show(snapshot)
+    return snapshot

@@ -102,6 +102,8 @@ def launch_campaign(
             raise LaunchRefused(str(error)) from None
         # The stack and device are checked by each worker in its own task host before it
         # claims (the launcher imports no torch: one torch import per worker, none here).
+    if request.executor == "slurm":
+        _check_slurm_request(request)
     who = f"launch --executor {request.executor}"
     gate = open_gate(ledger, campaign, skip_reason=request.skip_reason, who=who,
                      check_stack=request.executor != "local")  # fmt: skip
@@ -120,6 +122,18 @@ def launch_campaign(
                              tuple(dict.fromkeys(refused["detail"])))  # fmt: skip
     snapshot, interrupted = _on_engine(url, request, display)
     return LaunchOutcome(gate, snapshot, interrupted)
+
+
+def _check_slurm_request(request: LaunchRequest) -> None:
+    gpus = request.gpus_per_run
+    if gpus is not None and gpus != int(gpus):
+        raise LaunchRefused(f"--gpus-per-run {gpus:g}: a SLURM task asks for whole GPUs")
+    if request.slurm_signal_s >= 60 * request.slurm_time_min:
+        raise LaunchRefused(
+            f"--slurm-signal-s {request.slurm_signal_s} is not shorter than --slurm-time-min "
+            f"{request.slurm_time_min} (minutes): every task would be told of its time limit "
+            "at once"
+        )
 
 
 def _on_engine(url: str, request: LaunchRequest, display: ProgressDisplay) -> tuple[Snapshot, bool]:

@@ -32,7 +32,6 @@ import secrets
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -40,7 +39,13 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from campaign.launch.live_table import ProgressDisplay, Snapshot, take_snapshot
-from campaign.launch.placement import PlacementError, enter, options_document, options_from
+from campaign.launch.placement import (
+    PlacementError,
+    enter,
+    options_document,
+    options_from,
+    settle,
+)
 from campaign.launch.secret_file import handed_over, taken_back
 from campaign.launch.worker import WorkerOptions, run_worker
 from campaign.ledger import Ledger
@@ -93,24 +98,36 @@ def launch_on_ray(
         os.environ.setdefault("RAY_AUTH_MODE", "token")
         if os.environ["RAY_AUTH_MODE"] == "token":
             os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
-    with _quiet_stdout(), _masked_argv(), handed_over(url) as (engine_url, secret):
-        ray = _import_ray(loopback=address is None)
+    signals: list[int] = []  # SIGHUP too: a closed terminal must not leave runs running
+    previous = {s: signal.signal(s, lambda signum, _: signals.append(signum))
+                for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}  # fmt: skip
+    try:
+        with _quiet_stdout(), _masked_argv(), handed_over(url) as (engine_url, secret):
+            ray = _import_ray(loopback=address is None)
+            _connect(ray, address, ray_options)
+            try:
+                snapshot = _follow(ray, url, (engine_url, secret), options, ray_options,
+                                   display, signals)  # fmt: skip
+            finally:
+                ray.shutdown()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return snapshot, bool(signals)
+
+
+def _connect(ray: Any, address: str | None, ray_options: RayOptions) -> None:
+    try:
         if address is None:
             ray.init(num_cpus=ray_options.workers or os.cpu_count(), include_dashboard=False,
                      log_to_driver=False, logging_level="ERROR")  # fmt: skip
         else:
             ray.init(address=address, log_to_driver=False, logging_level="ERROR")
-        stopping = threading.Event()
-        previous = {s: signal.signal(s, lambda *_: stopping.set())
-                    for s in (signal.SIGTERM, signal.SIGINT)}  # fmt: skip
-        try:
-            snapshot = _follow(ray, url, (engine_url, secret), options, ray_options, display,
-                               stopping)  # fmt: skip
-        finally:
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
-            ray.shutdown()
-    return snapshot, stopping.is_set()
+    except (ConnectionError, RuntimeError, ValueError) as error:
+        where = f"the Ray cluster at {address}" if address else "a private Ray instance"
+        lines = str(error).strip().splitlines()
+        raise PlacementError(f"cannot connect to {where}: {lines[0] if lines else error}"
+                             ) from None  # fmt: skip
 
 
 @contextmanager
@@ -169,7 +186,7 @@ def _import_ray(*, loopback: bool) -> Any:
 
 def _follow(ray: Any, url: str, handed: tuple[str, str | None], options: WorkerOptions,
             ray_options: RayOptions, display: ProgressDisplay,
-            stopping: threading.Event) -> Snapshot:  # fmt: skip
+            signals: list[int]) -> Snapshot:  # fmt: skip
     gpus = ray_options.gpus
     resources = ray.cluster_resources()
     if gpus > resources.get("GPU", 0):
@@ -186,7 +203,8 @@ def _follow(ray: Any, url: str, handed: tuple[str, str | None], options: WorkerO
             num_cpus=1, num_gpus=gpus, max_retries=ray_options.max_retries,
             retry_exceptions=False, name=f"campaign:{options.campaign}",
         )  # fmt: skip
-        payload = options_document(options, threads=1)
+        # Ray sets CUDA_VISIBLE_DEVICES to the task's GPUs: "cuda" is the first of them.
+        payload = options_document(options, threads=1, device="cuda" if gpus else "cpu")
         refs = [task.remote(*handed, payload, os.getcwd()) for _ in range(count)]
         began, cancelled_at = time.monotonic(), None
         ended_before, started = take_snapshot(ledger, options.campaign).done, False
@@ -198,12 +216,12 @@ def _follow(ray: Any, url: str, handed: tuple[str, str | None], options: WorkerO
             snapshot = take_snapshot(ledger, options.campaign, count)
             display.show(snapshot)
             started = started or bool(snapshot.running) or snapshot.done > ended_before
-            if stopping.is_set():
+            if signals:
                 if cancelled_at is None:  # KeyboardInterrupt in each task: runs checkpoint
                     cancelled_at = time.monotonic()
                     for ref in pending:
                         ray.cancel(ref, force=False)
-                elif time.monotonic() - cancelled_at > ray_options.grace_s:
+                elif len(signals) > 1 or time.monotonic() - cancelled_at > ray_options.grace_s:
                     for ref in pending:
                         ray.cancel(ref, force=True)
             elif not started and time.monotonic() - began > ray_options.schedule_timeout_s:
@@ -214,11 +232,11 @@ def _follow(ray: Any, url: str, handed: tuple[str, str | None], options: WorkerO
                     f"{ray_options.schedule_timeout_s:g} s (resources: "
                     f"{ray.cluster_resources()}; each worker asks for 1 CPU and {gpus:g} GPU)"
                 )
-        snapshot = take_snapshot(ledger, options.campaign, count)
+        snapshot = settle(ledger, options, display)
         display.show(snapshot)
         display.close()
     for failure in dict.fromkeys(failures):
-        if not stopping.is_set():
+        if not signals:
             print(f"campaign: a Ray worker task failed past its retries: {failure}",
                   file=sys.stderr)  # fmt: skip
     return snapshot

@@ -12,7 +12,7 @@ ledger with the whole URL.
 from __future__ import annotations
 
 import os
-import secrets
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,10 +23,11 @@ SECRETS_ENV = "CAMPAIGN_SECRETS_DIR"
 
 
 def secrets_folder() -> Path:
-    folder = Path(os.environ.get(SECRETS_ENV) or Path.home() / ".campaign" / "secrets")
-    folder.mkdir(parents=True, exist_ok=True)
-    folder.chmod(0o700)
-    return folder
+    """A fresh 0700 folder of this launch's inside the secrets folder (whose own mode is left
+    as it is: it may be a team's)."""
+    base = Path(os.environ.get(SECRETS_ENV) or Path.home() / ".campaign" / "secrets")
+    base.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return Path(tempfile.mkdtemp(prefix="launch-", dir=base))  # mode 0700
 
 
 @contextmanager
@@ -37,7 +38,8 @@ def handed_over(url: str) -> Iterator[tuple[str, str | None]]:
     if parsed.password is None:
         yield url, None
         return
-    path = secrets_folder() / f"ledger-{secrets.token_hex(8)}.secret"
+    folder = secrets_folder()
+    path = folder / "ledger.secret"
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(descriptor, "w") as handle:
         handle.write(str(parsed.password))
@@ -45,6 +47,7 @@ def handed_over(url: str) -> Iterator[tuple[str, str | None]]:
         yield parsed.set(password=None).render_as_string(hide_password=False), str(path)
     finally:
         path.unlink(missing_ok=True)
+        folder.rmdir()
 
 
 def taken_back(url: str, secret: str | None) -> str:

@@ -26,13 +26,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from campaign.launch.live_table import ProgressDisplay, Snapshot, take_snapshot
-from campaign.launch.placement import PlacementError
+from campaign.launch.placement import PlacementError, settle
 from campaign.launch.worker import WorkerOptions
 from campaign.launch.worker_command import worker_command
 from campaign.ledger import Ledger
@@ -90,9 +89,11 @@ def batch_script(options: WorkerOptions, slurm: SlurmOptions, cwd: str) -> str:
 
 
 def private_folder(folder: Path) -> Path:
-    """The job folder, readable by its owner only (0700): logs may name paths and runs."""
-    folder.mkdir(parents=True, exist_ok=True)
-    folder.chmod(0o700)
+    """The job folder: created readable by its owner only (0700), since logs name paths and
+    runs; a folder the user already has keeps its mode (it may be a team's)."""
+    if not folder.exists():
+        folder.mkdir(parents=True, mode=0o700)
+        folder.chmod(0o700)
     return folder
 
 
@@ -103,44 +104,71 @@ def _tool(name: str) -> str:
     return found
 
 
+def _call(name: str, *arguments: str, env: dict[str, str] | None = None,
+          tries: int = 1) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    """One of SLURM's commands; a failure to run it at all is a :class:`PlacementError` (a
+    controller that restarts answers again: ``tries``)."""
+    for attempt in range(tries):
+        try:
+            done = subprocess.run([_tool(name), *arguments], env=env, capture_output=True,
+                                  text=True, timeout=120, check=False)  # fmt: skip
+        except (OSError, subprocess.TimeoutExpired) as error:
+            failure = f"{name} {' '.join(arguments)}: {error}"
+        else:
+            if done.returncode == 0 or attempt == tries - 1:
+                return done
+            failure = _one_line(done.stderr)
+        if attempt == tries - 1:
+            raise PlacementError(failure)
+        time.sleep(2.0 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
+def _one_line(text: str) -> str:
+    return "; ".join(line.strip() for line in text.strip().splitlines() if line.strip())
+
+
 def submit(url: str, options: WorkerOptions, slurm: SlurmOptions) -> str:
     """Write the batch script and submit it; the array's job id."""
-    sbatch = _tool("sbatch")
     folder = private_folder(slurm.folder)
     script = folder / f"{options.campaign}.sbatch"
     script.write_text(batch_script(options, slurm, os.getcwd()))
     script.chmod(0o600)
-    env = {**os.environ, ENV_VAR: url}  # exported to the job by sbatch (--export=ALL)
-    done = subprocess.run([sbatch, "--parsable", str(script)], env=env, capture_output=True,
-                          text=True, timeout=120, check=False)  # fmt: skip
+    # The job's environment is the launcher's, the ledger URL in it (--export=ALL overrides a
+    # site's SBATCH_EXPORT=NONE, which would leave the job without it).
+    env = {**os.environ, ENV_VAR: url}
+    done = _call("sbatch", "--parsable", "--export=ALL", str(script), env=env)
     if done.returncode != 0:
-        raise PlacementError(f"sbatch refused the job array: {done.stderr.strip()}")
+        raise PlacementError(f"sbatch refused the job array: {_one_line(done.stderr)}")
     return done.stdout.strip().split(";")[0]
 
 
-def live_tasks(job_id: str) -> dict[str, tuple[str, str]]:
-    """Tasks of the array that SLURM still queues or runs: ``{task: (state, reason)}``.
+ENDED = ("COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL",
+         "BOOT_FAIL", "DEADLINE", "PREEMPTED", "COMPLETING")  # fmt: skip
+
+
+def live_tasks(job_id: str) -> dict[str, str]:
+    """Tasks of the array that SLURM still queues or runs: ``{task: state}``.
 
     squeue forgets a job some minutes after it ended (MinJobAge): an absent task has
-    ended, which is all the launcher needs (no accounting database required)."""
-    done = subprocess.run([_tool("squeue"), "-h", "-r", "-j", job_id, "-o", "%i|%T|%r"],
-                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    ended, which is all the launcher needs (no accounting database required). A task
+    ``COMPLETING`` has no worker left: what its run became, the ledger says."""
+    done = _call("squeue", "-h", "-r", "-j", job_id, "-o", "%i|%T", tries=3)
     if done.returncode != 0:
         if "Invalid job id" in done.stderr:
             return {}
-        raise PlacementError(f"squeue -j {job_id}: {done.stderr.strip()}")
+        raise PlacementError(f"squeue -j {job_id}: {_one_line(done.stderr)}; the job array "
+                             f"may still run: campaign status, scancel {job_id}")  # fmt: skip
     tasks = {}
     for line in done.stdout.splitlines():
-        task, state, reason = ([*line.split("|"), "", ""])[:3]
-        if state not in ("COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "OUT_OF_MEMORY",
-                         "NODE_FAIL", "BOOT_FAIL", "DEADLINE", "PREEMPTED"):  # fmt: skip
-            tasks[task] = (state, reason)
+        task, _, state = line.partition("|")
+        if state not in ENDED:
+            tasks[task] = state
     return tasks
 
 
 def scancel(job_id: str, *arguments: str) -> None:
-    subprocess.run([_tool("scancel"), *arguments, job_id], capture_output=True, timeout=60,
-                   check=False)  # fmt: skip
+    _call("scancel", *arguments, job_id)
 
 
 def launch_on_slurm(
@@ -150,51 +178,54 @@ def launch_on_slurm(
     job_id = submit(url, options, slurm)
     print(f"campaign: submitted SLURM job array {job_id} ({slurm.workers} worker(s)); "
           f"logs in {slurm.folder}", file=sys.stderr)  # fmt: skip
-    stopping = threading.Event()
-    previous = {s: signal.signal(s, lambda *_: stopping.set())
+    signals: list[int] = []
+    previous = {s: signal.signal(s, lambda signum, _: signals.append(signum))
                 for s in (signal.SIGTERM, signal.SIGINT)}  # fmt: skip
     try:
         with Ledger.open(url) as ledger:
-            snapshot = _follow(ledger, job_id, options, slurm, display, stopping)
+            _follow(ledger, job_id, options, slurm, display, signals)
+            snapshot = settle(ledger, options, display)
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     display.show(snapshot)
     display.close()
     _say_failed_tasks(slurm.folder, job_id)
-    return snapshot, stopping.is_set()
+    return snapshot, bool(signals)
 
 
 def _follow(ledger: Ledger, job_id: str, options: WorkerOptions, slurm: SlurmOptions,
-            display: ProgressDisplay, stopping: threading.Event) -> Snapshot:  # fmt: skip
+            display: ProgressDisplay, signals: list[int]) -> None:  # fmt: skip
+    """Until no task of the array is queued or running (and, after a stop, the grace)."""
     stopped_at: float | None = None
     while True:
         ledger.mark_lost(options.lease_s, options.campaign)
         snapshot = take_snapshot(ledger, options.campaign, slurm.workers)
         display.show(snapshot)
         tasks = live_tasks(job_id)
-        if not tasks and not snapshot.running:
-            return snapshot
-        if stopping.is_set():
+        if not tasks:
+            return
+        if signals:
             if stopped_at is None:  # queued tasks never start; running ones checkpoint
                 stopped_at = time.monotonic()
                 scancel(job_id, "--state=PENDING")
                 scancel(job_id, "--signal=TERM")
+            elif len(signals) > 1:  # asked twice: stop waiting, say what is left
+                scancel(job_id)
+                raise PlacementError(f"stopped waiting for SLURM job {job_id}: cancelled; "
+                                     "its runs end as its tasks are killed")  # fmt: skip
             elif not snapshot.running or time.monotonic() - stopped_at > slurm.grace_s:
                 scancel(job_id)
-                if not tasks:
-                    return snapshot
         time.sleep(POLL_S)
 
 
 def _say_failed_tasks(folder: Path, job_id: str) -> None:
-    """A task whose worker ended in an error says so in its log's last lines: name it."""
+    """A task whose worker ended in an error says so in its log's last line: name it."""
     for log in sorted(folder.glob(f"{job_id}_*.log")):
-        lines = [line for line in _tail(log) if line.startswith(("campaign:", "Traceback"))]
-        errors = [line for line in lines if "error" in line.lower() or "Traceback" in line]
-        if errors:
-            task = log.stem
-            print(f"campaign: SLURM task {task}: {errors[-1]} (log: {log})", file=sys.stderr)
+        lines = [line.strip() for line in _tail(log) if line.strip()]
+        last = lines[-1] if lines else ""
+        if "error" in last.lower():  # srun: error, an exception's last line
+            print(f"campaign: SLURM task {log.stem}: {last} (log: {log})", file=sys.stderr)
 
 
 def _tail(path: Path, size: int = 8192) -> list[str]:

@@ -50,7 +50,6 @@ class WorkerOptions:
     max_runs: int | None = None
     threads: int | None = None
     name: str | None = None
-    only_runs: tuple[str, ...] = ()  # restrict to these run ids (an engine's task)
     replay_in_subprocess: bool = True
     # Signals by which a scheduler announces preemption or a time limit (SLURM: USR2):
     # the run checkpoints and ends interrupted with stop cause ``preempted``.
@@ -166,20 +165,25 @@ def run_worker(
                 on_outcome(outcome)
             if outcome.status == "interrupted":
                 stopping.set()
-                report.preempted = outcome.cause == "preempted"
         report.stopped_by_signal = stopping.is_set()
-        if stopping.is_set() and not report.outcomes:  # the signal came between two runs
-            report.preempted = stopping.signum in options.preempt_signals
+        # Preempted whether the signal reached a run or came between two (the supervisor
+        # records the signal it forwarded in the stop request).
+        report.preempted = stopping.is_set() and stopping.signum in options.preempt_signals
     return report
 
 
 def _may_be_lost(ledger: Ledger, options: WorkerOptions) -> bool:
     """With ``lost`` among the statuses to resume, a worker with nothing to claim stays while
-    other runs are running: one whose worker died (a node crash) is declared lost when its
-    lease expires, and a live worker continues it instead of leaving it for the next launch."""
+    a running run has missed two heartbeats: its worker may have died (a node crash), and once
+    its lease expires a live worker continues it instead of leaving it for the next launch.
+    Runs that beat on time keep no worker waiting (on a cluster, an idle allocation)."""
     if "lost" not in options.resume:
         return False
-    return len(ledger.runs(options.campaign, status="running")) > 0
+    from campaign.launch.live_table import take_snapshot
+
+    silent = 2 * options.heartbeat_s
+    return any(run.heartbeat_age_s is not None and run.heartbeat_age_s > silent
+               for run in take_snapshot(ledger, options.campaign).running)  # fmt: skip
 
 
 def warm_up(task_reference: str) -> None:
@@ -191,7 +195,7 @@ def warm_up(task_reference: str) -> None:
     probe.join()
 
 
-TUPLE_FIELDS = ("resume", "only_runs", "preempt_signals")
+TUPLE_FIELDS = ("resume", "preempt_signals")
 
 
 def options_document(options: WorkerOptions, **overrides: Any) -> dict[str, Any]:
@@ -223,12 +227,6 @@ def _next_run(
         for run_id in _candidates(ledger, options, (status,), cause):
             if run_id not in refused:
                 return run_id, None
-    if options.only_runs:
-        for run_id in _candidates(ledger, options, ("planned",)):
-            claim = _start_planned(ledger, run_id, worker)
-            if claim is not None:
-                return run_id, claim
-        return None
     _refuse_ungated_newcomers(ledger, options.campaign, gated)
     claim = ledger.claim_next(options.campaign, worker)
     return None if claim is None else (claim.run_id, claim)
@@ -255,15 +253,7 @@ def _candidates(
     if cause is not None:
         runs = runs[runs["stop_cause"] == cause]
     for run_id in runs["run_id"]:
-        if not options.only_runs or run_id in options.only_runs:
-            yield str(run_id)
-
-
-def _start_planned(ledger: Ledger, run_id: str, worker: str) -> Claim | None:
-    try:
-        return ledger.start(run_id, worker)
-    except IllegalTransition:
-        return None
+        yield str(run_id)
 
 
 def _execute(

@@ -105,7 +105,7 @@ def create_ledger_engine(url: URL, *, read_only: bool = False) -> Engine:
     options = f"-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_S * 1000}"
     if read_only:
         options += " -c default_transaction_read_only=on"
-    return create_engine(
+    engine = create_engine(
         url,
         pool_pre_ping=True,
         connect_args={
@@ -116,11 +116,18 @@ def create_ledger_engine(url: URL, *, read_only: bool = False) -> Engine:
             # its row locks forever. The server ends such a session and frees the locks.
             "options": options,
             # Never a server-side prepared statement: behind a pooler in transaction mode
-            # (PgBouncer, docs/ledger.md) the next transaction may run on another server
+            # (PgBouncer, docs/clusters.md) the next transaction may run on another server
             # connection, where it does not exist.
             "prepare_threshold": None,
         },
     )
+    if read_only:  # again per transaction: a pooler (PgBouncer) drops the session's options
+        event.listen(engine, "begin", _read_only_transaction)
+    return engine
+
+
+def _read_only_transaction(connection: Connection) -> None:
+    connection.exec_driver_sql("SET TRANSACTION READ ONLY")
 
 
 def _sqlite_engine(url: URL, *, read_only: bool = False) -> Engine:
