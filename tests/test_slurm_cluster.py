@@ -271,13 +271,14 @@ def test_without_slurm_the_executor_says_so(sqlite_url: str, tmp_path: Path) -> 
 def test_the_time_limit_warning_is_a_preemption(
     postgresql_url: str, tmp_path: Path, cluster: list[str]
 ) -> None:
-    """--slurm-time-min 1 with the warning 50 s ahead: SLURM itself sends SIGUSR2 about ten
-    seconds in (at its next time-limit check); with no requeue left the run stays preempted."""
+    """--slurm-time-min 1 with the warning 30 s ahead: SLURM itself sends SIGUSR2 half a minute
+    in (at its next time-limit check: the worker has long started its run); with no requeue
+    left the run stays preempted."""
     cluster.append("sl-limit-time")
     with Ledger.open(postgresql_url, create=True) as ledger:
         (run_id,) = plan_quick(ledger, "sl-limit-time", runs=1, updates=5000, **SLOW)
         launch = _launch(postgresql_url, "sl-limit-time", tmp_path / "art", "--slurm-time-min",
-                         "1", "--slurm-signal-s", "50", "--max-requeues", "0")  # fmt: skip
+                         "1", "--slurm-signal-s", "30", "--max-requeues", "0")  # fmt: skip
         _, stderr = launch.communicate(timeout=240)
         assert launch.returncode == 1, stderr[-3000:]
         record = ledger.run(run_id)

@@ -99,12 +99,18 @@ def launch_on_ray(
         if os.environ["RAY_AUTH_MODE"] == "token":
             os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
     signals: list[int] = []  # SIGHUP too: a closed terminal must not leave runs running
-    previous = {s: signal.signal(s, lambda signum, _: signals.append(signum))
-                for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}  # fmt: skip
+    stops = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+    def on_stop(signum: int, _frame: Any) -> None:
+        signals.append(signum)
+
+    previous = {s: signal.signal(s, on_stop) for s in stops}
     try:
         with _quiet_stdout(), _masked_argv(), handed_over(url) as (engine_url, secret):
             ray = _import_ray(loopback=address is None)
             _connect(ray, address, ray_options)
+            for signum in stops:  # ray.init installs its own (SIGTERM: exit with a stack dump)
+                signal.signal(signum, on_stop)
             try:
                 snapshot = _follow(ray, url, (engine_url, secret), options, ray_options,
                                    display, signals)  # fmt: skip
