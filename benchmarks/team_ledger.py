@@ -1,7 +1,7 @@
 """A team ledger shared by hundreds of workers, on a PostgreSQL left at max_connections = 100.
 
     python benchmarks/team_ledger.py [--workers 300] [--seconds 40] [--processes 10]
-                                     [--through pgbouncer|direct|both]
+                                     [--ramp-s 0] [--through pgbouncer|direct|both]
 
 Each simulated worker does what a real one does to the ledger, without training:
 it opens two ledgers (its own, and its run's process's: two engines, as a
@@ -89,15 +89,16 @@ def simulated_worker(url: str, name: str, seconds: float, out: dict, lock: threa
         out["points"] += points
 
 
-def worker_process(url: str, names: list[str], seconds: float, result: str) -> None:
+def worker_process(url: str, names: list[str], seconds: float, ramp_s: float,
+                   result: str) -> None:  # fmt: skip
     out: dict = {"beats": [], "flushes": [], "errors": [], "claimed": [], "claimed_at": [],
                  "points": 0}
     lock = threading.Lock()
     threads = [threading.Thread(target=simulated_worker, args=(url, n, seconds, out, lock))
                for n in names]  # fmt: skip
-    for thread in threads:
+    for thread in threads:  # workers arrive over ramp_s, as an array's tasks start
         thread.start()
-        time.sleep(0.01)
+        time.sleep(ramp_s / max(1, len(threads)))
     for thread in threads:
         thread.join()
     Path(result).write_text(json.dumps(out))
@@ -111,7 +112,7 @@ def sample_connections(database: str, stop: threading.Event, seen: list[int]) ->
             seen.append(int(count))
 
 
-def one_way(way: str, workers: int, processes: int, seconds: float) -> dict:
+def one_way(way: str, workers: int, processes: int, seconds: float, ramp_s: float) -> dict:
     database = f"team_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(ADMIN, autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{database}"')
@@ -129,7 +130,8 @@ def one_way(way: str, workers: int, processes: int, seconds: float) -> dict:
         with tempfile.TemporaryDirectory() as folder:
             results = [str(Path(folder) / f"{i}.json") for i in range(processes)]
             context = multiprocessing.get_context("spawn")
-            children = [context.Process(target=worker_process, args=(url, share, seconds, r))
+            children = [context.Process(target=worker_process,
+                                        args=(url, share, seconds, ramp_s, r))
                         for share, r in zip(shares, results, strict=True)]  # fmt: skip
             for child in children:
                 child.start()
@@ -175,6 +177,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=300)
     parser.add_argument("--seconds", type=float, default=40)
     parser.add_argument("--processes", type=int, default=10)
+    parser.add_argument("--ramp-s", type=float, default=0.0,
+                        help="seconds over which the workers arrive (0: all at once)")
     parser.add_argument("--through", choices=("pgbouncer", "direct", "both"), default="both")
     args = parser.parse_args()
     ways = ["pgbouncer", "direct"] if args.through == "both" else [args.through]
@@ -183,9 +187,10 @@ def main() -> None:
     with psycopg.connect(ADMIN) as admin:
         limit = admin.execute("SHOW max_connections").fetchone()[0]
     print(f"PostgreSQL max_connections = {limit}; {args.workers} workers x 2 engines, "
-          f"{args.seconds:g} s, heartbeat 2 s, flush of 10 points every 1 s")  # fmt: skip
+          f"{args.seconds:g} s, arriving over {args.ramp_s:g} s, heartbeat 2 s, flush of 10 "
+          "points every 1 s")  # fmt: skip
     for way in ways:
-        r = one_way(way, args.workers, args.processes, args.seconds)
+        r = one_way(way, args.workers, args.processes, args.seconds, args.ramp_s)
         print(f"\n{way}: refused connections {r['refused']}, other errors "
               f"{len(r['errors']) - r['refused']}, runs claimed {r['claimed']} "
               f"(twice: {r['claimed_twice']}), points flushed {r['flushed']:,} stored "
