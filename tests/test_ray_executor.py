@@ -288,3 +288,19 @@ def test_ray_gpu_request_on_a_cpu_only_cluster_fails_fast(
     assert "Traceback" not in refused.stderr
     with Ledger.open(postgresql_url, create=True) as ledger:
         assert set(ledger.runs("no-gpu")["status"]) == {"planned"}
+
+
+def test_a_cluster_address_nothing_answers_at_is_one_error_line(
+    postgresql_url: str, tmp_path: Path
+) -> None:
+    with Ledger.open(postgresql_url, create=True) as ledger:
+        plan_quick(ledger, "no-cluster", runs=1)
+    (closed,) = random_ports(1)
+    launch = _launch(postgresql_url, "no-cluster", tmp_path,
+                     env={"RAY_ADDRESS": f"127.0.0.1:{closed}"})  # fmt: skip
+    _, stderr = launch.communicate(timeout=120)
+    assert launch.returncode == 2, stderr[-2000:]
+    assert f"no Ray cluster answers at 127.0.0.1:{closed}" in stderr
+    assert "Traceback" not in stderr
+    with Ledger.open(postgresql_url) as ledger:
+        assert set(ledger.runs("no-cluster")["status"]) == {"planned"}

@@ -30,6 +30,7 @@ from __future__ import annotations
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -122,7 +123,22 @@ def launch_on_ray(
     return snapshot, bool(signals)
 
 
+def _reachable(address: str) -> None:
+    """A cluster address that nothing answers at is one error line at once (Ray itself retries
+    for minutes, printing C++ warnings)."""
+    hostport = address.split("://", 1)[-1]
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():  # "auto", or a form Ray resolves itself
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=10).close()
+    except OSError as error:
+        raise PlacementError(f"no Ray cluster answers at {address}: {error}") from None
+
+
 def _connect(ray: Any, address: str | None, ray_options: RayOptions) -> None:
+    if address is not None:
+        _reachable(address)
     try:
         if address is None:
             ray.init(num_cpus=ray_options.workers or os.cpu_count(), include_dashboard=False,
