@@ -92,7 +92,8 @@ def _gate(ledger: Any, campaign: str, skip_pilot: bool, reason: str | None, who:
 @click.option(
     "--address",
     default=None,
-    help="ray: the cluster address (default: start a private local instance).",
+    help="ray: the cluster address (default: RAY_ADDRESS, else start a private local "
+    "instance).",
 )
 @click.option(
     "--gpus-per-run",
@@ -111,7 +112,7 @@ def _gate(ledger: Any, campaign: str, skip_pilot: bool, reason: str | None, who:
     "--slurm-folder",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
-    help="slurm: folder (made 0700) for the batch script and the tasks' logs "
+    help="slurm: folder (created 0700) for the batch script and the tasks' logs "
     "(default: ARTIFACTS/slurm).",
 )
 @click.option("--slurm-partition", default=None, help="slurm: partition to submit to.")
