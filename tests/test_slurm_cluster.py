@@ -23,6 +23,7 @@ import pytest
 from campaign.ledger import Ledger
 from campaign.loop.train import execute
 from tests.conftest import REQUIRE_ALL
+from tests.engine_helpers import checkpoint_steps, no_secret_in, running_past, with_password
 from tests.launch_helpers import ROOT, invoke, last_step, losses, wait_for
 from tests.loop_helpers import plan_quick
 
@@ -30,7 +31,6 @@ if shutil.which("sbatch") is None and not REQUIRE_ALL:
     pytest.skip("capability: no SLURM cluster (scripts/test-services starts one)",
                 allow_module_level=True)  # fmt: skip
 
-SECRET = "sl-urm-pw-41"
 SLOW = {"task": {"sleep_s": 0.03}, "hold": {"loop.checkpoint_every": 5}, "validation_every": 3}
 FAST_LEASE = ("--heartbeat-s", "0.5", "--lease-s", "5")
 
@@ -48,14 +48,9 @@ def cluster() -> Iterator[list[str]]:
         subprocess.run(["scancel", "--name", f"campaign:{name}"], check=False)
 
 
-def _with_password(postgresql_url: str) -> str:
-    user, rest = postgresql_url.split("://", 1)[1].split("@", 1)
-    return f"postgresql+psycopg://{user}:{SECRET}@{rest}"
-
-
 def _launch(url: str, campaign: str, artifacts: Path, *extra: str) -> subprocess.Popen[str]:
     """`campaign launch --executor slurm`, the URL (with its password) in the environment."""
-    env = {**os.environ, "CAMPAIGN_LEDGER": _with_password(url), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "CAMPAIGN_LEDGER": with_password(url), "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "campaign", "launch", campaign, "--executor", "slurm",
                "--skip-pilot", "--reason", "slurm test", "--artifacts", str(artifacts),
                *FAST_LEASE, "--no-replay-check", *extra]  # fmt: skip
@@ -78,12 +73,6 @@ def _slurm_job_of(worker: str) -> str:
     return values["SLURM_JOB_ID"]
 
 
-def _running_past(ledger: Ledger, campaign: str, step: int) -> list[tuple[str, str]]:
-    running = ledger.runs(campaign, status="running")
-    return [(str(r.run_id), str(r.worker)) for r in running.itertuples()
-            if last_step(ledger, str(r.run_id)) >= step]  # fmt: skip
-
-
 def _release_requeued(campaign: str) -> bool:
     """SLURM holds a requeued batch job about two minutes before it may start again; a
     test does not wait for that: a pending task is made eligible now."""
@@ -91,24 +80,6 @@ def _release_requeued(campaign: str) -> bool:
         if state == "PENDING":
             subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=False)
     return False
-
-
-def _checkpoint_steps(ledger: Ledger, campaign: str, run_id: str) -> set[int]:
-    artifacts = ledger.artifacts(campaign)
-    mine = artifacts[(artifacts["run_id"] == run_id) & (artifacts["kind"] == "checkpoint")]
-    return {int(step) for step in mine["step"]}
-
-
-def _no_secret_anywhere(*folders: Path) -> None:
-    for folder in folders:
-        for path in folder.rglob("*"):
-            if path.is_file():
-                assert SECRET.encode() not in path.read_bytes(), path
-    for process in psutil.process_iter():
-        try:
-            assert SECRET not in " ".join(process.cmdline()), process.pid
-        except psutil.Error:
-            continue
 
 
 @pytest.mark.slow
@@ -123,10 +94,10 @@ def test_an_array_of_workers_is_preempted_requeued_and_ends_exactly_as_uninterru
         run_ids = plan_quick(ledger, "sl-preempt", runs=3, updates=40, **SLOW)
         launch = _launch(postgresql_url, "sl-preempt", tmp_path / "art", "--workers", "2")
         found: list[tuple[str, str]] = []
-        wait_for(lambda: bool(found.extend(_running_past(ledger, "sl-preempt", 7)) or found),
+        wait_for(lambda: bool(found.extend(running_past(ledger, "sl-preempt", 7)) or found),
                  240, "a run past update 7 in an array task")  # fmt: skip
         assert set(_tasks("sl-preempt").values()) <= {"RUNNING", "PENDING"}
-        _no_secret_anywhere(tmp_path / "art")  # while the array runs: logs, script, ps
+        no_secret_in(tmp_path / "art")  # while the array runs: logs, script, ps
         victim, worker = found[0]
         job = _slurm_job_of(worker)
         subprocess.run(["scancel", "--signal=USR2", job], check=True)
@@ -135,7 +106,7 @@ def test_an_array_of_workers_is_preempted_requeued_and_ends_exactly_as_uninterru
         record = ledger.run(victim)
         assert (record.status, record.stop_cause) == ("interrupted", "preempted"), record
         assert "killed" not in str(record.stop_detail) and "SIGUSR2" in str(record.stop_detail)
-        assert record.stop_step in _checkpoint_steps(ledger, "sl-preempt", victim)
+        assert record.stop_step in checkpoint_steps(ledger, "sl-preempt", victim)
         wait_for(lambda: _release_requeued("sl-preempt") or launch.poll() is not None, 400,
                  "the launcher's end", every=2)  # fmt: skip
         _, stderr = launch.communicate(timeout=60)
@@ -154,7 +125,7 @@ def test_an_array_of_workers_is_preempted_requeued_and_ends_exactly_as_uninterru
         # segment on the two tasks and the requeued one).
         assert segments["worker"].value_counts().max() >= 2
     assert (tmp_path / "art" / "slurm").stat().st_mode & 0o777 == 0o700
-    _no_secret_anywhere(tmp_path / "art")
+    no_secret_in(tmp_path / "art")
     assert "Traceback" not in stderr
 
 
@@ -173,7 +144,7 @@ def test_scancel_interrupts_with_a_checkpoint_at_the_stop_update(
         record = ledger.run(run_id)
         assert (record.status, record.stop_cause) == ("interrupted", "interrupted"), record
         assert "SIGTERM" in str(record.stop_detail) and "killed" not in str(record.stop_detail)
-        assert record.stop_step in _checkpoint_steps(ledger, "sl-cancel", run_id)
+        assert record.stop_step in checkpoint_steps(ledger, "sl-cancel", run_id)
         assert record.stop_step < 400
         assert "1 interrupted" in stderr and "Traceback" not in stderr
 
@@ -186,7 +157,7 @@ def test_sigterm_to_the_launcher_stops_every_task_with_checkpoints(
     with Ledger.open(postgresql_url, create=True) as ledger:
         run_ids = plan_quick(ledger, "sl-stop", runs=3, updates=400, **SLOW)
         launch = _launch(postgresql_url, "sl-stop", tmp_path / "art", "--workers", "2")
-        wait_for(lambda: len(_running_past(ledger, "sl-stop", 4)) == 2, 240,
+        wait_for(lambda: len(running_past(ledger, "sl-stop", 4)) == 2, 240,
                  "two runs past update 4")  # fmt: skip
         launch.send_signal(signal.SIGTERM)
         _, stderr = launch.communicate(timeout=120)
@@ -197,7 +168,7 @@ def test_sigterm_to_the_launcher_stops_every_task_with_checkpoints(
         assert len(stopped) == 2 and (runs.loc[run_ids, "status"] != "running").all()
         for run_id, row in stopped.iterrows():
             assert row["stop_cause"] == "interrupted"
-            assert row["stop_step"] in _checkpoint_steps(ledger, "sl-stop", str(run_id))
+            assert row["stop_step"] in checkpoint_steps(ledger, "sl-stop", str(run_id))
         assert (runs["status"] == "planned").sum() == 1  # the third never started
     assert _tasks("sl-stop") == {}  # nothing queued or running is left behind
 
@@ -212,7 +183,7 @@ def test_a_killed_step_is_lost_then_resumed_by_a_live_array_task(
         launch = _launch(postgresql_url, "sl-crash", tmp_path / "art", "--workers", "2",
                          "--resume-lost")  # fmt: skip
         found: list[tuple[str, str]] = []
-        wait_for(lambda: bool(found.extend(_running_past(ledger, "sl-crash", 7)) or found),
+        wait_for(lambda: bool(found.extend(running_past(ledger, "sl-crash", 7)) or found),
                  240, "a run past update 7")  # fmt: skip
         victim, worker = found[0]
         step = psutil.Process(int(worker.split(":")[1]))
@@ -271,18 +242,18 @@ def test_without_slurm_the_executor_says_so(sqlite_url: str, tmp_path: Path) -> 
 def test_the_time_limit_warning_is_a_preemption(
     postgresql_url: str, tmp_path: Path, cluster: list[str]
 ) -> None:
-    """--slurm-time-min 1 with the warning 30 s ahead: SLURM itself sends SIGUSR2 half a minute
-    in (at its next time-limit check: the worker has long started its run); with no requeue
-    left the run stays preempted."""
+    """--slurm-time-min 3 with the warning 100 s ahead: SLURM itself sends SIGUSR2 20 to 80 s
+    in (it may signal up to 60 s early: the resolution of its time-limit checks), after the
+    worker started its run; with no requeue left the run stays preempted."""
     cluster.append("sl-limit-time")
     with Ledger.open(postgresql_url, create=True) as ledger:
         (run_id,) = plan_quick(ledger, "sl-limit-time", runs=1, updates=5000, **SLOW)
         launch = _launch(postgresql_url, "sl-limit-time", tmp_path / "art", "--slurm-time-min",
-                         "1", "--slurm-signal-s", "30", "--max-requeues", "0")  # fmt: skip
+                         "3", "--slurm-signal-s", "100", "--max-requeues", "0")  # fmt: skip
         _, stderr = launch.communicate(timeout=240)
         assert launch.returncode == 1, stderr[-3000:]
         record = ledger.run(run_id)
         assert (record.status, record.stop_cause) == ("interrupted", "preempted"), record
         assert "SIGUSR2" in str(record.stop_detail) and "killed" not in str(record.stop_detail)
-        assert record.stop_step in _checkpoint_steps(ledger, "sl-limit-time", run_id)
+        assert record.stop_step in checkpoint_steps(ledger, "sl-limit-time", run_id)
         assert 0 < record.stop_step < 5000
