@@ -23,16 +23,14 @@ import time
 import uuid
 from pathlib import Path
 
-import common  # puts the project on sys.path
+import common  # noqa: F401  (puts the project on sys.path)
 import psycopg
 
 from campaign.ledger import Ledger
+from tests.loop_helpers import plan_quick  # the suite's tiny planned runs
 
 ROOT = Path(__file__).resolve().parents[1]
 ADMIN = "postgresql://postgres@127.0.0.1:5432/test"
-sys.path.insert(0, str(ROOT))
-
-from tests.loop_helpers import plan_quick  # noqa: E402  (the suite's tiny planned runs)
 
 
 def one(executor: str, runs: int) -> tuple[float, float]:
@@ -80,7 +78,6 @@ def main() -> None:
     for executor, (gap, first) in results.items():
         ratio = f"  ({gap / local:.2f}x local)" if local else ""
         print(f"  {executor:<6} gap {gap * 1000:7.0f} ms{ratio}   first run after {first:5.1f} s")
-    _ = common
 
 
 if __name__ == "__main__":

@@ -23,49 +23,34 @@ import pytest
 
 from campaign.ledger import Ledger
 from tests.conftest import require
-from tests.launch_helpers import ROOT, event_counts, last_step, run, wait_for
+from tests.engine_helpers import (
+    SECRET,
+    checkpoint_steps,
+    command_line,
+    no_secret_in,
+    running_past,
+    with_password,
+)
+from tests.launch_helpers import ROOT, event_counts, run, wait_for
 from tests.loop_helpers import plan_quick
 
 require("ray", "ray")
+require("setproctitle", "ray")  # the launcher masks its command line for Ray's jobs API
 SKIP = ("--skip-pilot", "--reason", "ray test")
-SECRET = "r4y-pw-73"
 SLOW = {"task": {"sleep_s": 0.02}, "hold": {"loop.checkpoint_every": 5}, "validation_every": 3}
-
-
-def _with_password(postgresql_url: str) -> str:
-    user, rest = postgresql_url.split("://", 1)[1].split("@", 1)
-    return f"postgresql+psycopg://{user}:{SECRET}@{rest}"
 
 
 def _launch(url: str, campaign: str, tmp_path: Path, *extra: str,
             env: dict[str, str] | None = None) -> subprocess.Popen[str]:  # fmt: skip
     """`campaign launch --executor ray`, the URL (with its password) in the environment and
     Ray's files in a folder of this test's (short: Ray's socket paths have a length limit)."""
-    environment = {**os.environ, "CAMPAIGN_LEDGER": _with_password(url), "OMP_NUM_THREADS": "1",
+    environment = {**os.environ, "CAMPAIGN_LEDGER": with_password(url), "OMP_NUM_THREADS": "1",
                    "CAMPAIGN_SECRETS_DIR": str(tmp_path / "secrets"), **(env or {})}  # fmt: skip
     command = [sys.executable, "-m", "campaign", "launch", campaign, "--executor", "ray",
                "--artifacts", str(tmp_path / "artifacts"), "--heartbeat-s", "0.5",
                "--lease-s", "5", "--no-replay-check", *SKIP, *extra]  # fmt: skip
     return subprocess.Popen(command, cwd=ROOT, env=environment, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
-
-
-def _no_secret_in(*folders: Path) -> None:
-    for folder in folders:
-        for path in folder.rglob("*"):
-            if path.is_file() and not path.is_symlink():
-                assert SECRET.encode() not in path.read_bytes(), path
-    for process in psutil.process_iter():
-        try:
-            assert SECRET not in " ".join(process.cmdline()), process.pid
-        except psutil.Error:
-            continue
-
-
-def _running_past(ledger: Ledger, campaign: str, step: int) -> list[tuple[str, str]]:
-    running = ledger.runs(campaign, status="running")
-    return [(str(r.run_id), str(r.worker)) for r in running.itertuples()
-            if last_step(ledger, str(r.run_id)) >= step]  # fmt: skip
 
 
 @pytest.mark.slow
@@ -79,10 +64,10 @@ def test_ray_workers_run_a_campaign_and_a_killed_one_is_resumed_never_twice(
             launch = _launch(postgresql_url, "on-ray", tmp_path, "--workers", "2",
                              "--resume-lost", env={"RAY_TMPDIR": str(ray_files)})  # fmt: skip
             found: list[tuple[str, str]] = []
-            wait_for(lambda: bool(found.extend(_running_past(ledger, "on-ray", 7)) or found),
+            wait_for(lambda: bool(found.extend(running_past(ledger, "on-ray", 7)) or found),
                      180, "a Ray worker in the middle of a run")  # fmt: skip
             _assert_private_instance_is_loopback_with_a_token(launch.pid)
-            _no_secret_in(tmp_path / "artifacts")
+            no_secret_in(tmp_path / "artifacts")
             (held,) = (tmp_path / "secrets").glob("launch-*/ledger.secret")  # meanwhile
             assert held.stat().st_mode & 0o777 == 0o600
             assert held.parent.stat().st_mode & 0o777 == 0o700
@@ -110,14 +95,14 @@ def test_ray_workers_run_a_campaign_and_a_killed_one_is_resumed_never_twice(
             points = ledger.metrics("on-ray", all_segments=True)
             assert not points.duplicated(["segment_id", "key", "step"]).any()
         assert not list((tmp_path / "secrets").iterdir())  # removed when the launch ended
-        _no_secret_in(tmp_path / "artifacts", ray_files)
+        no_secret_in(tmp_path / "artifacts", ray_files)
     finally:
         shutil.rmtree(ray_files, ignore_errors=True)
 
 
 def _assert_private_instance_is_loopback_with_a_token(launcher_pid: int) -> None:
     """The Ray servers the launcher started listen on 127.0.0.1 only, with token auth on."""
-    commands = {p: _command_line(p) for p in psutil.Process(launcher_pid).children(recursive=True)}
+    commands = {p: command_line(p) for p in psutil.Process(launcher_pid).children(recursive=True)}
     servers = [
         p for p, words in commands.items()
         if any(name in " ".join(words) for name in ("gcs_server", "raylet"))
@@ -132,14 +117,6 @@ def _assert_private_instance_is_loopback_with_a_token(launcher_pid: int) -> None
         environment = server.environ()
         assert environment.get("RAY_AUTH_MODE") == "token"
         assert len(environment.get("RAY_AUTH_TOKEN", "")) == 64
-
-
-def _command_line(process: psutil.Process) -> list[str]:
-    """A child's argv, or nothing for one that ended (a zombie) while the tree was listed."""
-    try:
-        return process.cmdline()
-    except psutil.Error:
-        return []
 
 
 def _loopback(text: str) -> bool:
@@ -218,7 +195,7 @@ def _node_of(worker: str) -> str:
     """The node IP of the raylet whose Ray worker process executes a run."""
     process = psutil.Process(int(worker.split(":")[1]))
     for parent in process.parents():
-        words = _command_line(parent)
+        words = command_line(parent)
         if words and Path(words[0]).name == "raylet":
             (flag,) = [w for w in words if w.startswith("--node_ip_address=")]
             return flag.split("=", 1)[1]
@@ -235,12 +212,12 @@ def test_on_a_two_node_cluster_sigterm_to_the_launcher_checkpoints_every_run(
         # RAY_ADDRESS, as Ray's own tools read it; the URL with its password on the command
         # line, as a careless user gives it: Ray must record it masked.
         launch = _launch(postgresql_url, "ray-stop", tmp_path, "--workers", "3", "--format",
-                         "json", "--ledger", _with_password(postgresql_url),
+                         "json", "--ledger", with_password(postgresql_url),
                          env={"RAY_ADDRESS": address})  # fmt: skip
         running: list[tuple[str, str]] = []
 
         def three_running() -> bool:
-            running[:] = _running_past(ledger, "ray-stop", 4)
+            running[:] = running_past(ledger, "ray-stop", 4)
             return len(running) == 3
 
         wait_for(three_running, 240, "three runs past update 4")
@@ -263,14 +240,12 @@ def test_on_a_two_node_cluster_sigterm_to_the_launcher_checkpoints_every_run(
         document = json.loads(stdout)  # one JSON document, nothing of Ray's before it
         assert document["counts"]["interrupted"] == 3 and document["counts"]["running"] == 0
         runs = ledger.runs("ray-stop").set_index("run_id")
-        artifacts = ledger.artifacts("ray-stop")
         for run_id, _ in running:
             row = runs.loc[run_id]
             assert (row["status"], row["stop_cause"]) == ("interrupted", "interrupted")
-            mine = artifacts[(artifacts["run_id"] == run_id) & (artifacts["kind"] == "checkpoint")]
-            assert row["stop_step"] in set(mine["step"]), (run_id, row["stop_step"])
+            assert row["stop_step"] in checkpoint_steps(ledger, "ray-stop", run_id), run_id
         assert (runs.loc[run_ids, "status"] == "planned").sum() == 1
-    _no_secret_in(tmp_path / "artifacts", ray_files)
+    no_secret_in(tmp_path / "artifacts", ray_files)
 
 
 def test_ray_gpu_request_on_a_cpu_only_cluster_fails_fast(

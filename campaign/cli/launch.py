@@ -12,7 +12,12 @@ from typing import Any
 
 import click
 
-from campaign.cli.options import artifacts_option, skip_reason, stop_grace_option
+from campaign.cli.options import (
+    artifacts_option,
+    max_requeues_option,
+    skip_reason,
+    stop_grace_option,
+)
 from campaign.cli.output import output_options, render_rows
 from campaign.cli.source import LedgerSource
 from campaign.launch.defaults import DEFAULT_HEARTBEAT_S, DEFAULT_LEASE_S, EXECUTORS
@@ -130,13 +135,7 @@ def _gate(ledger: Any, campaign: str, skip_pilot: bool, reason: str | None, who:
     show_default=True,
     help="slurm: SIGUSR2 this long before the time limit (the run checkpoints, the task requeues).",
 )
-@click.option(
-    "--max-requeues",
-    type=click.IntRange(0),
-    default=3,
-    show_default=True,
-    help="slurm: how often one array task may requeue itself after a preemption.",
-)
+@max_requeues_option
 @click.option(
     "--grace-s",
     type=click.FloatRange(min=1),
@@ -217,13 +216,7 @@ def launch(source: LedgerSource, campaign: str, workers: int | None, devices: st
     help="This worker is a SLURM array task: SIGUSR2 announces preemption (the run checkpoints "
     "and ends preempted, then the task requeues itself); preempted runs are resumed first.",
 )
-@click.option(
-    "--max-requeues",
-    type=click.IntRange(0),
-    default=3,
-    show_default=True,
-    help="--slurm: how often this array task may requeue itself after a preemption.",
-)
+@max_requeues_option
 @click.option(
     "--launched",
     is_flag=True,

@@ -45,3 +45,11 @@ def stop_grace_option(command: Any) -> Any:
         help="After a graceful signal to a run (wall time reached, SIGTERM), how long it "
         "gets to checkpoint and end before it is killed.",
     )(command)  # fmt: skip
+
+
+def max_requeues_option(command: Any) -> Any:
+    """``--max-requeues``: how often a SLURM array task requeues itself after a preemption."""
+    return click.option(
+        "--max-requeues", type=click.IntRange(0), default=3, show_default=True,
+        help="slurm: how often one array task may requeue itself after a preemption.",
+    )(command)  # fmt: skip

@@ -107,7 +107,8 @@ def launch_on_ray(
 
     previous = {s: signal.signal(s, on_stop) for s in stops}
     try:
-        with _quiet_stdout(), _masked_argv(), handed_over(url) as (engine_url, secret):
+        _mask_command_line()
+        with _quiet_stdout(), handed_over(url) as (engine_url, secret):
             ray = _import_ray(loopback=address is None)
             _connect(ray, address, ray_options)
             for signum in stops:  # ray.init installs its own (SIGTERM: exit with a stack dump)
@@ -167,11 +168,10 @@ def _quiet_stdout() -> Iterator[None]:
         os.close(saved)
 
 
-@contextmanager
-def _masked_argv() -> Iterator[None]:
+def _mask_command_line() -> None:
     """Ray records the driver's command line as read from /proc (its jobs API shows it): a
     ledger URL on it is shown without its password, there and in ``ps``, from here on
-    (setproctitle, which Ray itself depends on, rewrites the process's argv)."""
+    (setproctitle rewrites the process's argv)."""
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError
 
@@ -184,14 +184,13 @@ def _masked_argv() -> Iterator[None]:
             return word
 
     shown = [masked(word) for word in sys.argv]
-    if shown != sys.argv:
-        try:
-            import setproctitle
-        except ImportError:  # Ray installs it; without it the URL stays visible
-            pass
-        else:
-            setproctitle.setproctitle(subprocess.list2cmdline([sys.executable, *shown]))
-    yield
+    if shown == sys.argv:
+        return
+    try:
+        import setproctitle
+    except ImportError:  # part of the ray extra; without it the URL stays visible
+        return
+    setproctitle.setproctitle(subprocess.list2cmdline([sys.executable, *shown]))
 
 
 def _import_ray(*, loopback: bool) -> Any:

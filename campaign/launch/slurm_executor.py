@@ -106,22 +106,22 @@ def _tool(name: str) -> str:
 
 def _call(name: str, *arguments: str, env: dict[str, str] | None = None,
           tries: int = 1) -> subprocess.CompletedProcess[str]:  # fmt: skip
-    """One of SLURM's commands; a failure to run it at all is a :class:`PlacementError` (a
-    controller that restarts answers again: ``tries``)."""
-    for attempt in range(tries):
+    """One of SLURM's commands, its result as it answered; asked up to ``tries`` times while
+    it fails (a controller that restarts answers again). One that cannot run at all is a
+    :class:`PlacementError`."""
+    attempt = 1
+    while True:
         try:
             done = subprocess.run([_tool(name), *arguments], env=env, capture_output=True,
                                   text=True, timeout=120, check=False)  # fmt: skip
         except (OSError, subprocess.TimeoutExpired) as error:
-            failure = f"{name} {' '.join(arguments)}: {error}"
+            if attempt >= tries:
+                raise PlacementError(f"{name} {' '.join(arguments)}: {error}") from None
         else:
-            if done.returncode == 0 or attempt == tries - 1:
+            if done.returncode == 0 or attempt >= tries:
                 return done
-            failure = _one_line(done.stderr)
-        if attempt == tries - 1:
-            raise PlacementError(failure)
-        time.sleep(2.0 * (attempt + 1))
-    raise AssertionError("unreachable")
+        time.sleep(2.0 * attempt)
+        attempt += 1
 
 
 def _one_line(text: str) -> str:

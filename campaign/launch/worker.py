@@ -221,8 +221,9 @@ def _next_run(
     atomically. A resumable run is taken by the loop's own compare-and-set
     start, so two workers racing for it cannot both win.
     """
-    resumable = [*(("interrupted", "preempted"),) * options.resume_preempted,
-                 *((status, None) for status in options.resume)]  # fmt: skip
+    resumable: list[tuple[str, str | None]] = [(status, None) for status in options.resume]
+    if options.resume_preempted:  # (status, stop cause) to look for, in this order
+        resumable.insert(0, ("interrupted", "preempted"))
     for status, cause in resumable:
         for run_id in _candidates(ledger, options, (status,), cause):
             if run_id not in refused:
