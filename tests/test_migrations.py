@@ -40,14 +40,14 @@ def _seed(ledger: Ledger) -> None:
 
 def _snapshot(url: str) -> dict[str, list[str]]:
     """Every row of every table, in the columns that revision 0001 knows (later revisions
-    only add columns: ``lease_token`` of 0002, ``training_s`` of 0003, ``author`` of the
-    simulated 9001)."""
+    only add columns: ``lease_token`` of 0002, ``training_s`` of 0003, ``duplicate_of`` of
+    0006, ``author`` of the simulated 9001)."""
     engine = _engine(url)
     try:
         columns = {t: [c["name"] for c in inspect(engine).get_columns(t)] for t in TABLES}
     finally:
         engine.dispose()
-    later = ("author", "lease_token", "training_s")
+    later = ("author", "lease_token", "training_s", "duplicate_of")
     known = {t: [c for c in cols if c not in later] for t, cols in columns.items()}
     return {
         t: sorted(map(repr, execute(url, f"SELECT {', '.join(known[t])} FROM {t}"))) for t in TABLES

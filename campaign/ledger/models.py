@@ -28,6 +28,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -107,6 +108,16 @@ class Run(Base):
             "relaunch_of IS NULL OR relaunch_reason IS NOT NULL", name="relaunch_has_reason"
         ),
         CheckConstraint("relaunch_of IS NULL OR relaunch_of <> id", name="relaunch_not_self"),
+        # One original per (variant, seed) (revision 0006); a duplicate an older ledger held
+        # is marked by the migration (``duplicate_of``) and stays out of the index.
+        Index(
+            "uq_runs_one_original",
+            "variant_id",
+            "seed",
+            unique=True,
+            sqlite_where=text("relaunch_of IS NULL AND duplicate_of IS NULL"),
+            postgresql_where=text("relaunch_of IS NULL AND duplicate_of IS NULL"),
+        ),
     )
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
@@ -130,6 +141,9 @@ class Run(Base):
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     # The current owner's lease (revision 0002): writes of a segment carry it.
     lease_token: Mapped[str | None] = mapped_column(String(64))
+    # The first original of the same (variant, seed), set only by revision 0006 on a run an
+    # older ledger held as a second original: it keeps its line and is never counted.
+    duplicate_of: Mapped[str | None] = mapped_column(String(32))
 
 
 class Segment(Base):

@@ -49,6 +49,7 @@ runs_t = Run.__table__
 _RUN_COLUMNS = (
     "r.id AS run_id, c.name AS campaign, v.name AS variant, v.is_control, r.seed, r.status, "
     "r.stop_cause, r.stop_step, r.stop_phase, r.stop_detail, r.relaunch_of, r.relaunch_reason, "
+    "r.duplicate_of, "
     "r.config_sha256, r.config, r.environment, r.worker, r.created_at, r.started_at, "
     "r.ended_at, r.heartbeat_at"
 )

@@ -162,10 +162,11 @@ def _run_table(
                   "stop_step", "stop_phase", "stop_detail", "relaunch_of",
                   "relaunch_reason"]].copy()  # fmt: skip
     table["is_control"] = table["is_control"].astype(bool)
-    # One original per (variant, seed), the earliest (the ledger refuses a second one; an
-    # older ledger written through the API may hold one: it keeps its line, uncounted).
+    # One original per (variant, seed), the earliest: the ledger refuses a second one (0006)
+    # and marks those an older ledger held (``duplicate_of``); they keep a line, uncounted.
     first = ~table.duplicated(["variant", "seed"]) if len(table) else table["run_id"].isna()
-    table["original"] = table["relaunch_of"].isna() & first
+    unmarked = runs["duplicate_of"].isna() if "duplicate_of" in runs else True
+    table["original"] = table["relaunch_of"].isna() & unmarked & first
     # Runs recorded through the API (notebooks) may carry a partial config.
     budgets = [c.get("budget") or {} for c in runs["config"]]
     table["updates_planned"] = [int(b.get("updates") or 0) for b in budgets]
