@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -44,6 +43,7 @@ from campaign.loop import checkpoint as ckpt
 from campaign.loop import model_state, progress_page
 from campaign.loop import replicas as dp
 from campaign.loop.data import describe_inputs
+from campaign.loop.decisions import agree, final_recorded, validated_at
 from campaign.loop.engine import Trainer, seed_everything
 from campaign.loop.errors import LoopError, RunSetupFailed, first_line
 from campaign.loop.heartbeat import Heartbeat
@@ -204,6 +204,7 @@ class RunLoop:
         self.rules.restore(state["stop_rules"])
         self.step, self.examples_seen = int(state["step"]), int(state["examples_seen"])
         self.replayed_from = self.step
+        self._checkpointed = self.step  # the checkpoint restored from is this step's
         self._pending = state.get("metric_buffer", [])
 
     @property
@@ -244,6 +245,13 @@ class RunLoop:
     def _loop(self) -> StopDecision:
         every = int(self.config["validation"]["every"])
         checkpoint_every = self.config["loop"]["checkpoint_every"] or every
+        at_budget = self.rules.after_update(self.step) if self.replayed_from is not None else None
+        if at_budget is not None and at_budget.cause == "budget_reached":
+            # Resumed at its budget (a signal in the last update, a kill during the export or
+            # the replay): no update past it; end on a validation point, as an unbroken run.
+            if not validated_at(self.ledger, self.record.campaign, self.run_id, self.step):
+                at_budget = self._training(self._validate) or at_budget
+            return replace(at_budget, phase=at_budget.phase or "update")
         while True:
             stop = self._training(self._update)
             if stop is None and self.step % every == 0:
@@ -254,7 +262,7 @@ class RunLoop:
                 self.save_checkpoint()
             stop = self.rules.after_update(self.step)
             if self.replica.world > 1:
-                stop = self._agree(stop)
+                stop = agree(stop, self.signals, self.heartbeat.lease_lost, self._group_device)
             self.heartbeat.check()
             if self.heartbeat.lease_lost.is_set():
                 raise LeaseLost(f"run {self.run_id}: {LEASE_GONE}")
@@ -272,20 +280,6 @@ class RunLoop:
             return work()
         finally:
             self.training_s += time.perf_counter() - started
-
-    def _agree(self, stop: StopDecision | None) -> StopDecision | None:
-        """Every rank takes the same decision after each update (one small all-reduce): a
-        signal, a lost lease or a stop rule on any rank stops all of them."""
-        mine = [self.signals.received is not None, self.heartbeat.lease_lost.is_set(),
-                stop is not None]  # fmt: skip
-        signalled, lease_lost, stopping = dp.any_ranks(mine, self._group_device)
-        if signalled and self.signals.received is None:
-            self.signals.request(signal.SIGTERM)  # another rank was signalled
-        if lease_lost:
-            self.heartbeat.lease_lost.set()
-        if stopping and stop is None:  # e.g. the wall-time rule fired on another rank first
-            stop = StopDecision("stopped", "wall_time", "stopped together with another replica")
-        return stop
 
     def _measured(self) -> bool:
         return self.step < 2 or self.step % self.measure_every == 0
@@ -426,13 +420,21 @@ class RunLoop:
         return RunOutcome(self.run_id, stop.status, stop.cause, self.step, detail)
 
     def _export(self) -> None:
+        """Write and record the final artifact, once: a resume that finds one the ledger names
+        at this step, verified, completes from it (its replay runs again) and never rewrites
+        it, so an archive that holds its hash stays valid."""
         self.phase = "export"
-        trainer, path = self._trainer, self.folder / "final.safetensors"
-        with self.probe.phase("export", {"step": self.step}):
-            stack = canonical_json(environment(self.task_reference))
-            write_final(path, trainer.model, trainer.task, self.record.config, stack, self.device)
-        record_file(self.ledger, self.run_id, "final", path, self.step, lease=self.lease)
-        self._write_phases()
+        if self.replayed_from is None or not final_recorded(
+            self.ledger, self.record.campaign, self.run_id, self.step
+        ):
+            trainer = self._trainer
+            path = self.folder / f"final{self._segment_suffix}.safetensors"
+            with self.probe.phase("export", {"step": self.step}):
+                stack = canonical_json(environment(self.task_reference))
+                write_final(path, trainer.model, trainer.task, self.record.config, stack,
+                            self.device)  # fmt: skip
+            record_file(self.ledger, self.run_id, "final", path, self.step, lease=self.lease)
+            self._write_phases()
         if self.replay is not None:
             failure = self.replay.result()
             if failure is not None:

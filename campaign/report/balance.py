@@ -20,7 +20,7 @@ import pandas as pd
 from campaign.ledger import LedgerReader
 from campaign.plan.config_keys import held_deviations
 from campaign.report.conclusions import VALUED, campaign_conclusion, conclusions, stop_words
-from campaign.report.flags import integrity_flags
+from campaign.report.flags import exceeds_budget, integrity_flags
 from campaign.report.relaunches import defining_keys, lineage, relaunch_table
 from campaign.report.timing import projected_seconds, run_times
 
@@ -208,7 +208,8 @@ def _variant_table(runs: pd.DataFrame) -> pd.DataFrame:
         originals = group[group["original"]]
         withdrawn = originals[originals["status"] == "withdrawn"]
         planned = originals[originals["status"] != "withdrawn"].sort_values("seed")
-        valued = planned[planned["status"].isin(VALUED) & planned["final_metric"].notna()]
+        valued = planned[planned["status"].isin(VALUED) & planned["final_metric"].notna()
+                         & _within_budget(planned)]  # fmt: skip
         numbers = valued["final_metric"].astype(float)
         valued_ids = set(valued["run_id"].tolist())
         counts = {status: int((planned["status"] == status).sum()) for status in COUNTED}
@@ -232,10 +233,18 @@ def _variant_table(runs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _within_budget(runs: pd.DataFrame) -> pd.Series:
+    """Runs whose updates stayed within the budget (a value past it is not counted)."""
+    return ~((runs["updates_planned"] > 0) & (runs["updates_done"] > runs["updates_planned"]))
+
+
 def _without_value(run: Any) -> str:
     """Why a planned seed has no value, in words."""
     if run.status == "planned":
         return "planned: not run yet"
+    if exceeds_budget(run):
+        return (f"{run.status}: {run.updates_done} of {run.updates_planned} updates "
+                "(budget exceeded)")
     words = stop_words(run)
     return f"{run.status}: {words}" if words else str(run.status)
 
@@ -243,7 +252,7 @@ def _without_value(run: Any) -> str:
 def _deltas(originals: pd.DataFrame) -> pd.DataFrame:
     """Each variant's final metric minus the control's, seed by seed, original runs only (a
     relaunch answers for itself in the relaunch table); a seed without a value has no delta."""
-    valued = originals[originals["status"].isin(VALUED)]
+    valued = originals[originals["status"].isin(VALUED) & _within_budget(originals)]
     control = valued[valued["is_control"]].set_index("seed")["final_metric"]
     mine = valued.set_index("run_id")["final_metric"]
     rows = []

@@ -12,7 +12,9 @@ value; the flag says why the value may not mean what it seems:
 - ``stack_differs``: the run's software stack is not the passing pilot's;
 - ``held_deviation``: the run's config changes a held key;
 - ``changes_variant_key``: a relaunch changes a key that defines the variants;
-- ``budget_not_reached``: the run ended normally before its planned updates.
+- ``budget_not_reached``: the run ended normally before its planned updates;
+- ``budget_exceeded``: the run did more updates than planned (a resume past its budget,
+  before the loop refused it): its value is not counted, the seed counts as without one.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from campaign.gates.stack import stack_differences
 from campaign.plan.config_keys import config_value, held_deviations
 
 KINDS = ("replay_differs", "determinism_differs", "pilot_skipped", "ungated", "stack_differs",
-         "held_deviation", "changes_variant_key", "budget_not_reached")  # fmt: skip
+         "held_deviation", "changes_variant_key", "budget_not_reached",
+         "budget_exceeded")  # fmt: skip
 COLUMNS = ("run_id", "kind", "detail")
 
 
@@ -53,6 +56,11 @@ def integrity_flags(
             found.append(_flag(row.run_id, "budget_not_reached",
                                f"{row.status} at update {row.updates_done} of "
                                f"{row.updates_planned} ({row.stop_cause})"))  # fmt: skip
+        if exceeds_budget(row):
+            found.append(_flag(row.run_id, "budget_exceeded",
+                               f"{row.updates_done} updates done of {row.updates_planned} "
+                               "planned: the budget is a held key, this value is not "
+                               "counted"))  # fmt: skip
     for row in relaunches.itertuples():
         for key in row.changes_variant_key:
             before, after = row.changes[key]
@@ -62,6 +70,11 @@ def integrity_flags(
     order = {run_id: i for i, run_id in enumerate(runs["run_id"])}
     found.sort(key=lambda f: (order.get(f["run_id"], len(order)), KINDS.index(f["kind"])))
     return pd.DataFrame(found, columns=list(COLUMNS))
+
+
+def exceeds_budget(row: Any) -> bool:
+    """More updates done than planned (a run recorded through the API may plan none)."""
+    return bool(row.updates_planned) and row.updates_done > row.updates_planned
 
 
 def _flag(run_id: str, kind: str, detail: str) -> dict[str, Any]:

@@ -67,5 +67,20 @@ class FaultyDigits(DigitsTask):
         return total, units
 
 
+    def predict(self, model: torch.nn.Module, batch: dict[str, Any]) -> list[dict[str, Any]]:
+        """With ``task.fault = "sigkill_in_replay"``: the final artifact's replay (a child of
+        the task host) kills the run's supervisor, the host's parent, once: a machine lost
+        after the final artifact was written and recorded, before the run's end."""
+        replaying = any(frame.function == "replay_artifact" for frame in inspect.stack())
+        if (self.fault == "sigkill_in_replay" and replaying and self.marker
+                and not os.path.exists(self.marker)):  # fmt: skip
+            open(self.marker, "w").close()
+            with open(f"/proc/{os.getppid()}/stat") as stat:  # the host's parent
+                supervisor = int(stat.read().rsplit(")", 1)[1].split()[1])
+            os.kill(supervisor, signal.SIGKILL)
+            time.sleep(60)  # the host and this child die with their owner
+        return super().predict(model, batch)
+
+
 def build(config: dict[str, Any]) -> FaultyDigits:
     return FaultyDigits(config)
