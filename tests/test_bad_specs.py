@@ -81,6 +81,10 @@ BAD_SPECS = [
                              ("tiny:build", "tiny:build_without_splits")],
      "variant 'lr-1e-4': an epoch budget needs the training-set size: set "
      "budget.train_examples"),
+    ("overfit-error-without-threshold", [("[grid]", '[pilot]\noverfit_metric = "mse"\n\n[grid]')],
+     "pilot: overfit_metric 'mse' is minimised (lower is better): set overfit_threshold"),
+    ("overfit-mode-unknown", [("[grid]", '[pilot]\noverfit_metric = "r2"\noverfit_mode = "up"\n\n[grid]')],
+     "pilot.overfit_mode: expected 'min' or 'max'"),
 ]  # fmt: skip
 
 

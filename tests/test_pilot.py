@@ -341,3 +341,51 @@ def test_the_overfit_criterion_comes_from_the_spec_and_is_shown(
     stricter = CliRunner().invoke(main, ["--ledger", sqlite_url, "pilot", "loop", "--all",
                                          "--artifacts", str(tmp_path), "--overfit-factor", "1e6"])
     assert stricter.exit_code == 1 and "needed 1e+06x" in stricter.stdout
+
+
+LINE = "tests.tasks.line:build"
+
+
+def _line_config(ledger: Ledger, name: str = "loop", **config: Any) -> dict:
+    plan_loop(ledger, name, task=LINE, validation={"metric": "val/mse", "mode": "min"},
+              config=config)  # fmt: skip
+    return ledger.runs(name).iloc[0]["config"]
+
+
+def test_a_regression_passes_the_overfit_gate_by_r2(ledger: Ledger, tmp_path: Path) -> None:
+    """Exact float match is unfair to a regression: its default criterion is R² >= 0.99."""
+    from campaign.pilot.overfit import PilotOptions
+
+    fast = PilotOptions(overfit_lr=0.1)  # a line's weights of 3 and -2 in 60 Adam steps
+    verdict, detail = _pilot(LINE, _line_config(ledger), tmp_path, options=fast)["overfit"]
+    assert verdict == "pass", detail
+    assert "and r2 >= 0.99" in detail
+    verdict, detail = _pilot(LINE, _line_config(ledger, "noise", **{"task.learnable": False}),
+                             tmp_path / "noise",
+                             options=PilotOptions(overfit_lr=0.1, overfit_factor=1))["overfit"]
+    assert verdict == "fail" and "needed r2 >= 0.99" in detail
+
+
+@pytest.mark.parametrize(
+    ("threshold", "passes"), [(0.05, True), (0.0, False)],  # 0 stays 0: nothing fits exactly
+)
+def test_an_error_threshold_is_a_ceiling_and_kept_as_given(
+    ledger: Ledger, tmp_path: Path, threshold: float, passes: bool
+) -> None:
+    from campaign.pilot.overfit import PilotOptions
+
+    options = PilotOptions(overfit_metric="mse", overfit_threshold=threshold, overfit_lr=0.1)
+    verdict, detail = _pilot(LINE, _line_config(ledger), tmp_path, options=options)["overfit"]
+    assert f"mse <= {threshold:g}" in detail, detail
+    assert verdict == ("pass" if passes else "fail"), detail
+
+
+def test_the_overfit_direction_follows_the_metric() -> None:
+    from campaign.pilot.overfit import PilotOptions, metric_mode
+
+    assert [metric_mode(m) for m in ("mse", "val/mae", "loss", "token_error", "accuracy",
+                                     "r2", "f1")] == ["min"] * 4 + ["max"] * 3  # fmt: skip
+    assert PilotOptions(overfit_metric="accuracy").learned().words() == "accuracy >= 1"
+    assert PilotOptions(overfit_metric="r2", overfit_threshold=0).learned().threshold == 0.0
+    explicit = PilotOptions(overfit_metric="score", overfit_threshold=2, overfit_mode="min")
+    assert explicit.learned().words() == "score <= 2"

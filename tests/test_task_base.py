@@ -82,7 +82,13 @@ def test_regression_defaults_and_a_missing_part_are_named() -> None:
     assert [r["prediction"] for r in records] == outputs
     scored = task.score(records)
     errors = np.array(outputs) - np.array([2.0, -1.0])
-    assert scored == {"mse": float(np.mean(errors**2)), "mae": float(np.mean(abs(errors)))}
+    targets = np.array([2.0, -1.0])
+    r2 = 1.0 - float(np.mean(errors**2)) / float(np.var(targets))  # MSE over the variance
+    assert scored == pytest.approx({"mse": float(np.mean(errors**2)),
+                                    "mae": float(np.mean(abs(errors))), "r2": r2}, rel=1e-12)
+    flat = task.score([{"id": "a", "prediction": 1.0, "target": 2.0},
+                       {"id": "b", "prediction": 2.0, "target": 2.0}])  # fmt: skip
+    assert "r2" not in flat  # undefined when every target is the same
     two = torch.nn.Linear(1, 2)  # two outputs for one target: the default cannot score it
     with pytest.raises(ValueError, match=r"one output per example, the model gave shape \[2, 2\]"):
         task.predict(two, batch)

@@ -23,7 +23,7 @@ The defaults:
   class against ``classes[label]``, scored by accuracy and macro-F1 (the mean
   over classes of F1, a class absent from both targets and predictions
   skipped); for regression (``kind = "regression"``): the output against
-  ``batch[self.target]``, scored by MSE and MAE.
+  ``batch[self.target]``, scored by MSE, MAE and R² (when the targets vary).
 - ``describe``: every field of the example as a short line, the target named.
 - ``control_inputs``: the first ``control_count`` validation examples.
 """
@@ -108,7 +108,12 @@ class Task:
             return {}
         if self.kind == "regression":
             errors = np.array([r["prediction"] - r["target"] for r in records], dtype=float)
-            return {"mse": float(np.mean(errors**2)), "mae": float(np.mean(np.abs(errors)))}
+            scores = {"mse": float(np.mean(errors**2)), "mae": float(np.mean(np.abs(errors)))}
+            targets = np.array([r["target"] for r in records], dtype=float)
+            spread = float(np.sum((targets - targets.mean()) ** 2))
+            if spread > 0:  # R² (1 - residual / total sum of squares): undefined when flat
+                scores["r2"] = 1.0 - float(np.sum(errors**2)) / spread
+            return scores
         accuracy = sum(r["prediction"] == r["target"] for r in records) / len(records)
         scores = []
         for name in {r["target"] for r in records} | {r["prediction"] for r in records}:

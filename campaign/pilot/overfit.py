@@ -2,8 +2,10 @@
 
 A handful of examples trained for a few dozen steps must be learned: the loss
 falls by a set factor and every prediction is exact (classification), or,
-where exact match is unfair (a next-character model: two windows starting
-alike continue differently), a score of the task's own reaches a threshold.
+where exact match is unfair (a regression's floats; a next-character model:
+two windows starting alike continue differently), a score of the task's own
+reaches a threshold in the score's direction (an error falls to it, an
+accuracy or R² rises to it).
 The spec's ``[pilot]`` table sets it; command-line options override it; the
 criterion is recorded with the verdict so a weakened gate shows in the pilot
 table and the report.
@@ -14,6 +16,37 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+# Scores where lower is better (the last part of the name, after any "val/"): the overfit
+# threshold is a ceiling for these and a floor for every other score (accuracy, F1, R²).
+MINIMISED = ("loss", "mse", "mae", "rmse", "nll", "perplexity", "error", "cer", "wer")
+# A regression cannot match floats exactly: its default criterion is R², which 8 examples
+# learned for 60 steps reach easily when the task can learn at all.
+REGRESSION_DEFAULT = ("r2", 0.99)
+
+
+def metric_mode(name: str) -> str:
+    """``min`` for an error or a loss (mse, mae, val/loss, ...), ``max`` otherwise."""
+    base = name.rsplit("/", 1)[-1].lower()
+    return "min" if base in MINIMISED or base.endswith(("loss", "_error")) else "max"
+
+
+@dataclass(frozen=True)
+class OverfitCriterion:
+    """What the overfit examples must reach: every prediction exact (``metric`` None), or a
+    score of the task's own against a threshold in the score's direction."""
+
+    metric: str | None
+    threshold: float
+    mode: str
+
+    def passes(self, value: float) -> bool:
+        return value <= self.threshold if self.mode == "min" else value >= self.threshold
+
+    def words(self) -> str:
+        if self.metric is None:
+            return "every prediction exact"
+        return f"{self.metric} {'<=' if self.mode == 'min' else '>='} {self.threshold:g}"
 
 
 @dataclass(frozen=True)
@@ -26,25 +59,39 @@ class PilotOptions:
     overfit_lr: float = 1e-2
     overfit_metric: str | None = None
     overfit_threshold: float | None = None
+    overfit_mode: str | None = None  # min or max; by default from the metric's name
 
     @classmethod
     def from_spec(cls, spec: Mapping[str, Any], **overrides: Any) -> PilotOptions:
         table = {k: v for k, v in (spec.get("pilot") or {}).items() if k in FIELDS}
         return cls(**{**table, **{k: v for k, v in overrides.items() if v is not None}})
 
-    def criterion(self) -> str:
+    def learned(self, kind: str = "classification") -> OverfitCriterion:
+        """The criterion for a task of ``kind``: a given threshold is kept as given (0 stays
+        0); a maximised score defaults to 1.0; a regression defaults to R² >= 0.99."""
+        metric, threshold = self.overfit_metric, self.overfit_threshold
+        if metric is None and kind == "regression":
+            metric, default = REGRESSION_DEFAULT
+            threshold = default if threshold is None else threshold
+        if metric is None:
+            return OverfitCriterion(None, 1.0, "max")
+        mode = self.overfit_mode or metric_mode(metric)
+        if threshold is None:
+            if mode == "min":  # no natural floor for an error: the spec must say (plan checks)
+                raise ValueError(f"[pilot] overfit_metric {metric!r} is minimised: "
+                                 "set overfit_threshold, the value it must fall to")  # fmt: skip
+            threshold = 1.0
+        return OverfitCriterion(metric, float(threshold), mode)
+
+    def criterion(self, kind: str = "classification") -> str:
         """The criterion in words, recorded with the verdict."""
-        learned = (f"{self.overfit_metric} >= {self.overfit_threshold or 1.0:g}"
-                   if self.overfit_metric else "every prediction exact")  # fmt: skip
         return (f"{self.overfit_examples} examples, {self.overfit_steps} steps at lr "
-                f"{self.overfit_lr:g}: loss falls {self.overfit_factor:g}x and {learned}")
+                f"{self.overfit_lr:g}: loss falls {self.overfit_factor:g}x and "
+                f"{self.learned(kind).words()}")  # fmt: skip
 
 
 FIELDS = ("overfit_examples", "overfit_steps", "overfit_factor", "overfit_lr", "overfit_metric",
-          "overfit_threshold")  # fmt: skip
-
-
-
+          "overfit_threshold", "overfit_mode")  # fmt: skip
 
 
 def varied(examples: Sequence[dict[str, Any]], count: int) -> list[dict[str, Any]]:

@@ -375,8 +375,9 @@ class Pilot:
         config["scheduler"] = {"name": "constant", "warmup": 0}
         session = self.session_factory(self.task, config, self.device)
         examples = varied(gate_view(session.train_set)[0], options.overfit_examples)
+        criterion = options.criterion(getattr(self.task, "kind", "classification"))
         record.inputs = {"examples": len(examples), "steps": options.overfit_steps,
-                         "lr": options.overfit_lr, "criterion": options.criterion()}
+                         "lr": options.overfit_lr, "criterion": criterion}
         losses = []
         for _ in range(options.overfit_steps):
             loss_sum, units = session.backward(examples)
@@ -403,30 +404,30 @@ class Pilot:
         if ratio < options.overfit_factor:
             raise PhaseFailure(
                 f"loss fell only {ratio:.2f}x ({losses[0]:.4g} -> "
-                f"{losses[-1]:.4g}), needed {options.overfit_factor:g}x ({options.criterion()})"
+                f"{losses[-1]:.4g}), needed {options.overfit_factor:g}x ({criterion})"
             )
-        if options.overfit_metric:  # the task's own score, for tasks where exact match is unfair
+        learned = options.learned(getattr(self.task, "kind", "classification"))
+        if learned.metric is not None:  # the task's own score, where exact match is unfair
             scores = session.task.score(records)
-            if options.overfit_metric not in scores:
-                raise PhaseFailure(f"[pilot] overfit_metric {options.overfit_metric!r} is not "
+            if learned.metric not in scores:
+                raise PhaseFailure(f"[pilot] overfit_metric {learned.metric!r} is not "
                                    f"one of the task's scores ({', '.join(scores)})")  # fmt: skip
-            value = float(scores[options.overfit_metric])
-            threshold = float(options.overfit_threshold or 1.0)
-            if value < threshold:
-                raise PhaseFailure(f"{options.overfit_metric} {value:.4g} after overfitting, "
-                                   f"needed {threshold:g} ({options.criterion()})")  # fmt: skip
+            value = float(scores[learned.metric])
+            if not learned.passes(value):
+                raise PhaseFailure(f"{learned.metric} {value:.4g} after overfitting, needed "
+                                   f"{learned.words()} ({criterion})")  # fmt: skip
             return (f"loss {losses[0]:.4g} -> {losses[-1]:.4g} ({ratio:.0f}x), "
-                    f"{options.overfit_metric} {value:.4g} ({options.criterion()})")
+                    f"{learned.metric} {value:.4g} ({criterion})")
         if wrong:
             raise PhaseFailure(
                 f"{len(wrong)} of {len(records)} examples not recovered after "
-                f"overfitting: {', '.join(map(str, wrong[:5]))} ({options.criterion()})"
+                f"overfitting: {', '.join(map(str, wrong[:5]))} ({criterion})"
             )
         kept = f"all {len(records) - len(cut)} predictions right" + (
             f" ({len(cut)} with targets cut by max_length, loss only)" if cut else "")
         return (
             f"loss {losses[0]:.4g} -> {losses[-1]:.4g} ({ratio:.0f}x) in "
-            f"{options.overfit_steps} steps; {kept} ({options.criterion()})"
+            f"{options.overfit_steps} steps; {kept} ({criterion})"
         )
 
 
