@@ -85,6 +85,11 @@ BAD_SPECS = [
      "pilot: overfit_metric 'mse' is minimised (lower is better): set overfit_threshold"),
     ("overfit-mode-unknown", [("[grid]", '[pilot]\noverfit_metric = "r2"\noverfit_mode = "up"\n\n[grid]')],
      "pilot.overfit_mode: expected 'min' or 'max'"),
+    ("metric-not-produced", [('metric = "val/accuracy"', 'metric = "val/acuracy"')],
+     "validation.metric: 'val/acuracy' is not a metric this task produces (did you mean "
+     "'val/accuracy'? it produces val/loss, val/accuracy)"),
+    ("overfit-metric-not-produced", [("[grid]", '[pilot]\noverfit_metric = "exact_match"\n\n[grid]')],
+     "pilot.overfit_metric: 'exact_match' is not a metric this task produces"),
 ]  # fmt: skip
 
 

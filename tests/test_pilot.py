@@ -389,3 +389,17 @@ def test_the_overfit_direction_follows_the_metric() -> None:
     assert PilotOptions(overfit_metric="r2", overfit_threshold=0).learned().threshold == 0.0
     explicit = PilotOptions(overfit_metric="score", overfit_threshold=2, overfit_mode="min")
     assert explicit.learned().words() == "score <= 2"
+
+
+def test_a_metric_validation_does_not_produce_fails_the_validation_phase(
+    ledger: Ledger, tmp_path: Path
+) -> None:
+    """What a task that declares no metrics gets (plan cannot tell; here the plan is recorded
+    without the command's check): the pilot's validation names the missing metric and the
+    ones validation produced, since the runs would end without any value."""
+    config = _config(ledger, validation={"metric": "val/acc"})
+    result = _pilot("campaign.tasks.digits:build", config, tmp_path)
+    verdict, detail = result["validation"]
+    assert verdict == "fail"
+    assert ("validation.metric: 'val/acc' is not a metric this task produces (did you mean "
+            "'val/accuracy'? it produces val/loss, val/accuracy)") in detail

@@ -27,6 +27,7 @@ def plan(source: LedgerSource, spec_path: str, dry_run: bool, output_format: str
     from campaign.host import calls, client
     from campaign.loop.errors import TaskContractError
     from campaign.plan import grid as planning
+    from campaign.plan.metric_names import metric_problem
     from campaign.plan.optimizer_check import raise_first
     from campaign.plan.spec import SpecError, load_spec
 
@@ -54,6 +55,10 @@ def plan(source: LedgerSource, spec_path: str, dry_run: bool, output_format: str
     the_plan = planning.make_plan(resolved, sizes=facts["sizes"])
     if facts["contract"] is not None:  # before anything is written (a task without describe())
         raise LedgerInputError(f"{spec_path}: campaign.task: {facts['contract']}")
+    if facts.get("metrics") is not None:  # a metric the task never produces: no value, ever
+        problem = metric_problem(resolved.document, facts["metrics"])
+        if problem is not None:
+            raise SpecError(f"{spec_path}: {problem}")
     for warning in the_plan.warnings:
         click.echo(f"campaign: warning: {warning}", err=True)
     run_ids: list[str | None] = [None] * len(the_plan.runs)

@@ -75,8 +75,3 @@ def check_records(records: Any, where: str = "predict()") -> list[dict[str, Any]
                 f"{', '.join(RECORD_KEYS)}"
             )
     return records
-
-
-def check_contract(reference: str, config: dict[str, Any]) -> None:
-    """Build the task and check its contract, keeping nothing (a guarded plan-time call)."""
-    build_task(reference, config)

@@ -38,6 +38,7 @@ from campaign.pilot import activations
 from campaign.pilot.data_gate import check_data
 from campaign.pilot.overfit import PilotOptions, varied
 from campaign.pilot.session import PilotSession
+from campaign.plan.metric_names import metric_problem, produced
 
 # What to do when a phase fails (DESIGN.md §5).
 ADVICE = {
@@ -303,6 +304,12 @@ class Pilot:
         if sorted(map(str, ids)) != sorted(map(str, expected)):
             raise PhaseFailure(f"{len(ids)} predictions for {len(expected)} validation examples")
         scores = session.task.score(records)
+        record.inputs["metrics"] = produced(scores)  # what a run's validation will log
+        named = {"validation": {"metric": self.config["validation"]["metric"]},
+                 "pilot": {"overfit_metric": self.options.overfit_metric}}  # fmt: skip
+        problem = metric_problem(named, scores)
+        if problem is not None:
+            raise PhaseFailure(problem)
         return f"val/loss {total / max(1, units):.4g}; " + ", ".join(
             f"val/{k} {v:.4g}" for k, v in scores.items()
         )

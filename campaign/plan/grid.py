@@ -206,25 +206,27 @@ def task_facts(task: str, control: dict[str, Any], configs: list[dict[str, Any]]
     """Everything planning asks the task, in one guarded child (the user's module is imported
     once, not once per question): whether the reference imports (``reference``: the problem
     or None), the training-set size per task config (``sizes``: canonical task config -> int,
-    or why it cannot tell) and whether the control's config builds a task that keeps the
-    contract (``contract``: the problem or None)."""
+    or why it cannot tell), whether the control's config builds a task that keeps the
+    contract (``contract``: the problem or None) and the metrics it declares (``metrics``)."""
     from campaign.loop.errors import TaskContractError
-    from campaign.loop.task import check_contract
+    from campaign.loop.task import build_task
+    from campaign.plan.metric_names import declared_metrics
     from campaign.plan.spec import task_reference_problem
 
     problem = task_reference_problem(task)
     if problem is not None:
         return {"reference": problem}
     sizes = {canonical_json(c["task"]): train_size(task, c) for c in configs}
+    metrics = None
     try:
-        check_contract(task, control)
+        metrics = declared_metrics(build_task(task, copy.deepcopy(control)))
         contract = None
     except TaskContractError as error:
         contract = str(error)
     except Exception as error:  # the user's task code
         contract = (f"task code failed while building the task with the control's config: "
                     f"{type(error).__name__}: {error}")  # fmt: skip
-    return {"reference": None, "sizes": sizes, "contract": contract}
+    return {"reference": None, "sizes": sizes, "contract": contract, "metrics": metrics}
 
 
 def train_size(task: str, config: dict[str, Any]) -> int | str:

@@ -19,7 +19,13 @@ import pandas as pd
 
 from campaign.ledger import LedgerReader
 from campaign.plan.config_keys import held_deviations
-from campaign.report.conclusions import VALUED, campaign_conclusion, conclusions, stop_words
+from campaign.report.conclusions import (
+    VALUED,
+    campaign_conclusion,
+    conclusions,
+    no_value_reason,
+    stop_words,
+)
 from campaign.report.flags import exceeds_budget, integrity_flags
 from campaign.report.relaunches import defining_keys, lineage, relaunch_table
 from campaign.report.timing import projected_seconds, run_times
@@ -107,9 +113,12 @@ def balance_sheet(ledger: LedgerReader, campaign: str) -> BalanceSheet:
                   "spec_sha256": record.spec_sha256, "created_at": record.created_at},
         metric=metric,
         mode=mode,
-        conclusion=campaign_conclusion(record.question, control.iloc[0] if len(control) else None,
-                                       verdicts, metric, mode, unfinished,
-                                       int(flags["run_id"].isin(originals["run_id"]).sum())),
+        conclusion=campaign_conclusion(
+            record.question, control.iloc[0] if len(control) else None, verdicts, metric, mode,
+            unfinished, int(flags["run_id"].isin(originals["run_id"]).sum()),
+            no_value_reason(variants[variants["is_control"]], originals, metric,
+                            ledger.metric_keys(campaign) if len(originals) else []),
+        ),
         runs=table,
         variants=variants,
         deltas=deltas,

@@ -130,20 +130,24 @@ def campaign_conclusion(
     mode: str,
     unfinished: int,
     flags: int,
+    no_value: str | None = None,
 ) -> str:
     """One paragraph that answers the campaign's question from the conclusions table;
     ``flags``: the integrity flags on the runs the statistics count (a flagged relaunch or
-    withdrawn run is listed with the flags, and changes no number here)."""
+    withdrawn run is listed with the flags, and changes no number here); ``no_value``: why
+    nothing can be concluded at all (the metric was never recorded, the control has no
+    value), said instead of an answer.
+
+    "The control stays best" only when every variant is worse beyond noise; when none
+    differs beyond noise, that is what it says, with the pairs it rests on."""
     direction = "higher" if mode == "max" else "lower"
     if control is None:
         return f"{question} No conclusion: the campaign has no control."
     against = f"the control {control} on {metric} ({direction} is better)"
-    if (
-        len(table)
-        and (table["verdict"] == "no_valid_runs").all()
-        and table["reason"].str.startswith(f"the control {control} has no valid run").all()
-    ):
-        answer = f"No conclusion: {table['reason'].iloc[0]}."
+    if no_value is not None:
+        answer = f"No conclusion: {no_value}."
+    elif not len(table):
+        answer = f"No conclusion: the campaign has only its control {control}, nothing to compare."
     else:
         better = table[table["verdict"] == "better"].sort_values(
             "mean_delta", ascending=mode != "max")  # fmt: skip
@@ -156,10 +160,14 @@ def campaign_conclusion(
                       f"({METHOD}, {best['pairs']} paired seeds).")  # fmt: skip
             if others:
                 answer += f" Also better: {', '.join(others)}."
+        elif (table["verdict"] == "worse").all():
+            answer = (f"The control {control} stays best on {metric}: every variant is worse "
+                      "beyond noise.")  # fmt: skip
+        elif (table["verdict"] == "worse").any():
+            answer = f"No variant beats the control {control} beyond noise on {metric}."
         else:
-            answer = (
-                f"The control {control} stays best on {metric}: no variant beats it beyond noise."
-            )
+            answer = (f"No variant differs from the control {control} beyond noise on "
+                      f"{metric} ({_pairs(table)}).")  # fmt: skip
         rest = [_verdict_words(r) for r in table.itertuples() if r.verdict != "better"]
         if rest:
             answer += " " + "; ".join(rest) + "."
@@ -170,3 +178,28 @@ def campaign_conclusion(
         answer += (f" {flags} integrity flag{'s' * (flags > 1)} on the runs counted here: "
                    "read them before relying on this.")  # fmt: skip
     return f"{question} {answer}".strip()
+
+
+def _pairs(table: pd.DataFrame) -> str:
+    """ "3 pairs" (or "2-5 pairs" when the variants have different counts)."""
+    low, high = int(table["pairs"].min()), int(table["pairs"].max())
+    count = str(low) if low == high else f"{low}-{high}"
+    words = f"{count} pair{'s' * (high != 1)}"
+    return f"{words} each" if len(table) > 1 else words
+
+
+def no_value_reason(
+    control: pd.DataFrame, originals: pd.DataFrame, metric: str, recorded: list[str]
+) -> str | None:
+    """Why no conclusion is possible at all: no run recorded the metric although runs
+    finished (a metric validation never produced), or the control has no value."""
+    finished = originals["status"].isin(VALUED)
+    if finished.any() and originals["final_metric"].isna().all():
+        logged = [k for k in recorded if k.startswith("val/")]
+        return (f"no run recorded {metric}, the campaign's validation.metric (the runs recorded "
+                f"{', '.join(logged) or 'no validation metric'})")
+    if len(control) and int(control["n"].iloc[0]) == 0:
+        name = control["variant"].iloc[0]
+        who = originals[originals["variant"] == name]
+        return f"the control {name} has no valid run: {status_summary(who)}"
+    return None

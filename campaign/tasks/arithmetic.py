@@ -25,6 +25,8 @@ TOKEN = {c: i + 3 for i, c in enumerate(CHARS)}
 
 
 class ArithmeticTask:
+    metrics = ("accuracy",)  # what score() returns: plan checks the spec's metric against it
+
     def __init__(self, config: dict[str, Any]) -> None:
         options = config.get("task", {})
         self.digits = int(options.get("digits", 2))

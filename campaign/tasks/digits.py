@@ -41,6 +41,8 @@ def load_digits_file() -> tuple[np.ndarray, np.ndarray]:
 class DigitsTask:
     """A small MLP on 64 pixel intensities; loss is the summed cross-entropy over examples."""
 
+    metrics = ("accuracy",)  # what score() returns: plan checks the spec's metric against it
+
     def __init__(self, config: dict[str, Any]) -> None:
         options = config.get("task", {})
         self.hidden = int(options.get("hidden", 64))

@@ -31,6 +31,8 @@ from campaign.tasks.sequences import IGNORE, next_token_pairs
 class CausalLMTask:
     """The task contract (DESIGN.md §4) for instruction -> response pairs."""
 
+    metrics = ("exact_match",)  # what score() returns: plan checks the spec's metric against it
+
     def __init__(self, config: dict[str, Any]) -> None:
         self.config = config
         self.options: dict[str, Any] = dict(config.get("task") or {})

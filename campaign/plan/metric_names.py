@@ -1,0 +1,46 @@
+"""The metrics a spec names must be metrics the task produces.
+
+Validation logs ``val/loss`` and ``val/<name>`` for each name ``score()`` returns. A
+``validation.metric`` (which the stop rules' patience also reads) or a ``[pilot]
+overfit_metric`` that the task never produces would let every run train to its end and
+leave a report with no value at all; so it is refused: at ``plan`` when the task declares
+its metrics (``metrics = ("accuracy",)``), in the pilot's validation phase otherwise.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+
+def produced(scores: Iterable[str]) -> list[str]:
+    """What validation logs for a task whose ``score()`` returns ``scores``."""
+    return ["val/loss", *(f"val/{name}" for name in scores)]
+
+
+def _unknown(name: str, known: list[str], key: str) -> str:
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.5)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return (f"{key}: {name!r} is not a metric this task produces ({hint}"
+            f"it produces {', '.join(known)})")
+
+
+def metric_problem(spec: Mapping[str, Any], scores: Iterable[str]) -> str | None:
+    """The first metric ``spec`` names that validation does not produce, in one line with the
+    key path; None when every named metric exists."""
+    names = list(scores)
+    logged = produced(names)
+    metric = (spec.get("validation") or {}).get("metric")
+    if metric is not None and metric not in logged:
+        return _unknown(metric, logged, "validation.metric")
+    overfit = (spec.get("pilot") or {}).get("overfit_metric")
+    if overfit is not None and overfit not in names:
+        return _unknown(overfit, names, "pilot.overfit_metric")
+    return None
+
+
+def declared_metrics(task: Any) -> list[str] | None:
+    """The names a built task declares ``score()`` returns, or None when it does not say."""
+    declared = getattr(task, "metrics", None)
+    return None if declared is None else [str(name) for name in declared]
