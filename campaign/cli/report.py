@@ -34,10 +34,12 @@ def report(source: LedgerSource, campaign: str, output_format: str, output: Path
     Example: campaign report digits-lr --format html --output digits-lr.html
     """
     from campaign.report.balance import balance_sheet
+    from campaign.report.inputs import campaign_inputs
     from campaign.report.render import render, write
 
     with source.open() as ledger:
         sheet = balance_sheet(ledger, campaign)
+        inputs = campaign_inputs(ledger, campaign)
     if output is not None and str(output) == "-":
         if output_format == "parquet":
             raise click.UsageError("--format parquet needs a file (--output PATH)")
@@ -49,7 +51,7 @@ def report(source: LedgerSource, campaign: str, output_format: str, output: Path
         return
     path = output or Path(f"{campaign}-report.{output_format}")
     try:
-        written = write(sheet, output_format, path)
+        written = write(sheet, output_format, path, inputs)
     except OSError as error:  # a user's path: one line, exit 2, nothing half written
         reason = error.strerror or str(error)
         raise BadInput(f"cannot write the report to {path}: {reason}") from None

@@ -123,7 +123,7 @@ def write_skeleton(folder: Path) -> list[Path]:
     """Write the task and the spec into ``folder`` (made if missing); nothing is overwritten."""
     targets = [folder / TASK_FILE, folder / SPEC_FILE]
     try:
-        present = [str(path) for path in targets if path.exists()]
+        present = [str(path) for path in targets if path.exists() or path.is_symlink()]
     except OSError as error:  # a name too long, a path through a file
         raise InitError(f"cannot use {folder}: {error.strerror or error}") from None
     if present:
@@ -132,8 +132,9 @@ def write_skeleton(folder: Path) -> list[Path]:
     name = campaign_name(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        targets[0].write_text(TASK.format(name=name), encoding="utf-8")
-        targets[1].write_text(SPEC.format(name=name), encoding="utf-8")
+        for path, text in zip(targets, (TASK, SPEC), strict=True):
+            with open(path, "x", encoding="utf-8") as handle:  # created here, never through
+                handle.write(text.format(name=name))  # a link planted since the check
     except OSError as error:
         for path in targets:  # none existed before: whatever was written goes
             with contextlib.suppress(OSError):

@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from campaign.ledger import Ledger
 from campaign.report.atomic import check_target, write_atomically
 from campaign.report.balance import balance_sheet
+from campaign.report.inputs import campaign_inputs
 from campaign.report.render import html
 
 MANIFEST = "MANIFEST.json"
@@ -52,7 +53,8 @@ class Verification:
 
 def write_archive(ledger: Ledger, campaign: str, output: Path) -> Path:
     """Pack ``campaign`` into ``output`` (a .tar.gz), atomically."""
-    check_target(output)  # an unusable path is said before minutes of packing
+    inputs = campaign_inputs(ledger, campaign)
+    check_target(output, inputs)  # an unusable path is said before minutes of packing
     record = ledger.campaign(campaign)
     runs = ledger.runs(campaign)
     root = f"{campaign}-archive"
@@ -103,7 +105,7 @@ def write_archive(ledger: Ledger, campaign: str, output: Path) -> Path:
                 info.size, info.mtime, info.mode = len(data), int(time.time()), 0o644
                 tar.addfile(info, io.BytesIO(data))
 
-    return write_atomically(output, packed_into)
+    return write_atomically(output, packed_into, inputs)
 
 
 def verify_archive(path: Path) -> Verification:

@@ -24,6 +24,7 @@ import pandas as pd
 from campaign.report.atomic import write_atomically
 from campaign.report.balance import BalanceSheet
 from campaign.report.humane import cell, label, missing
+from campaign.report.inputs import CampaignInputs
 from campaign.report.markdown import markdown
 from campaign.report.template import TEMPLATE
 
@@ -36,7 +37,8 @@ RUN_DETAILS = ("run_id", "stop_detail", "stop_phase", "examples_seen", "final_me
                "lineage", "deviation")  # fmt: skip
 
 
-def write(sheet: BalanceSheet, output_format: str, path: Path) -> Path:
+def write(sheet: BalanceSheet, output_format: str, path: Path,
+          inputs: CampaignInputs | None = None) -> Path:  # fmt: skip
     """Write ``sheet`` as ``output_format`` to ``path`` (atomically: a temporary file renamed)."""
     def written(temporary: Path) -> None:
         if output_format == "parquet":
@@ -44,7 +46,7 @@ def write(sheet: BalanceSheet, output_format: str, path: Path) -> Path:
         else:
             temporary.write_text(render(sheet, output_format), encoding="utf-8")
 
-    return write_atomically(path, written)
+    return write_atomically(path, written, inputs)
 
 
 def render(sheet: BalanceSheet, output_format: str) -> str:

@@ -40,6 +40,7 @@ from typing import Any
 from campaign.ledger import LedgerReader
 from campaign.ledger.vocabulary import TERMINAL_STATUSES
 from campaign.report.atomic import write_atomically
+from campaign.report.inputs import CampaignInputs, campaign_inputs
 
 STATE_FILE = ".campaign-tensorboard.json"
 SUCCEEDED = ("completed", "stopped")
@@ -59,6 +60,10 @@ class Exported:
 def export(reader: LedgerReader, campaign: str, logdir: Path) -> Exported:
     """Write what is new in ``campaign`` since the last export into ``logdir``."""
     protos = _protos()
+    inputs = campaign_inputs(reader, campaign)  # the state file never replaces one
+    refusal = inputs.refusal(logdir / STATE_FILE)
+    if refusal is not None:
+        raise ExportError(f"cannot write under --logdir {logdir}: {refusal}")
     state = _load_state(logdir, campaign)
     _, rows = reader.live_runs(campaign)
     started = [row for row in rows if row["started_at"] is not None]
@@ -79,7 +84,7 @@ def export(reader: LedgerReader, campaign: str, logdir: Path) -> Exported:
                 touched += 1
                 written_points += sum(1 for kind, *_ in records if kind == "point")
             if time.monotonic() - saved > 2:  # an interrupted export keeps what it wrote
-                _save_state(logdir, state)
+                _save_state(logdir, state, inputs)
                 saved = time.monotonic()
     except OSError as error:
         raise ExportError(f"cannot write under --logdir {logdir}: {error.strerror or error}"
@@ -87,7 +92,7 @@ def export(reader: LedgerReader, campaign: str, logdir: Path) -> Exported:
     finally:
         if logdir.is_dir():
             try:
-                _save_state(logdir, state)
+                _save_state(logdir, state, inputs)
             except OSError as error:
                 raise ExportError(f"cannot write {logdir / STATE_FILE}: "
                                   f"{error.strerror or error}") from None  # fmt: skip
@@ -95,10 +100,11 @@ def export(reader: LedgerReader, campaign: str, logdir: Path) -> Exported:
     return Exported(touched, written_points, finished)
 
 
-def _save_state(logdir: Path, state: dict[str, Any]) -> None:
+def _save_state(logdir: Path, state: dict[str, Any], inputs: CampaignInputs) -> None:
     state["runs"] = {k: v for k, v in state["runs"].items() if v["steps"] or v["status"]}
     write_atomically(logdir / STATE_FILE,
-                     lambda path: path.write_text(json.dumps(state, indent=1), encoding="utf-8"))
+                     lambda path: path.write_text(json.dumps(state, indent=1), encoding="utf-8"),
+                     inputs)  # fmt: skip
 
 
 def follow_export(
