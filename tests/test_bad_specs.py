@@ -90,6 +90,10 @@ BAD_SPECS = [
      "'val/accuracy'? it produces val/loss, val/accuracy)"),
     ("overfit-metric-not-produced", [("[grid]", '[pilot]\noverfit_metric = "exact_match"\n\n[grid]')],
      "pilot.overfit_metric: 'exact_match' is not a metric this task produces"),
+    ("task-key-typo", [("[config]\n", '[config]\n"task.train_sise" = 64\n')],
+     "config.\"task.train_sise\": unknown key of this task (did you mean 'train_size'?)"),
+    ("task-key-type", [("[config]\n", '[config]\n"task.hidden" = "wide"\n')],
+     "config.\"task.hidden\": expected a valid integer, got 'wide'"),
 ]  # fmt: skip
 
 

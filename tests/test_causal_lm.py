@@ -204,6 +204,14 @@ def test_a_bad_data_line_is_one_line_at_plan(sqlite_url: str, tmp_path: Path,
     assert done.exit_code == 2, done.output  # huggingface_hub's own error class, as one line
     assert done.stderr.startswith("campaign: ") and "field 'hidden_size'" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+    last = spec.read_text()  # a typo in a task key runs another experiment: refused
+    for typo, said in (('"task.lora_rnak" = 16', "hold.\"task.lora_rnak\": unknown key of this "
+                        "task (did you mean 'lora_rank'?)"),
+                       ('"task.lora_modules_to_save" = ["lm_head"]',
+                        'hold."task.lora_modules_to_save": unknown key of this task')):
+        spec.write_text(last.replace('"task.model_config.hidden_size" = "abc"', typo))
+        done = CliRunner().invoke(main, ["--ledger", sqlite_url, "plan", str(spec), "--dry-run"])
+        assert done.exit_code == 2 and said in done.stderr, done.output
     assert not Path(sqlite_url.removeprefix("sqlite:///")).exists()
 
 

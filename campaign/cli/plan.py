@@ -30,6 +30,7 @@ def plan(source: LedgerSource, spec_path: str, dry_run: bool, output_format: str
     from campaign.plan.metric_names import metric_problem
     from campaign.plan.optimizer_check import raise_first
     from campaign.plan.spec import SpecError, load_spec
+    from campaign.plan.task_keys import origin
 
     # The task host starts now (spawned, not waited for): its torch import overlaps reading
     # and validating the spec. A bad spec ends the command, and the host with it, at once.
@@ -52,6 +53,9 @@ def plan(source: LedgerSource, spec_path: str, dry_run: bool, output_format: str
         pending.cancel()
     if facts["reference"] is not None:
         raise SpecError(f"{spec_path}: campaign.task: {facts['reference']}")
+    if facts.get("keys") is not None:
+        key, message = facts["keys"]
+        raise SpecError(f"{spec_path}: {origin(resolved.document, key)}: {message}")
     the_plan = planning.make_plan(resolved, sizes=facts["sizes"])
     if facts["contract"] is not None:  # before anything is written (a task without describe())
         raise LedgerInputError(f"{spec_path}: campaign.task: {facts['contract']}")

@@ -207,15 +207,20 @@ def task_facts(task: str, control: dict[str, Any], configs: list[dict[str, Any]]
     once, not once per question): whether the reference imports (``reference``: the problem
     or None), the training-set size per task config (``sizes``: canonical task config -> int,
     or why it cannot tell), whether the control's config builds a task that keeps the
-    contract (``contract``: the problem or None) and the metrics it declares (``metrics``)."""
+    contract (``contract``: the problem or None) and the metrics it declares (``metrics``);
+    or, alone, a ``task.*`` key its declared schema refuses (``keys``: [key, message])."""
     from campaign.loop.errors import TaskContractError
     from campaign.loop.task import build_task
     from campaign.plan.metric_names import declared_metrics
     from campaign.plan.spec import task_reference_problem
+    from campaign.plan.task_keys import task_keys_problem
 
     problem = task_reference_problem(task)
     if problem is not None:
         return {"reference": problem}
+    keys = task_keys_problem(task, configs)
+    if keys is not None:  # a typo in a task key runs another experiment: before the rest
+        return {"reference": None, "keys": keys}
     sizes = {canonical_json(c["task"]): train_size(task, c) for c in configs}
     metrics = None
     try:

@@ -16,7 +16,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from campaign.tasks.keys import ArithmeticKeys
 from campaign.tasks.sequences import IGNORE, next_token_pairs
+
+TASK_KEYS = ArithmeticKeys  # its task.* keys: plan refuses any other
 
 PAD, BOS, EOS = 0, 1, 2
 CHARS = "0123456789+="

@@ -21,6 +21,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from campaign.tasks.keys import DigitsKeys
+
+TASK_KEYS = DigitsKeys  # its task.* keys: plan refuses any other
+
 CLASSES = tuple(str(digit) for digit in range(10))  # label id -> class name
 TARGET_NAMES = np.arange(10)  # the dataset's names of its targets (load_digits' target_names)
 

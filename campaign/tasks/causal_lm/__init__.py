@@ -6,6 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from campaign.tasks.keys import CausalLMKeys
+
+TASK_KEYS = CausalLMKeys  # its task.* keys: plan refuses any other
+
 # Imported once by a worker that forks its runs (transformers takes seconds per process).
 PRELOAD = ("transformers", "tokenizers", "peft", "campaign.tasks.causal_lm.task")
 

@@ -1,0 +1,74 @@
+"""``task.*`` keys checked at ``plan`` against the schema a task declares (``TASK_KEYS``).
+
+The check runs where task code runs (the guarded child of :func:`campaign.plan.grid.
+task_facts`): finding the schema imports the task's module. The answer is the first
+problem as (dotted key under ``task``, message); the command names the spec section the
+key came from (:func:`origin`).
+"""
+
+from __future__ import annotations
+
+import difflib
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from campaign.plan.taskref import load_factory
+
+
+def declared_schema(reference: str) -> type[BaseModel] | None:
+    """The ``TASK_KEYS`` model on the factory or in its module; None when not declared."""
+    factory = load_factory(reference)
+    found = getattr(factory, "TASK_KEYS", None)
+    if found is None:
+        found = getattr(sys.modules.get(getattr(factory, "__module__", ""), None), "TASK_KEYS",
+                        None)  # fmt: skip
+    return found if isinstance(found, type) and issubclass(found, BaseModel) else None
+
+
+def task_keys_problem(reference: str, configs: Sequence[Mapping[str, Any]]) -> list[str] | None:
+    """``[key, message]`` for the first variant config whose ``task`` table the declared
+    schema refuses (an unknown key first: a typo also explains a missing one)."""
+    schema = declared_schema(reference)
+    if schema is None:
+        return None
+    for config in configs:
+        try:
+            schema.model_validate(dict(config.get("task") or {}))
+        except ValidationError as error:
+            errors = error.errors()
+            first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
+            key = ".".join(str(part) for part in first["loc"])
+            return [key, _message(first, schema)]
+    return None
+
+
+def _message(error: Mapping[str, Any], schema: type[BaseModel]) -> str:
+    if error["type"] == "extra_forbidden" and len(error["loc"]) == 1:
+        known = [field.alias or name for name, field in schema.model_fields.items()]
+        close = difflib.get_close_matches(str(error["loc"][0]), known, n=1)
+        hint = f"did you mean {close[0]!r}?" if close else f"expected one of {', '.join(known)}"
+        return f"unknown key of this task ({hint})"
+    text = error["msg"].replace("Input should be", "expected").replace("Value error, ", "")
+    return f"{text}, got {error.get('input')!r}"
+
+
+def origin(document: Mapping[str, Any], key: str) -> str:
+    """Where the spec sets ``task.KEY``: ``config."task.KEY"``, ``grid.variants[1].set...``."""
+    dotted = f"task.{key}"
+    head = dotted.split(".")[:2]
+    for section in ("hold", "config"):
+        for name in document.get(section) or {}:
+            if name.split(".")[:2] == head:
+                return f'{section}."{name}"'
+    grid = document.get("grid") or {}
+    for index, variant in enumerate(grid.get("variants") or []):
+        for name in variant.get("set") or {}:
+            if name.split(".")[:2] == head:
+                return f'grid.variants[{index}].set."{name}"'
+    for name in grid.get("axes") or {}:
+        if name.split(".")[:2] == head:
+            return f'grid.axes."{name}"'
+    return f'"{dotted}"'
