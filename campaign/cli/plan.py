@@ -63,7 +63,8 @@ def plan(source: LedgerSource, spec_path: str, dry_run: bool, output_format: str
         problem = metric_problem(resolved.document, facts["metrics"])
         if problem is not None:
             raise SpecError(f"{spec_path}: {problem}")
-    for warning in the_plan.warnings:
+    warnings = [*the_plan.warnings, *([facts["batch_stats"]] if facts.get("batch_stats") else [])]
+    for warning in warnings:
         click.echo(f"campaign: warning: {warning}", err=True)
     run_ids: list[str | None] = [None] * len(the_plan.runs)
     created = False
@@ -87,7 +88,7 @@ def plan(source: LedgerSource, spec_path: str, dry_run: bool, output_format: str
         "control": resolved.control.name, "variants": grid, "accounting": accounting,
         "runs": [{**row, "config_sha256": r.config_sha256}
                  for row, r in zip(run_rows, the_plan.runs, strict=True)],
-        "warnings": the_plan.warnings,
+        "warnings": warnings,
     }  # fmt: skip
     if output_format == "json":
         click.echo(json.dumps(document, indent=2))

@@ -207,8 +207,10 @@ def task_facts(task: str, control: dict[str, Any], configs: list[dict[str, Any]]
     once, not once per question): whether the reference imports (``reference``: the problem
     or None), the training-set size per task config (``sizes``: canonical task config -> int,
     or why it cannot tell), whether the control's config builds a task that keeps the
-    contract (``contract``: the problem or None) and the metrics it declares (``metrics``);
+    contract (``contract``: the problem or None), the metrics it declares (``metrics``) and
+    whether batch-statistics layers make accumulation inexact (``batch_stats``, a warning);
     or, alone, a ``task.*`` key its declared schema refuses (``keys``: [key, message])."""
+    from campaign.loop.batch_stats import accumulation_warning, layers_on_meta
     from campaign.loop.errors import TaskContractError
     from campaign.loop.task import build_task
     from campaign.plan.metric_names import declared_metrics
@@ -222,16 +224,19 @@ def task_facts(task: str, control: dict[str, Any], configs: list[dict[str, Any]]
     if keys is not None:  # a typo in a task key runs another experiment: before the rest
         return {"reference": None, "keys": keys}
     sizes = {canonical_json(c["task"]): train_size(task, c) for c in configs}
-    metrics = None
+    metrics, layers = None, None
     try:
-        metrics = declared_metrics(build_task(task, copy.deepcopy(control)))
+        built = build_task(task, copy.deepcopy(control))
+        metrics, layers = declared_metrics(built), layers_on_meta(built)
         contract = None
     except TaskContractError as error:
         contract = str(error)
     except Exception as error:  # the user's task code
         contract = (f"task code failed while building the task with the control's config: "
                     f"{type(error).__name__}: {error}")  # fmt: skip
-    return {"reference": None, "sizes": sizes, "contract": contract, "metrics": metrics}
+    warning = accumulation_warning(layers or [], configs)
+    return {"reference": None, "sizes": sizes, "contract": contract, "metrics": metrics,
+            "batch_stats": warning}  # fmt: skip
 
 
 def train_size(task: str, config: dict[str, Any]) -> int | str:
