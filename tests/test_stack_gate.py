@@ -47,15 +47,20 @@ def test_a_device_that_does_not_exist_is_refused_before_anything_is_written(
     sqlite_ledger: Ledger, sqlite_url: str, tmp_path: Path
 ) -> None:
     """cuda:7 on this machine: doctor says this stack cannot run it (exit 1), the pilot refuses
-    in one line (exit 2) without a pilot row, and a worker claims nothing."""
+    in one line (exit 1: the checked thing, this machine) without a pilot row, a name that is
+    no device is bad input (exit 2), and a worker claims nothing."""
     run_id = plan_loop(sqlite_ledger)[0]
     runner = CliRunner()
     doctor = runner.invoke(main, ["--ledger", sqlite_url, "doctor", "loop", "--device", "cuda:7"])
     assert doctor.exit_code == 1 and "device cuda:7 does not exist here" in doctor.stdout
     pilot = runner.invoke(main, ["--ledger", sqlite_url, "pilot", "loop", "--device", "cuda:7",
                                  "--artifacts", str(tmp_path)])  # fmt: skip
-    assert pilot.exit_code == 2 and "--device cuda:7: device cuda:7 does not exist" in pilot.stderr
+    assert pilot.exit_code == 1 and "--device cuda:7: device cuda:7 does not exist" in pilot.stderr
     assert len(pilot.stderr.strip().splitlines()) == 1 and sqlite_ledger.pilots("loop").empty
+    named = runner.invoke(main, ["--ledger", sqlite_url, "pilot", "loop", "--device", "tpu:0",
+                                 "--artifacts", str(tmp_path)])  # fmt: skip
+    assert named.exit_code == 2 and "'tpu:0' is not a torch device" in named.stderr
+    assert len(named.stderr.strip().splitlines()) == 1 and sqlite_ledger.pilots("loop").empty
     worker = runner.invoke(main, ["--ledger", sqlite_url, "worker", "loop", "--device", "cuda:7",
                                   "--skip-pilot", "--reason", "x", "--artifacts", str(tmp_path)])
     assert worker.exit_code == 1 and "refuses to claim" in worker.stderr

@@ -24,6 +24,7 @@ ERRORS: tuple[tuple[str, str, int], ...] = (
     ("campaign.ledger.errors", "LedgerInputError", EXIT_BAD_INPUT),
     ("campaign.plan.spec_error", "SpecError", EXIT_BAD_INPUT),
     ("campaign.loop.errors", "RunSetupFailed", EXIT_CHECK_FAILED),
+    ("campaign.loop.errors", "DeviceUnavailable", EXIT_CHECK_FAILED),
     ("campaign.gates.launch_gate", "GateClosed", EXIT_CHECK_FAILED),
     ("campaign.loop.errors", "CheckpointError", EXIT_CHECK_FAILED),
     ("campaign.loop.errors", "LoopError", EXIT_BAD_INPUT),

@@ -129,23 +129,39 @@ def unfit_problems(task_reference: str, device: str, precisions: list[str]) -> l
     return problems + [p for p in (precision_problem(x, device) for x in precisions) if p]
 
 
-def device_problems(device: str) -> list[str]:
-    """Why ``device`` does not exist here (a CUDA index this machine does not have, a CPU-only
-    torch), or nothing."""
+def device_name_problem(device: str) -> str | None:
+    """Why ``device`` is not a device name this tool runs on (bad input), or None."""
     import torch
 
     try:
         parsed = torch.device(device)
     except (RuntimeError, ValueError) as error:
-        return [f"device {device!r} is not a torch device ({error})"]
+        return f"device {device!r} is not a torch device ({error})"
+    if parsed.type not in ("cpu", "cuda"):
+        return f"device {device!r}: only cpu and cuda devices are supported"
+    return None
+
+
+def device_problems(device: str) -> list[str]:
+    """Why ``device`` cannot run here: not a device name, a CUDA index this machine does not
+    have (a CPU-only torch), or a device that refuses a small allocation (busy, broken, in
+    an exclusive mode held by another process); nothing when it can."""
+    import torch
+
+    named = device_name_problem(device)
+    if named is not None:
+        return [named]
+    parsed = torch.device(device)
     if parsed.type == "cpu":
         return []
-    if parsed.type != "cuda":
-        return [f"device {device!r}: only cpu and cuda devices are supported"]
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if (parsed.index or 0) >= count:
         build = "; this torch is a CPU-only build" if torch.version.cuda is None else ""
         return [f"device {device} does not exist here ({count} CUDA device(s) visible{build})"]
+    try:  # in a child of the task host: the host itself never initialises CUDA
+        torch.empty(1024, device=parsed).sum().item()
+    except RuntimeError as error:
+        return [f"device {device} refuses a 4 KiB allocation ({str(error).splitlines()[0]})"]
     return []
 
 

@@ -8,6 +8,10 @@ class LoopError(ValueError):
     """A run that cannot be executed as configured (said before any work)."""
 
 
+class DeviceUnavailable(LoopError):
+    """A device that is a valid name but cannot run here (exit 1: the checked thing)."""
+
+
 class RunSetupFailed(LoopError):
     """The run left ``planned`` and failed while being built; its end is recorded as failed."""
 

@@ -23,14 +23,19 @@ import torch
 
 from campaign.gates.classes import gate_class as class_of
 from campaign.gates.stack import environment
-from campaign.gates.stack_gate import device_problems, precision_problem, stack_problems
+from campaign.gates.stack_gate import (
+    device_name_problem,
+    device_problems,
+    precision_problem,
+    stack_problems,
+)
 from campaign.host.calls import FreshProcessFailed, run_module
 from campaign.ledger import Ledger
 from campaign.ledger.canonical import canonical_json
 from campaign.loop import checkpoint as ckpt
 from campaign.loop.batch_stats import accumulation_warning, batch_stat_layers
 from campaign.loop.data import describe_inputs, gate_view
-from campaign.loop.errors import LoopError
+from campaign.loop.errors import DeviceUnavailable, LoopError
 from campaign.loop.measure import PhaseRecord, Probe
 from campaign.loop.replay import replay_file_in_subprocess, write_final
 from campaign.loop.run_files import artifacts_environment
@@ -456,7 +461,8 @@ def run_pilot(
     record = ledger.campaign(campaign)
     missing = device_problems(device)
     if missing:  # before a pilot row is written: a device that does not exist proves nothing
-        raise LoopError(f"--device {device}: " + "; ".join(missing))
+        kind = LoopError if device_name_problem(device) else DeviceUnavailable
+        raise kind(f"--device {device}: " + "; ".join(missing))
     if run is None:
         runs = ledger.runs(campaign)
         run = worst_case(runs[runs["relaunch_of"].isna()].to_dict("records"))
