@@ -145,3 +145,28 @@ def test_digits_read_without_scikit_learn_equal_load_digits() -> None:
     reference = load_digits()
     assert np.array_equal(pixels, reference.data) and np.array_equal(targets, reference.target)
     assert np.array_equal(TARGET_NAMES, reference.target_names)
+
+
+def test_inspect_shows_the_collated_batch_the_gate_reads(sqlite_url: str) -> None:
+    """A collate that puts the prompt into the loss while describe() masks it: inspect's view
+    of the collated row marks the prompt's positions as in the loss, as the gate finds."""
+    with Ledger.open(sqlite_url, create=True) as ledger:
+        plan_loop(ledger, task="tests.tasks.broken:arithmetic",
+                  config={"task.train_size": 100, "task.val_size": 20,
+                          "task.fault": "collate_prompt_in_loss"})  # fmt: skip
+    result = CliRunner().invoke(
+        main, ["--ledger", sqlite_url, "inspect", "loop", "--n", "2", "--format", "json"]
+    )
+    assert result.exit_code == 1, result.stderr  # prompt_out_of_loss
+    document = json.loads(result.stdout)
+    described, collated = document["examples"][0], document["loss_view"][0]
+    assert described["id"] == collated["id"]
+    assert described["mask"].startswith(".")  # describe() says the prompt is masked
+    assert collated["targets in loss"].startswith("L")  # what the loss really gets
+    assert "+" in collated["targets in loss, decoded"]  # the prompt's '+' is learned
+    assert collated["tokens decoded"].startswith("'^")
+    gate = {g["check"]: g["verdict"] for g in document["data_gate"]}
+    assert gate["prompt_out_of_loss"] == "FAIL"
+    text = CliRunner().invoke(main, ["--ledger", sqlite_url, "inspect", "loop", "--n", "1"])
+    assert "as the loss receives it (collate):" in text.stdout
+    assert "  targets in loss: L" in text.stdout

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from campaign.cli.options import artifacts_option, device_option
-from campaign.cli.output import output_options, render_rows
+from campaign.cli.output import output_options, printable, render_rows
 from campaign.cli.source import LedgerSource
 
 PILOT_TIMEOUT_S = 24 * 3600.0  # the pilot trains (the overfit gate): no plan-time limit
@@ -41,12 +41,19 @@ def inspect(
     if output_format == "json":
         click.echo(json.dumps(document, indent=2, default=str))
     else:
+        seen = {str(row["id"]): row for row in document.get("loss_view", [])}
         for example in document["examples"]:
             click.echo(f"--- {example['id']}")
             for key, value in example.items():
                 if key != "id":
-                    text = str(value)
+                    text = "\n".join(printable(line) for line in str(value).split("\n"))
                     click.echo(f"{key}:" + (f"\n{text}" if "\n" in text else f" {text}"))
+            collated = seen.get(str(example["id"]), {})
+            if collated:  # the same example as the loss receives it (its collated row)
+                click.echo("as the loss receives it (collate):")
+                for key, value in collated.items():
+                    if key != "id":
+                        click.echo(f"  {key}: {printable(str(value))}")
         summary = [{"summary": k, "value": v} for k, v in document["summary"].items()]
         click.echo("")
         click.echo(render_rows(summary, output_format))

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from campaign.loop.data import gate_view, rows
 from campaign.loop.task import Task
+from campaign.pilot.loss_view import loss_view
 
 if TYPE_CHECKING:
     pass
@@ -79,9 +80,12 @@ def inspect_task(reference: str, config: dict[str, Any], campaign: str, split: s
 
         raise LedgerInputError(f"--split {split!r}: the task's splits are {', '.join(names)}")
     findings = check_data(task, config)
+    shown = rows(task.splits()[split], 0, count)
+    microbatch = int(config.get("loop", {}).get("microbatch", 1))
     return {
         "campaign": campaign,
         "examples": examples(task, split, count),
+        "loss_view": loss_view(task, shown, microbatch),
         "summary": summary(task, split, config),
         "data_gate": [
             {

@@ -134,6 +134,10 @@ class ArithmeticTask:
             "truncated": "target cut" if cut else "no",
         }
 
+    def decode(self, ids: Sequence[int]) -> str:
+        """Token ids as characters (``^`` for PAD, BOS, EOS): what ``inspect`` shows."""
+        return "".join(VOCAB[t] if t > 2 else "^" for t in ids)
+
     def control_inputs(self) -> Sequence[dict[str, Any]]:
         return self.splits()["val"][:4]
 

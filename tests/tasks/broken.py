@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from campaign.tasks.arithmetic import IGNORE, ArithmeticTask
 from campaign.tasks.digits import CLASSES, DigitsTask
 
@@ -53,6 +55,19 @@ class BrokenArithmetic(ArithmeticTask):
                 for i, t in enumerate(targets)
             ]
         return inputs, targets, cut
+
+    def collate(self, examples: Any) -> dict[str, Any]:
+        """``collate_prompt_in_loss``: encode() (and so describe()) masks the prompt, but the
+        collated targets are the inputs shifted by one everywhere, the prompt included."""
+        batch = super().collate(examples)
+        if self.fault == "collate_prompt_in_loss":
+            shifted = batch["tokens"][:, 1:]
+            within = batch["targets"][:, :-1] != IGNORE
+            prompt = torch.arange(shifted.shape[1]).unsqueeze(0) < (
+                batch["prompt_lengths"].unsqueeze(1) - 1)  # fmt: skip
+            batch["targets"][:, :-1] = torch.where(prompt | within, shifted,
+                                                   batch["targets"][:, :-1])  # fmt: skip
+        return batch
 
 
 def digits(config: dict[str, Any]) -> BrokenDigits:

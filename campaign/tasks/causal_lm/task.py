@@ -165,6 +165,10 @@ class CausalLMTask:
         exact = sum(r["prediction"] == r["target"] for r in records)
         return {"exact_match": exact / max(1, len(records))}
 
+    def decode(self, ids: Sequence[int]) -> str:
+        """Token ids as text, special tokens kept: what ``inspect`` shows of a collated row."""
+        return str(self.tokenizer.decode(list(ids), skip_special_tokens=False))
+
     def describe(self, example: dict[str, Any]) -> dict[str, str]:
         inputs, targets, prompt_length, cut = self.encode(example)
         mask = "".join("." if t == IGNORE else "L" for t in targets)
