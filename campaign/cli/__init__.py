@@ -13,13 +13,20 @@ a traceback for a user mistake.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
 import click
 
 from campaign.cli.errors import exit_code_for
-from campaign.cli.source import DEFAULT_URL, ENV_VAR, LedgerSource, add_ledger_option
+from campaign.cli.source import (
+    DEFAULT_URL,
+    ENV_VAR,
+    LedgerSource,
+    add_ledger_option,
+    empty_ledger,
+)
 
 # name -> (module:attribute, one line of help). The help is repeated here so that the
 # group's help lists every command without importing their modules.
@@ -136,6 +143,9 @@ def main(ctx: click.Context, ledger_url: str) -> None:
 
     Example: campaign --ledger sqlite:///campaign.db db current
     """
+    from_default = ctx.get_parameter_source("ledger_url") is click.core.ParameterSource.DEFAULT
+    if not ledger_url.strip() or (from_default and os.environ.get(ENV_VAR) == ""):
+        empty_ledger(ENV_VAR if from_default else "--ledger")
     ctx.obj = LedgerSource(ledger_url)
 
 

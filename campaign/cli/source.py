@@ -28,9 +28,19 @@ class LedgerSource:
         return Ledger.open(self.url, create=create, check=check)
 
 
+def empty_ledger(where: str) -> None:
+    """An empty ledger URL is an unset variable, never "the default": one line, exit 2 (the
+    default would be created silently in the working folder)."""
+    click.echo(f"campaign: {where} is empty (an unset variable?): give a ledger URL, or "
+               "leave it out for the default sqlite:///campaign.db", err=True)  # fmt: skip
+    raise click.exceptions.Exit(2)
+
+
 def _take_ledger(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
     if value is None:
         return
+    if not value.strip():
+        empty_ledger("--ledger")
     source = ctx.find_object(LedgerSource)
     if source is None:
         ctx.obj = LedgerSource(value)

@@ -51,7 +51,8 @@ class Snapshot:
 
     @property
     def left(self) -> int:
-        return self.counts.get("planned", 0)
+        """Planned runs and those waiting to be resumed: both still have work to do."""
+        return self.counts.get("planned", 0) + self.resumable
 
     @property
     def resumable(self) -> int:
@@ -77,7 +78,8 @@ class Snapshot:
             if s in ENDED_STATUSES | TERMINAL_STATUSES and self.counts[s]
         )
         done = f"{self.campaign}: {self.done}/{self.total} done" + (f" ({ended})" if ended else "")
-        return f"{done}, {len(self.running)} running, {self.left} left"
+        waiting = f" ({self.resumable} to resume)" if self.resumable else ""
+        return f"{done}, {len(self.running)} running, {self.left} left{waiting}"
 
     def line(self) -> str:
         """One plain line (for pipes and CI logs): the summary, update counters and ETA."""
@@ -129,7 +131,8 @@ def snapshot_of(
     rate = _updates_per_second(rows)
     remaining = sum(r["updates"] for r in rows if r["status"] == "planned") + sum(
         max(0, r.updates - r.step) for r in running
-    )
+    ) + sum(max(0, r["updates"] - int(r["stop_step"] or 0))  # a resume goes on from its stop
+            for r in rows if r["status"] in ("interrupted", "lost"))  # fmt: skip
     parallel = max(1, workers or len(running) or 1)
     eta = None if rate is None else remaining / (rate * parallel)
     return Snapshot(campaign, counts, running, eta, rate)

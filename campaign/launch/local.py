@@ -204,7 +204,7 @@ class LocalLauncher:
     def _work_left(self, ledger: Ledger) -> bool:
         snapshot = take_snapshot(ledger, self.options.campaign)
         resumable = sum(snapshot.counts.get(s, 0) for s in self.options.resume)
-        return snapshot.left > 0 or resumable > 0
+        return snapshot.counts.get("planned", 0) > 0 or resumable > 0
 
     def _on_signal(self, _signum: int, _frame: Any) -> None:
         self._stopping.set()

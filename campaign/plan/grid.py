@@ -17,6 +17,7 @@ from typing import Any
 
 from campaign.ledger import CampaignRecord, Ledger, LedgerInputError, NewRun, NewVariant, NotFound
 from campaign.ledger.canonical import canonical_json, sha256_text
+from campaign.ledger.errors import RefusedWrite
 from campaign.plan.config_keys import held_deviations
 from campaign.plan.spec import ResolvedSpec, SpecError, resolve_config
 from campaign.plan.taskref import load_factory
@@ -257,22 +258,33 @@ def record_plan(ledger: Ledger, plan: Plan) -> tuple[CampaignRecord, bool]:
     """
     existing = _existing(ledger, plan.spec.name)
     if existing is not None:
-        if existing.spec_sha256 == plan.spec.sha256:
-            return existing, False
-        raise LedgerInputError(
-            f"campaign {plan.spec.name!r} is already planned with a different spec "
-            f"(sha256 {existing.spec_sha256[:12]} vs {plan.spec.sha256[:12]}): "
-            "a new question gets a new name"
+        return _same_plan(existing, plan), False
+    try:
+        record = ledger.create_campaign(
+            plan.spec.name,
+            question=plan.spec.question,
+            task=plan.spec.task,
+            spec=canonical_json(plan.spec.document),
+            variants=[NewVariant(v.name, v.is_control, v.overrides) for v in plan.spec.variants],
+            runs=[NewRun(r.variant, r.seed, r.config) for r in plan.runs],
         )
-    record = ledger.create_campaign(
-        plan.spec.name,
-        question=plan.spec.question,
-        task=plan.spec.task,
-        spec=canonical_json(plan.spec.document),
-        variants=[NewVariant(v.name, v.is_control, v.overrides) for v in plan.spec.variants],
-        runs=[NewRun(r.variant, r.seed, r.config) for r in plan.runs],
-    )
+    except RefusedWrite:  # another plan of the same name committed between the read and here
+        existing = _existing(ledger, plan.spec.name)
+        if existing is None:
+            raise
+        return _same_plan(existing, plan), False  # identical plans at once: one is recorded
     return record, True
+
+
+def _same_plan(existing: CampaignRecord, plan: Plan) -> CampaignRecord:
+    """``existing`` when it is this very plan; refused otherwise (a new question, new name)."""
+    if existing.spec_sha256 == plan.spec.sha256:
+        return existing
+    raise LedgerInputError(
+        f"campaign {plan.spec.name!r} is already planned with a different spec "
+        f"(sha256 {existing.spec_sha256[:12]} vs {plan.spec.sha256[:12]}): "
+        "a new question gets a new name"
+    )
 
 
 def _existing(ledger: Ledger, name: str) -> CampaignRecord | None:

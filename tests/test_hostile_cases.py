@@ -1,0 +1,63 @@
+"""Cases from the hostile run of issue 26 (item 12): each ends as docs/cli.md says, one
+line, the contract's exit code, nothing lost."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from campaign.cli import main
+from campaign.ledger import Ledger
+from campaign.plan.grid import make_plan, record_plan
+from campaign.plan.spec import resolve_spec
+from tests.loop_helpers import BASE
+
+
+def test_identical_plans_at_once_are_one_plan(ledger_url: str, ledger: Ledger) -> None:
+    """Three identical plans race past the existence check: one records the campaign, the
+    others find it and are the same no-op as a plan run twice (no 'duplicate key')."""
+    plan = make_plan(resolve_spec(BASE, "<race>"))
+    barrier, outcomes = threading.Barrier(3), []
+
+    def planner() -> None:
+        with Ledger.open(ledger_url) as mine:
+            barrier.wait()
+            try:
+                outcomes.append(record_plan(mine, plan)[1])
+            except Exception as error:
+                outcomes.append(error)
+
+    threads = [threading.Thread(target=planner) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(map(str, outcomes)) == ["False", "False", "True"], outcomes
+    assert len(ledger.runs("loop")) == 1 and len(ledger.campaigns()) == 1
+
+
+def test_an_empty_ledger_url_is_refused_not_defaulted(tmp_path: Path, monkeypatch) -> None:
+    """``--ledger "$UNSET"`` once fell back to ./campaign.db and created it."""
+    monkeypatch.chdir(tmp_path)
+    for args, env in ((["--ledger", "", "status"], {}), (["status"], {"CAMPAIGN_LEDGER": ""})):
+        result = CliRunner().invoke(main, args, env=env)
+        assert result.exit_code == 2, result.output
+        assert "is empty" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_run_waiting_to_be_resumed_is_left_with_its_eta(ledger: Ledger) -> None:
+    """``status`` said "0 left, ETA 0s" while an interrupted run waited to be resumed."""
+    from campaign.launch.live_table import take_snapshot
+    from campaign.ledger import StopRecord
+    from tests.loop_helpers import plan_loop
+
+    run_id = plan_loop(ledger)[0]
+    claim = ledger.claim_next("loop", "w")
+    ledger.finish(run_id, "interrupted", StopRecord("interrupted", 5, "update"))
+    del claim
+    snapshot = take_snapshot(ledger, "loop")
+    assert snapshot.left == 1 and snapshot.resumable == 1
+    assert "0 running, 1 left (1 to resume)" in snapshot.summary()
