@@ -18,6 +18,7 @@ from campaign.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 PREFIX = "c-archive"
+SPEC_SHA256 = hashlib.sha256(b'{"a":1}').hexdigest()  # the canonical JSON of GOOD's spec
 
 
 def _entry(data: bytes) -> dict:
@@ -28,7 +29,8 @@ def _archive(path: Path, members: list[tuple[str, bytes]], manifest: object = No
              *, links: tuple[str, ...] = ()) -> Path:  # fmt: skip
     """A .tar.gz with ``members`` and a manifest (by default one listing every member)."""
     if manifest is None:
-        manifest = {"campaign": "c", "members": {n: _entry(d) for n, d in members}}
+        manifest = {"campaign": "c", "spec_sha256": SPEC_SHA256,
+                    "members": {n: _entry(d) for n, d in members}}  # fmt: skip
     document = manifest if isinstance(manifest, bytes) else json.dumps(manifest).encode()
     with tarfile.open(path, "w:gz") as tar:
         for name, data in [(f"{PREFIX}/MANIFEST.json", document), *members]:
@@ -49,12 +51,13 @@ def _verify(path: Path) -> tuple[int, str]:
     return result.exit_code, result.stderr
 
 
-GOOD = [(f"{PREFIX}/spec.json", b'{"a": 1}'), (f"{PREFIX}/notes.json", b"[]")]
+GOOD = [(f"{PREFIX}/spec.json", b'{"a": 1}'), (f"{PREFIX}/campaign.json", b"{}"),
+        (f"{PREFIX}/notes.json", b"[]")]
 
 
 def test_a_well_formed_archive_verifies(tmp_path: Path) -> None:
     code, said = _verify(_archive(tmp_path / "ok.tar.gz", GOOD))
-    assert code == 0 and "2 members" in said
+    assert code == 0 and "3 members" in said
 
 
 @pytest.mark.parametrize("name", ["../../../outside.txt", "/outside.txt",
@@ -135,7 +138,9 @@ class _Zeros(io.RawIOBase):
 
 def _bomb(path: Path, size: int, manifest_first: bool) -> Path:
     """A member of ``size`` zero bytes (a few MB compressed) that the manifest lists at 8."""
-    manifest = json.dumps({"members": {f"{PREFIX}/bomb.bin": _entry(bytes(8))}}).encode()
+    listed = {f"{PREFIX}/{n}": _entry(b"{}") for n in ("spec.json", "campaign.json")}
+    manifest = json.dumps({"members": {f"{PREFIX}/bomb.bin": _entry(bytes(8)),
+                                       **listed}}).encode()  # fmt: skip
     with tarfile.open(path, "w:gz", compresslevel=1, copybufsize=1 << 22) as tar:
         entries = [("MANIFEST.json", manifest, None), ("bomb.bin", None, size)]
         for name, data, length in entries if manifest_first else entries[::-1]:
@@ -171,3 +176,50 @@ def _verify_in_a_process(path: Path) -> tuple[int, str, float]:
     _, status, usage = os.wait4(process.pid, 0)
     said = process.stderr.read() if process.stderr else ""
     return os.waitstatus_to_exitcode(status), said, usage.ru_maxrss / 1024
+
+
+def _long_header(path: Path, size: int, kind: bytes) -> Path:
+    """A header block claiming a ``size``-byte pax header (``x``) or GNU long name (``L``),
+    followed by a few MB of zeros: tarfile would read the claimed size whole."""
+    import gzip
+
+    header = bytearray(tarfile.TarInfo(f"{PREFIX}/././@LongLink").tobuf())[:512]
+    header[124:136] = f"{size:011o}\0".encode()
+    header[156:157] = kind
+    header[148:156] = b" " * 8
+    header[148:156] = f"{sum(header):06o}\0 ".encode()
+    with gzip.open(path, "wb", compresslevel=1) as out:
+        _archive(path.with_suffix(".good"), GOOD)
+        with tarfile.open(path.with_suffix(".good"), "r:gz") as good:
+            first = good.next()
+            assert first is not None
+            out.write(first.tobuf())
+            extracted = good.extractfile(first)
+            assert extracted is not None
+            data = extracted.read()
+            out.write(data + bytes(-len(data) % 512))
+        out.write(bytes(header))
+        for _ in range(8):
+            out.write(bytes(1 << 20))
+    return path
+
+
+@pytest.mark.parametrize("kind", [b"x", b"L"])
+def test_a_huge_extended_header_is_refused_unread(tmp_path: Path, kind: bytes) -> None:
+    path = _long_header(tmp_path / "long.tar.gz", 1 << 40, kind)
+    code, said = _verify(path)
+    assert code == 1 and "refused unread" in said, said
+    assert ("pax extended header" if kind == b"x" else "GNU long name") in said
+
+
+def test_an_archive_whose_manifest_lists_nothing_does_not_verify(tmp_path: Path) -> None:
+    code, said = _verify(_archive(tmp_path / "empty.tar.gz", [], {"members": {}}))
+    assert code == 1 and "MANIFEST.json lists no member" in said
+
+
+def test_a_spec_changed_with_its_member_hash_is_refused(tmp_path: Path) -> None:
+    """The attacker rewrites spec.json and its hash in the manifest: the spec's own hash,
+    the one the ledger froze, no longer matches."""
+    changed = [(f"{PREFIX}/spec.json", b'{"a": 2}'), *GOOD[1:]]
+    code, said = _verify(_archive(tmp_path / "spec.tar.gz", changed))
+    assert code == 1 and "spec.json hashes to" in said and "the spec was changed" in said

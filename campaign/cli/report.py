@@ -94,7 +94,8 @@ def verify_archive_command(path: Path) -> None:
 
     Example: campaign verify-archive digits-lr-archive.tar.gz
     """
-    from campaign.report.archive import ArchiveError, ArchiveUnusable, verify_archive
+    from campaign.report.archive import ArchiveError
+    from campaign.report.archive_check import ArchiveUnusable, verify_archive
 
     try:
         verified = verify_archive(path)

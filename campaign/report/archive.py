@@ -20,14 +20,10 @@ import io
 import json
 import tarfile
 import time
-import zlib
-from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from campaign.ledger import Ledger
 from campaign.report.atomic import check_target, write_atomically
@@ -43,12 +39,6 @@ PACKED_KINDS = tuple(FOLDERS)
 
 class ArchiveError(Exception):
     """An archive that cannot be written or does not verify; the message names the member."""
-
-
-@dataclass(frozen=True)
-class Verification:
-    members: int
-    bytes: int
 
 
 def write_archive(ledger: Ledger, campaign: str, output: Path) -> Path:
@@ -106,141 +96,6 @@ def write_archive(ledger: Ledger, campaign: str, output: Path) -> Path:
                 tar.addfile(info, io.BytesIO(data))
 
     return write_atomically(output, packed_into, inputs)
-
-
-def verify_archive(path: Path) -> Verification:
-    """Check every member of the archive at ``path`` against its manifest, streaming.
-
-    Two sequential passes over the gzip stream, never more than one buffer of a member in
-    memory: the first reads the manifest (the first member, schema-checked) and then only the
-    headers (refusing unsafe names, links, duplicates, unlisted members and any size other
-    than the manifest's before its bytes are inflated: a bomb is refused unread); the second
-    hashes each member in 1 MiB blocks. :class:`ArchiveUnusable` for input that is not an
-    archive of ours, :class:`ArchiveError` for one that does not verify.
-    """
-    if not path.is_file():
-        raise ArchiveUnusable(f"{path}: no such file")
-    listed = _manifest_of(path)
-    seen: set[str] = set()
-    total = 0
-    for member, handle in _members(path):
-        if member.name.endswith(f"/{MANIFEST}") and member.name.count("/") == 1:
-            continue
-        expected = _check_listed(path, member, listed)
-        digest = hashlib.sha256()
-        for block in iter(lambda: _read(path, handle, 1 << 20), b""):  # noqa: B023 - read now
-            digest.update(block)
-        if digest.hexdigest() != expected.sha256:
-            raise ArchiveError(f"{path}: {member.name} does not match its SHA-256 in the manifest")
-        seen.add(member.name)
-        total += member.size
-    missing = sorted(set(listed) - seen)
-    if missing:
-        raise ArchiveError(f"{path}: {missing[0]} is listed in the manifest but missing")
-    return Verification(len(seen), total)
-
-
-class ArchiveUnusable(ArchiveError):
-    """Not an archive this tool can check: missing, not a .tar.gz, no or a malformed manifest."""
-
-
-class _Listed(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
-    bytes: int = Field(ge=0)
-
-
-class _Manifest(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)
-    members: dict[str, _Listed]
-
-
-MANIFEST_LIMIT = 64 << 20  # a manifest lists names and hashes: far below this
-
-
-def _manifest_of(path: Path) -> dict[str, _Listed]:
-    """First pass: every header checked for safety, and the manifest read and validated."""
-    names: set[str] = set()
-    listed: dict[str, _Listed] | None = None
-    for member, handle in _members(path):
-        if member.name in names:
-            raise ArchiveError(f"{path}: {member.name} appears twice in the archive")
-        names.add(member.name)
-        is_manifest = member.name.endswith(f"/{MANIFEST}") and member.name.count("/") == 1
-        if listed is None:  # the first member
-            if not is_manifest:
-                raise ArchiveUnusable(f"{path}: its first member is {member.name}, not "
-                                      f"{MANIFEST}: not an archive written by campaign")
-            if member.size > MANIFEST_LIMIT:
-                raise ArchiveUnusable(f"{path}: {member.name} is {member.size:,} bytes: not a "
-                                      "manifest")  # fmt: skip
-            listed = _parse_manifest(path, _read(path, handle, MANIFEST_LIMIT))
-        elif is_manifest:
-            raise ArchiveError(f"{path}: a second manifest {member.name}: refused")
-        else:  # refused by its header, before a byte of it is inflated
-            _check_listed(path, member, listed)
-    if listed is None:
-        raise ArchiveUnusable(f"{path}: an empty archive, no {MANIFEST} inside")
-    return listed
-
-
-def _read(path: Path, handle: Any, size: int) -> bytes:
-    """Up to ``size`` bytes of a member; a damaged stream is a failed verification."""
-    try:
-        return bytes(handle.read(size))
-    except (OSError, tarfile.TarError, EOFError, zlib.error) as error:
-        raise ArchiveError(f"{path}: damaged .tar.gz archive ({error})") from None
-
-
-def _parse_manifest(path: Path, document: bytes) -> dict[str, _Listed]:
-    try:
-        manifest = _Manifest.model_validate_json(document)
-    except ValidationError as error:
-        problem = error.errors()[0]
-        where = ".".join(str(p) for p in problem["loc"]) or "the document"
-        raise ArchiveUnusable(f"{path}: {MANIFEST} is malformed at {where}: "
-                              f"{problem['msg']}") from None  # fmt: skip
-    for name in manifest.members:
-        _check_name(path, name)
-    return manifest.members
-
-
-def _check_listed(path: Path, member: tarfile.TarInfo, listed: dict[str, _Listed]) -> _Listed:
-    expected = listed.get(member.name)
-    if expected is None:
-        raise ArchiveError(f"{path}: {member.name} is not in the manifest")
-    if member.size != expected.bytes:
-        raise ArchiveError(f"{path}: {member.name} holds {member.size:,} bytes, the manifest "
-                           f"says {expected.bytes:,}: refused unread")  # fmt: skip
-    return expected
-
-
-def _members(path: Path) -> Iterator[tuple[tarfile.TarInfo, Any]]:
-    """The archive's members in order, each with a stream of its bytes (stream mode: one pass,
-    no seeking back), after its name and type are checked."""
-    started = False
-    try:
-        with tarfile.open(path, "r|gz") as tar:
-            for member in tar:
-                started = True
-                _check_name(path, member.name)
-                if not member.isfile():
-                    kind = "a link" if member.issym() or member.islnk() else "not a plain file"
-                    raise ArchiveError(f"{path}: member {member.name} is {kind}: refused")
-                handle = tar.extractfile(member)
-                if handle is None:
-                    raise ArchiveError(f"{path}: member {member.name} cannot be read")
-                yield member, handle
-    except (OSError, tarfile.TarError, EOFError, zlib.error) as error:
-        if started:  # an archive of ours, damaged on the way: it does not verify
-            raise ArchiveError(f"{path}: damaged .tar.gz archive ({error})") from None
-        raise ArchiveUnusable(f"{path}: not a readable .tar.gz archive ({error})") from None
-
-
-def _check_name(path: Path, name: str) -> None:
-    parts = PurePosixPath(name).parts
-    if name.startswith("/") or ".." in parts or "\\" in name or not parts:
-        raise ArchiveError(f"{path}: member name {name!r} leaves the archive's folder: refused")
 
 
 def _json(document: Any) -> bytes:
