@@ -61,3 +61,20 @@ def test_a_run_waiting_to_be_resumed_is_left_with_its_eta(ledger: Ledger) -> Non
     snapshot = take_snapshot(ledger, "loop")
     assert snapshot.left == 1 and snapshot.resumable == 1
     assert "0 running, 1 left (1 to resume)" in snapshot.summary()
+
+
+def test_a_note_cannot_become_a_link_in_the_markdown_report() -> None:
+    """Rendered by CommonMark the note reads as written; in the Markdown source no
+    ``javascript:`` (or data:, vbscript:, file:) scheme and no HTML entity is left for a
+    linkifying renderer or an editor's preview to act on."""
+    import markdown_it
+
+    from campaign.report.markdown import text
+
+    note = "see javascript:alert(1) or DATA:text/html or jav&#x61;script:x <b>hi</b>"
+    source = text(note)
+    assert "javascript:" not in source and "DATA:" not in source
+    assert "\\&#x61;" in source  # an entity stays the characters written, never decoded
+    rendered = markdown_it.MarkdownIt("commonmark").render(source)
+    assert "<a " not in rendered and "<b>" not in rendered and "jav&amp;#x61;script" in rendered
+    assert "see javascript:alert(1) or DATA:text/html" in rendered

@@ -7,6 +7,7 @@ user string becomes markup or breaks a table.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pandas as pd
@@ -16,6 +17,7 @@ from campaign.report.humane import cell, label
 # Underscores are left alone: inside a word they never emphasise (CommonMark), and stop
 # causes such as non_finite_loss stay searchable.
 ESCAPED = str.maketrans({"\\": "\\\\", "|": "\\|", "<": "\\<", ">": "\\>", "*": "\\*",
+                         "&": "\\&",
                          "`": "\\`", "[": "\\[", "]": "\\]", "\n": " "})  # fmt: skip
 # Every column of the run table but the control mark (the variants table has it).
 RUN_COLUMNS = ("run_id", "variant", "seed", "original", "status", "stop_cause", "stop_step",
@@ -26,8 +28,14 @@ RUN_COLUMNS = ("run_id", "variant", "seed", "original", "status", "stop_cause", 
                "deviation", "flags")  # fmt: skip
 
 
+# A scheme that runs code or reads files when a renderer links it (linkify, an editor's
+# preview): its colon escaped, the text stays the same and nothing can make it a link.
+DANGEROUS_SCHEME = re.compile(r"(?i)\b(javascript|vbscript|data|file)\s*:")
+
+
 def text(value: Any) -> str:
-    return str(value).translate(ESCAPED)
+    escaped = str(value).translate(ESCAPED)
+    return DANGEROUS_SCHEME.sub(lambda m: m.group(0)[:-1] + "\\:", escaped)
 
 
 def table(frame: pd.DataFrame, columns: tuple[str, ...] | None = None) -> str:
