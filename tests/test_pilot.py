@@ -381,7 +381,8 @@ def test_an_error_threshold_is_a_ceiling_and_kept_as_given(
 
 
 def test_the_overfit_direction_follows_the_metric() -> None:
-    from campaign.pilot.overfit import PilotOptions, metric_mode
+    from campaign.pilot.overfit import PilotOptions
+    from campaign.plan.metric_names import metric_mode
 
     assert [metric_mode(m) for m in ("mse", "val/mae", "loss", "token_error", "accuracy",
                                      "r2", "f1")] == ["min"] * 4 + ["max"] * 3  # fmt: skip

@@ -17,18 +17,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-# Scores where lower is better (the last part of the name, after any "val/"): the overfit
-# threshold is a ceiling for these and a floor for every other score (accuracy, F1, R²).
-MINIMISED = ("loss", "mse", "mae", "rmse", "nll", "perplexity", "error", "cer", "wer")
+from campaign.plan.metric_names import metric_mode
+
 # A regression cannot match floats exactly: its default criterion is R², which 8 examples
 # learned for 60 steps reach easily when the task can learn at all.
 REGRESSION_DEFAULT = ("r2", 0.99)
-
-
-def metric_mode(name: str) -> str:
-    """``min`` for an error or a loss (mse, mae, val/loss, ...), ``max`` otherwise."""
-    base = name.rsplit("/", 1)[-1].lower()
-    return "min" if base in MINIMISED or base.endswith(("loss", "_error")) else "max"
 
 
 @dataclass(frozen=True)

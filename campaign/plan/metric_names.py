@@ -44,3 +44,14 @@ def declared_metrics(task: Any) -> list[str] | None:
     """The names a built task declares ``score()`` returns, or None when it does not say."""
     declared = getattr(task, "metrics", None)
     return None if declared is None else [str(name) for name in declared]
+
+
+# Scores where lower is better (the last part of the name, after any "val/"): the overfit
+# threshold is a ceiling for these and a floor for every other score (accuracy, F1, R²).
+MINIMISED = ("loss", "mse", "mae", "rmse", "nll", "perplexity", "error", "cer", "wer")
+
+
+def metric_mode(name: str) -> str:
+    """``min`` for an error or a loss (mse, mae, val/loss, ...), ``max`` otherwise."""
+    base = name.rsplit("/", 1)[-1].lower()
+    return "min" if base in MINIMISED or base.endswith(("loss", "_error")) else "max"

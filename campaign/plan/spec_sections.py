@@ -16,7 +16,7 @@ from pydantic import (
     model_validator,
 )
 
-from campaign.pilot.overfit import metric_mode
+from campaign.plan.metric_names import metric_mode
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
 TASK_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
