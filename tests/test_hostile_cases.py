@@ -78,3 +78,26 @@ def test_a_note_cannot_become_a_link_in_the_markdown_report() -> None:
     rendered = markdown_it.MarkdownIt("commonmark").render(source)
     assert "<a " not in rendered and "<b>" not in rendered and "jav&amp;#x61;script" in rendered
     assert "see javascript:alert(1) or DATA:text/html" in rendered
+
+
+def test_a_password_with_an_unencoded_at_sign_is_never_printed() -> None:
+    from campaign.ledger.engine import parse_url
+
+    result = CliRunner().invoke(main, ["--ledger", "postgresql://bob:p@ss@127.0.0.1:1/db",
+                                       "runs", "c"])  # fmt: skip
+    assert result.exit_code == 3 and "percent-encode it as %40" in result.stderr
+    assert "ss@" not in result.stderr and "p@ss" not in result.stderr
+    assert parse_url("postgresql://bob:p%40ss@127.0.0.1:1/db").password == "p@ss"
+
+
+def test_a_name_with_nul_is_not_found_on_both_engines(ledger: Ledger) -> None:
+    """``/c/a%00b`` answered 503 on PostgreSQL (it refuses NUL in text): not found, as on
+    SQLite."""
+    import pytest
+
+    from campaign.ledger.errors import NotFound
+
+    for read in (lambda: ledger.campaign("a\x00b"), lambda: ledger.run("01\x00x"),
+                 lambda: ledger.runs("a\x00b")):  # fmt: skip
+        with pytest.raises(NotFound):
+            read()

@@ -114,6 +114,8 @@ class LedgerReader(LiveReads, Closing):
         """One run as a frozen record."""
 
         def work(conn: Connection) -> RunRecord:
+            if "\x00" in run_id:  # no id holds NUL (PostgreSQL refuses it in any text value)
+                raise NotFound(f"no run {run_id!r} in ledger {self.url}")
             row = conn.execute(
                 select(runs_t, campaigns_t.c.name.label("campaign_name"),
                        variants_t.c.name.label("variant_name"))
@@ -360,6 +362,8 @@ class LedgerReader(LiveReads, Closing):
     def _campaign_id(self, conn: Connection, name: str) -> int:
         if name in self._campaign_ids:
             return self._campaign_ids[name]
+        if "\x00" in name:  # no name holds NUL (PostgreSQL refuses it in any text value)
+            raise NotFound(f"no campaign named {name!r} in ledger {self.url}")
         campaign_id = conn.execute(
             select(campaigns_t.c.id).where(campaigns_t.c.name == name)
         ).scalar()
