@@ -101,3 +101,29 @@ def test_a_name_with_nul_is_not_found_on_both_engines(ledger: Ledger) -> None:
                  lambda: ledger.runs("a\x00b")):  # fmt: skip
         with pytest.raises(NotFound):
             read()
+
+
+def test_withdraw_takes_several_runs_or_a_variant_all_or_none(ledger: Ledger) -> None:
+    from campaign.plan.grid import make_plan, record_plan
+
+    spec = {**BASE, "grid": {"seeds": [0, 1, 2], "control": "a",
+                             "variants": [{"name": "a"}, {"name": "b",
+                                           "set": {"optimizer.lr": 1e-3}}]}}  # fmt: skip
+    record_plan(ledger, make_plan(resolve_spec(spec, "<withdraw>")))
+    runs = ledger.runs("loop").set_index(["variant", "seed"])["run_id"]
+    url = ledger.engine.url.render_as_string(hide_password=False)
+    started = ledger.claim_next("loop", "w").run_id  # a's seed 0 (oldest planned first)
+    other = runs[("a", 1)] if runs[("a", 0)] == started else runs[("a", 0)]
+    mixed = CliRunner().invoke(main, ["--ledger", url, "withdraw", other, started,
+                                      "--reason", "mistake"])  # fmt: skip
+    assert mixed.exit_code == 2 and "nothing was withdrawn" in mixed.stderr
+    assert ledger.run(other).status == "planned"
+    both = CliRunner().invoke(main, ["--ledger", url, "withdraw", "--campaign", "loop",
+                                     "--variant", "b", "--reason", "b was planned by mistake"])
+    assert both.exit_code == 0, both.stderr
+    statuses = ledger.runs("loop").set_index("run_id")["status"]
+    assert [statuses[runs[("b", s)]] for s in range(3)] == ["withdrawn"] * 3
+    assert statuses[other] == "planned"
+    alone = CliRunner().invoke(main, ["--ledger", url, "withdraw", "--variant", "b",
+                                      "--reason", "x"])  # fmt: skip
+    assert alone.exit_code == 2 and "go together" in alone.stderr

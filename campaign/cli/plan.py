@@ -202,22 +202,47 @@ def relaunch(source: LedgerSource, run_id: str, sets: tuple[str, ...], reason: s
 
 
 @click.command()
-@click.argument("run_id")
-@click.option("--reason", required=True, help="Why the run will never execute (recorded).")
+@click.argument("run_ids", nargs=-1)
+@click.option("--reason", required=True, help="Why the runs will never execute (recorded).")
+@click.option("--campaign", "campaign_name", default=None,
+              help="With --variant: the campaign whose variant's planned runs go.")
+@click.option("--variant", default=None,
+              help="Every planned run of this variant of --campaign (with the RUN_IDs given).")
 @click.pass_obj
-def withdraw(source: LedgerSource, run_id: str, reason: str) -> None:
-    """Withdraw a planned run that must never execute (planned by mistake).
+def withdraw(source: LedgerSource, run_ids: tuple[str, ...], reason: str,
+             campaign_name: str | None, variant: str | None) -> None:  # fmt: skip
+    """Withdraw planned runs that must never execute (planned by mistake).
 
-    It keeps its line everywhere with status withdrawn and the reason, is never
-    claimed and counts in no statistic. A run that started cannot be withdrawn.
+    Each keeps its line everywhere with status withdrawn and the reason, is never
+    claimed and counts in no statistic. A run that started cannot be withdrawn: then
+    none of those named is (every run is checked first).
 
-    Example: campaign withdraw 01jd... --reason "microbatch 3 without accumulation 4"
+    Example: campaign withdraw 01jd... 01je... --reason "microbatch 3 without accumulation 4"
     """
     if not reason.strip():
         raise LedgerInputError("--reason must say why the run is withdrawn")
+    if (campaign_name is None) != (variant is None):
+        raise LedgerInputError("--variant and --campaign go together (a variant's name is "
+                               "its campaign's)")  # fmt: skip
     with source.open() as ledger:
-        ledger.withdraw(run_id, reason)
-    click.echo(f"campaign: run {run_id} withdrawn: {reason.strip()}", err=True)
+        chosen = list(dict.fromkeys(run_ids))
+        if variant is not None and campaign_name is not None:
+            runs = ledger.runs(campaign_name)
+            if variant not in set(runs["variant"]):
+                raise LedgerInputError(f"campaign {campaign_name!r} has no variant {variant!r}")
+            mine = runs[(runs["variant"] == variant) & (runs["status"] == "planned")]
+            chosen += [r for r in mine["run_id"] if r not in chosen]
+        if not chosen:
+            raise LedgerInputError("no run to withdraw: name RUN_IDs or --campaign/--variant")
+        for run_id in chosen:  # all or none: a started run refuses the whole command
+            status = ledger.run(run_id).status
+            if status != "planned":
+                raise LedgerInputError(f"run {run_id} is {status}: only a planned run can be "
+                                       "withdrawn (nothing was withdrawn)")  # fmt: skip
+        for run_id in chosen:
+            ledger.withdraw(run_id, reason)
+    for run_id in chosen:
+        click.echo(f"campaign: run {run_id} withdrawn: {reason.strip()}", err=True)
 
 
 def _parse_set(item: str) -> tuple[str, Any]:
