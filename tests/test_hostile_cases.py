@@ -127,3 +127,18 @@ def test_withdraw_takes_several_runs_or_a_variant_all_or_none(ledger: Ledger) ->
     alone = CliRunner().invoke(main, ["--ledger", url, "withdraw", "--variant", "b",
                                       "--reason", "x"])  # fmt: skip
     assert alone.exit_code == 2 and "go together" in alone.stderr
+
+
+def test_plan_csv_is_one_parseable_table(tmp_path: Path) -> None:
+    import csv
+    import io
+
+    spec = Path(__file__).parent / "specs" / "digits-lr.toml"
+    result = CliRunner().invoke(main, ["--ledger", f"sqlite:///{tmp_path / 'l.db'}", "plan",
+                                       str(spec), "--dry-run", "--format", "csv"])  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    rows = list(csv.DictReader(io.StringIO(result.stdout)))
+    assert len(rows) == 9 and {r["variant"] for r in rows} == {"lr-1e-4", "lr-5e-5", "lr-2e-4"}
+    assert {"seed", "config_sha256", "control", "sets", "examples_per_update", "updates"} <= set(
+        rows[0])
+    assert all(len(r["config_sha256"]) == 64 and r["updates"] == "200" for r in rows)

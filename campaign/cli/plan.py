@@ -92,6 +92,14 @@ def plan(source: LedgerSource, spec_path: str, dry_run: bool, output_format: str
     }  # fmt: skip
     if output_format == "json":
         click.echo(json.dumps(document, indent=2))
+    elif output_format == "csv":  # one parseable table: a run per row, its variant's columns
+        by_variant = {v["variant"]: v for v in grid}
+        counted = {a["variant"]: a for a in accounting}
+        click.echo(render_rows([
+            {**row, "config_sha256": r.config_sha256, "control": by_variant[r.variant]["control"],
+             "sets": by_variant[r.variant]["sets"],
+             **{k: v for k, v in counted[r.variant].items() if k != "variant"}}
+            for row, r in zip(run_rows, the_plan.runs, strict=True)], "csv"))  # fmt: skip
     else:
         for rows in (grid, accounting, run_rows):
             click.echo(render_rows(rows, output_format))
