@@ -142,3 +142,28 @@ def test_plan_csv_is_one_parseable_table(tmp_path: Path) -> None:
     assert {"seed", "config_sha256", "control", "sets", "examples_per_update", "updates"} <= set(
         rows[0])
     assert all(len(r["config_sha256"]) == 64 and r["updates"] == "200" for r in rows)
+
+
+def test_changing_only_the_pilot_settings_keeps_the_campaign(ledger: Ledger,
+                                                            ledger_url: str) -> None:  # fmt: skip
+    import copy
+
+    from campaign.plan.grid import current_pilot_table
+
+    record_plan(ledger, make_plan(resolve_spec(BASE, "<first>")))
+    stricter = copy.deepcopy(BASE)
+    stricter["pilot"] = {"overfit_factor": 8.0}
+    created = record_plan(ledger, make_plan(resolve_spec(stricter, "<pilot>")))[1]
+    assert not created and len(ledger.runs("loop")) == 1
+    assert current_pilot_table(ledger, "loop") == {"overfit_factor": 8.0}
+    again = record_plan(ledger, make_plan(resolve_spec(stricter, "<pilot>")))[1]
+    events = ledger.events("loop")
+    assert not again and (events["kind"] == "pilot_settings").sum() == 1  # no repeat
+    other = copy.deepcopy(stricter)
+    other["hold"]["budget.updates"] = 13  # a new question
+    import pytest
+
+    from campaign.ledger import LedgerInputError
+
+    with pytest.raises(LedgerInputError, match="a new question gets a new name"):
+        record_plan(ledger, make_plan(resolve_spec(other, "<other>")))

@@ -67,10 +67,11 @@ def plan(source: LedgerSource, spec_path: str, dry_run: bool, output_format: str
     for warning in warnings:
         click.echo(f"campaign: warning: {warning}", err=True)
     run_ids: list[str | None] = [None] * len(the_plan.runs)
-    created = False
+    created, pilot_only = False, False
     if not dry_run:
         with source.open(create=True) as ledger:
             record, created = planning.record_plan(ledger, the_plan)
+            pilot_only = record.spec_sha256 != resolved.sha256  # the same question
             run_ids = _run_ids_in_plan_order(ledger, record.name, the_plan)
     grid = [
         {"variant": v.name, "control": "yes" if v.is_control else "",
@@ -111,6 +112,9 @@ def plan(source: LedgerSource, spec_path: str, dry_run: bool, output_format: str
         click.echo(f"campaign: dry run of {resolved.name!r}: {count}; nothing written", err=True)
     elif created:
         click.echo(f"campaign: planned {resolved.name!r}: {count}", err=True)
+    elif pilot_only:
+        click.echo(f"campaign: {resolved.name!r} is already planned; only its [pilot] settings "
+                   "differ: recorded, the next pilot uses them (runs unchanged)", err=True)
     else:
         click.echo(f"campaign: {resolved.name!r} is already planned with this identical spec; "
                    "nothing written", err=True)  # fmt: skip

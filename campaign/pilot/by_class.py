@@ -16,6 +16,7 @@ from campaign.gates.classes import GateClass, run_classes
 from campaign.gates.rule import gate_state, pilot_decisions
 from campaign.ledger import Ledger, LedgerInputError
 from campaign.pilot.phase_gates import PilotOptions, PilotReport, run_pilot
+from campaign.plan.grid import current_pilot_table
 
 
 def classes_to_pilot(
@@ -58,7 +59,8 @@ def pilot_classes(
 ) -> list[tuple[GateClass, PilotReport]]:
     """Pilot each class of :func:`classes_to_pilot` on its run closest to the control, with
     the spec's ``[pilot]`` criterion (``overrides``: the command line's, where given)."""
-    options = PilotOptions.from_spec(ledger.campaign(campaign).spec_document, **(overrides or {}))
+    table = current_pilot_table(ledger, campaign)  # a re-plan may have changed only [pilot]
+    options = PilotOptions.from_spec({"pilot": table}, **(overrides or {}))
     runs = ledger.runs(campaign).set_index("run_id", drop=False)
     reports = []
     for found, ids in classes_to_pilot(ledger, campaign, only=only, every=every):

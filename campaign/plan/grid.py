@@ -10,6 +10,7 @@ config together with the last-batch policy. Planning starts nothing.
 from __future__ import annotations
 
 import copy
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -258,7 +259,7 @@ def record_plan(ledger: Ledger, plan: Plan) -> tuple[CampaignRecord, bool]:
     """
     existing = _existing(ledger, plan.spec.name)
     if existing is not None:
-        return _same_plan(existing, plan), False
+        return _same_plan(existing, plan, ledger), False
     try:
         record = ledger.create_campaign(
             plan.spec.name,
@@ -272,13 +273,23 @@ def record_plan(ledger: Ledger, plan: Plan) -> tuple[CampaignRecord, bool]:
         existing = _existing(ledger, plan.spec.name)
         if existing is None:
             raise
-        return _same_plan(existing, plan), False  # identical plans at once: one is recorded
+        return _same_plan(existing, plan, ledger), False  # identical plans at once: one is kept
     return record, True
 
 
-def _same_plan(existing: CampaignRecord, plan: Plan) -> CampaignRecord:
-    """``existing`` when it is this very plan; refused otherwise (a new question, new name)."""
+def _same_plan(existing: CampaignRecord, plan: Plan, ledger: Ledger) -> CampaignRecord:
+    """``existing`` when it is this very plan, or the same question with other ``[pilot]``
+    settings (how the pilot checks is not the question: the new table is recorded as a
+    ``pilot_settings`` event, which the next pilot uses); refused otherwise (a new question
+    gets a new name)."""
     if existing.spec_sha256 == plan.spec.sha256:
+        return existing
+    mine = {k: v for k, v in plan.spec.document.items() if k != "pilot"}
+    stored = {k: v for k, v in existing.spec_document.items() if k != "pilot"}
+    if canonical_json(mine) == canonical_json(stored):
+        table = dict(plan.spec.document.get("pilot") or {})
+        if table != current_pilot_table(ledger, existing.name):
+            ledger.add_event(existing.name, "pilot_settings", canonical_json(table))
         return existing
     raise LedgerInputError(
         f"campaign {plan.spec.name!r} is already planned with a different spec "
@@ -351,3 +362,12 @@ def accounting_rows(plan: Plan) -> list[dict[str, Any]]:
             "microbatch", "accumulation", "replicas", "examples_per_update", "updates",
             "examples_seen", "epochs", "last_batch")}})  # fmt: skip
     return rows
+
+
+def current_pilot_table(ledger: Any, campaign: str) -> dict[str, Any]:
+    """The ``[pilot]`` table in force: the latest ``pilot_settings`` event, else the spec's."""
+    events = ledger.events(campaign)
+    settings = events[(events["kind"] == "pilot_settings") & events["run_id"].isna()]
+    if len(settings):
+        return dict(json.loads(settings["detail"].iloc[-1]))
+    return dict(ledger.campaign(campaign).spec_document.get("pilot") or {})
