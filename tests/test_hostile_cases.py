@@ -167,3 +167,20 @@ def test_changing_only_the_pilot_settings_keeps_the_campaign(ledger: Ledger,
 
     with pytest.raises(LedgerInputError, match="a new question gets a new name"):
         record_plan(ledger, make_plan(resolve_spec(other, "<other>")))
+
+
+def test_splits_that_training_cannot_read_are_refused_at_plan(tmp_path: Path) -> None:
+    spec = (Path(__file__).parent / "specs" / "digits-lr.toml").read_text().replace(
+        "tests.tasks.tiny:build", "tests.tasks.odd_splits:build")
+    said = {"none": "must return a mapping of split name -> examples, got NoneType",
+            "generator": "splits()['train'] is a generator: a split must be a sized",
+            "no_val": "splits() has no 'val' split (it has 'train')",
+            "negative": "splits()['train'] has no usable length",
+            "empty_train": "splits()['train'] is empty"}  # fmt: skip
+    for kind, words in said.items():
+        path = tmp_path / f"{kind}.toml"
+        path.write_text(spec.replace("[config]\n", f'[config]\n"task.splits" = "{kind}"\n'))
+        result = CliRunner().invoke(main, ["--ledger", f"sqlite:///{tmp_path / 'l.db'}", "plan",
+                                           str(path), "--dry-run"])  # fmt: skip
+        assert result.exit_code == 2 and words in result.stderr, (kind, result.stderr)
+        assert len(result.stderr.strip().splitlines()) == 1

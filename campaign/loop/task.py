@@ -75,3 +75,32 @@ def check_records(records: Any, where: str = "predict()") -> list[dict[str, Any]
                 f"{', '.join(RECORD_KEYS)}"
             )
     return records
+
+
+def splits_problem(task: Task) -> str | None:
+    """Why ``task.splits()`` is not what training reads, in one line, or None: a mapping with
+    non-empty ``train`` and ``val`` splits, each a sized, indexable sequence (a list, a
+    dataset with ``__len__`` and ``__getitem__``; a generator is read once and has no
+    length)."""
+    try:
+        splits = task.splits()
+    except Exception as error:  # the user's task code
+        return f"splits() failed: {type(error).__name__}: {error}"
+    if not isinstance(splits, Mapping):
+        return (f"splits() must return a mapping of split name -> examples, got "
+                f"{type(splits).__name__}")
+    for name in ("train", "val"):
+        if name not in splits:
+            have = ", ".join(map(repr, splits)) or "none"
+            return f"splits() has no {name!r} split (it has {have})"
+    for name, dataset in splits.items():
+        if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
+            return (f"splits()[{name!r}] is a {type(dataset).__name__}: a split must be a sized, "
+                    "indexable sequence (a list, or a dataset with __len__ and __getitem__)")
+        try:
+            size = len(dataset)
+        except (TypeError, ValueError, OverflowError) as error:
+            return f"splits()[{name!r}] has no usable length ({error})"
+        if size == 0 and name in ("train", "val"):
+            return f"splits()[{name!r}] is empty"
+    return None

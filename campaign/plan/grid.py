@@ -214,7 +214,7 @@ def task_facts(task: str, control: dict[str, Any], configs: list[dict[str, Any]]
     or, alone, a ``task.*`` key its declared schema refuses (``keys``: [key, message])."""
     from campaign.loop.batch_stats import accumulation_warning, layers_on_meta
     from campaign.loop.errors import TaskContractError
-    from campaign.loop.task import build_task
+    from campaign.loop.task import build_task, splits_problem
     from campaign.plan.metric_names import declared_metrics
     from campaign.plan.spec import task_reference_problem
     from campaign.plan.task_keys import task_keys_problem
@@ -230,7 +230,7 @@ def task_facts(task: str, control: dict[str, Any], configs: list[dict[str, Any]]
     try:
         built = build_task(task, copy.deepcopy(control))
         metrics, layers = declared_metrics(built), layers_on_meta(built)
-        contract = None
+        contract = splits_problem(built)
     except TaskContractError as error:
         contract = str(error)
     except Exception as error:  # the user's task code
