@@ -9,9 +9,10 @@ their order are the same whatever ``loop.loader_workers`` is.
 **Per-example randomness** (a random crop, a random mask) is made exact the
 same way: before ``dataset[index]`` runs, Python's, NumPy's and torch's CPU
 generators are seeded from (run seed, epoch, position in the epoch), never from
-a worker's identity, and restored afterwards (in the training process, with
-no workers, the training RNG is left exactly as it was); ``collate`` is seeded
-the same way from its microbatch's first example. Collating runs in the
+a worker's identity; ``collate`` is seeded the same way from its microbatch's
+first example. In the training process (no workers) the generators' states are
+saved before the update's reads and restored after its collates, so the
+training RNG is left exactly as it was. Collating runs in the
 worker; the training process only moves tensors to the device (pinned memory
 and non-blocking copies on CUDA with ``loop.pin_memory``).
 
@@ -49,18 +50,23 @@ def example_seed(seed: int, epoch: int, position: int) -> int:
     return ((seed * 1_000_003 + epoch) * 2_147_483_659 + position) % (2**63 - 25)
 
 
-class _SeededGenerators:
-    """Python's, NumPy's and torch's CPU generators seeded for one block, restored after it
-    (in the training process, with no workers, the training RNG is left exactly as it was)."""
+def seed_generators(value: int) -> None:
+    """Seed Python's, NumPy's and torch's CPU generators for one example or one collate."""
+    random.seed(value)
+    np.random.seed([value & 0xFFFFFFFF, value >> 32])  # all 63 bits
+    torch.default_generator.manual_seed(value)
 
-    def __init__(self, value: int) -> None:
-        self.value = value
+
+class PreservedGenerators:
+    """The three generators' states saved before a block and restored after it: once per
+    update around every read and collate of the update in the training process (with no
+    workers), so the training RNG is left exactly as it was. Saving and restoring is most of
+    the cost (NumPy's state alone about 60 us a round trip): once an update instead of once
+    an example (benchmarks/example_seeding.py); each example is seeded on its own as before,
+    so every draw is the same, bit for bit."""
 
     def __enter__(self) -> None:
         self.saved = random.getstate(), np.random.get_state(), torch.get_rng_state()
-        random.seed(self.value)
-        np.random.seed([self.value & 0xFFFFFFFF, self.value >> 32])  # all 63 bits
-        torch.default_generator.manual_seed(self.value)
 
     def __exit__(self, *_: object) -> None:
         random.setstate(self.saved[0])
@@ -80,8 +86,8 @@ class SeededExamples(Dataset[Any]):
     def __getitem__(self, key: Key) -> tuple[Key, Any]:
         index, epoch, position, _ = key
         try:
-            with _SeededGenerators(example_seed(self.seed, epoch, position)):
-                return key, self.dataset[index]
+            seed_generators(example_seed(self.seed, epoch, position))
+            return key, self.dataset[index]
         except Exception as error:
             raise LoopError(f"reading training example at index {index} (epoch {epoch}, "
                             f"position {position}) failed: {type(error).__name__}: {error}"
@@ -122,8 +128,8 @@ class CollateUpdate:
         for microbatch, chunk in chunks.items():
             _, epoch, position, _ = firsts[microbatch]
             try:  # a collate that draws (a random mask, mixup) is seeded by its first example
-                with _SeededGenerators(example_seed(self.seed ^ COLLATE_SALT, epoch, position)):
-                    batches.append(self.task.collate(chunk))
+                seed_generators(example_seed(self.seed ^ COLLATE_SALT, epoch, position))
+                batches.append(self.task.collate(chunk))
             except Exception as error:
                 ids = [e.get("id") for e in chunk if isinstance(e, dict)]
                 raise LoopError(f"collate() failed on examples {ids[:8]}: "
@@ -164,6 +170,7 @@ class Feeder:
             **options,
         )
         self._updates: Iterator[list[Batch]] | None = None
+        self._in_process = not workers  # reads and collates here: the training RNG is kept
 
     def next(self) -> tuple[list[Batch], float]:
         """The next update's microbatches and the seconds spent waiting for them."""
@@ -171,7 +178,11 @@ class Feeder:
         if self._updates is None:
             self._updates = iter(self.loader)
         try:
-            batches = next(self._updates)
+            if self._in_process:
+                with PreservedGenerators():
+                    batches = next(self._updates)
+            else:  # the workers seed their own generators; this process draws nothing
+                batches = next(self._updates)
         except LoopError as error:  # from a worker: torch puts its traceback before our line
             lines = [line for line in str(error).splitlines() if line.strip()]
             cause = lines[-1].split("LoopError: ", 1)[-1] if lines else str(error)
