@@ -81,6 +81,16 @@ def test_a_hang_without_progress_is_stalled(
     assert "run " + run_id + ": failed (stalled)" in done.stderr
 
 
+def test_a_hang_in_backward_is_recorded_in_backward(
+    ledger: Ledger, sqlite_url: str, tmp_path: Path
+) -> None:
+    run_id = _plan_with_stop(ledger, "stall-backward", {"wall_time": "10m", "stall": "4s"},
+                             misbehave="hang_backward")  # fmt: skip
+    done, _ = _run(sqlite_url, tmp_path, run_id)
+    assert _end(ledger, run_id) == ("failed", "stalled", "backward"), done.stderr
+    assert "no progress for 4 s in backward after update 0" in str(ledger.run(run_id).stop_detail)
+
+
 @pytest.mark.parametrize(
     ("misbehave", "detail"),
     [

@@ -252,20 +252,23 @@ def accumulate(
     if len(batches) == 1 and scaler is None:
         # One microbatch: its units are known before the backward, so the loss
         # can be normalised first and the extra pass over the gradients saved.
+        progress_page.tick("forward")  # a supervisor names the phase a hang is in
         with context:
             loss_sum, count = task.loss(model, batches[0])
         _check_units(count)
         if int(count) == 0:
             raise LoopError(NO_UNITS)
+        progress_page.tick("backward")
         (loss_sum / count).backward()
         return float(loss_sum.detach()), int(count)
     total = torch.zeros((), dtype=torch.float64)
     units = 0
     for batch in batches:
-        progress_page.tick()
+        progress_page.tick("forward")  # a supervisor names the phase a hang is in
         with context:
             loss_sum, count = task.loss(model, batch)
         _check_units(count)
+        progress_page.tick("backward")
         (scaler.scale(loss_sum) if scaler is not None else loss_sum).backward()
         total += loss_sum.detach().to(torch.float64).cpu()
         units += int(count)

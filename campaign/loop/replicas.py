@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
+from campaign.loop import progress_page
 from campaign.loop.errors import LoopError
 from campaign.loop.task import Batch, Task
 
@@ -87,8 +88,10 @@ def accumulate_across(
     device = parameters[0].device if parameters else torch.device("cpu")
     total = torch.zeros(2, dtype=torch.float64, device=device)
     for batch in batches:
+        progress_page.tick("forward")  # a supervisor names the phase a hang is in
         with autocast if autocast is not None else contextlib.nullcontext():
             loss_sum, count = task.loss(model, batch)
+        progress_page.tick("backward")
         loss_sum.backward()
         total[0] += loss_sum.detach().to(torch.float64)
         total[1] += int(count)

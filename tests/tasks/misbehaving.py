@@ -5,7 +5,8 @@
 (raises ``KeyboardInterrupt``), ``os_exit3`` (``os._exit(3)``), ``segv``
 (a real segmentation fault), ``orphan`` (forks a child that ignores SIGTERM
 and sleeps, then hangs), ``chatty`` (prints on stdout and stderr),
-``negative`` (returns negative units). ``task.factory`` = ``exit0``,
+``negative`` (returns negative units), ``hang_backward`` (the forward returns, its
+backward hangs). ``task.factory`` = ``exit0``,
 ``hang`` or ``chatty`` misbehaves in the factory instead, ``task.splits`` = ``hang`` in
 ``splits()``. ``task.pidfile``: where ``orphan`` writes its child's pid.
 """
@@ -50,6 +51,8 @@ class Misbehaving(QuickTask):
         if model.training and self.calls == 1:
             self._misbehave()
         total, units = super().loss(model, batch)
+        if self.misbehave == "hang_backward" and model.training and self.calls == 1:
+            total.register_hook(lambda gradient: _hang())  # the forward returns; backward hangs
         return (total, -units) if self.misbehave == "negative" else (total, units)
 
     def _misbehave(self) -> None:
