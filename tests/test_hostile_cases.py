@@ -184,3 +184,35 @@ def test_splits_that_training_cannot_read_are_refused_at_plan(tmp_path: Path) ->
                                            str(path), "--dry-run"])  # fmt: skip
         assert result.exit_code == 2 and words in result.stderr, (kind, result.stderr)
         assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_frames_have_the_same_dtypes_on_both_engines(sqlite_url: str, postgresql_url: str) -> None:
+    """A notebook's code must not change with the engine: every frame of the Ledger API, on
+    the same ledger content (nullable columns half empty, a finished and a planned run, a
+    metric, a note, a pilot with a phase), has the same columns and dtypes."""
+    from campaign.ledger import StopRecord
+    from campaign.report.balance import balance_sheet
+    from tests.helpers import plan_campaign
+
+    kinds = {}
+    for url in (sqlite_url, postgresql_url):
+        with Ledger.open(url, create=True) as opened:
+            record = plan_campaign(opened, seeds=2)
+            claim = opened.claim_next(record.name, "w")
+            with opened.metric_writer(claim.run_id, claim.segment_id) as writer:
+                writer.log("train/loss", 1, 0.5, examples_seen=4)
+                writer.log("val/accuracy", 1, float("nan"))
+            opened.finish(claim.run_id, "completed", StopRecord("budget_reached", 1, "update"))
+            opened.add_note(record.name, "n")
+            pilot = opened.create_pilot(record.name, record.spec_sha256)
+            opened.add_phase_measurements([{"pilot_id": pilot, "phase": "data",
+                                            "device": "cpu", "duration_s": 0.1}])  # fmt: skip
+            opened.set_pilot_verdict(pilot, "pass")
+            frames = {name: getattr(opened, name)(record.name) for name in (
+                "runs", "metrics", "events", "segments", "artifacts", "pilots", "phases",
+                "notes")}  # fmt: skip
+            frames["campaigns"] = opened.campaigns()
+            sheet = balance_sheet(opened, record.name)
+            frames |= {f"balance.{name}": frame for name, frame in sheet.frames().items()}
+            kinds[url] = {n: dict(f.dtypes.astype(str)) for n, f in frames.items()}
+    assert kinds[sqlite_url] == kinds[postgresql_url]
