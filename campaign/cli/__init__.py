@@ -13,7 +13,6 @@ a traceback for a user mistake.
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Any
 
@@ -143,9 +142,8 @@ def main(ctx: click.Context, ledger_url: str) -> None:
 
     Example: campaign --ledger sqlite:///campaign.db db current
     """
-    from_default = ctx.get_parameter_source("ledger_url") is click.core.ParameterSource.DEFAULT
-    if not ledger_url.strip() or (from_default and os.environ.get(ENV_VAR) == ""):
-        empty_ledger(ENV_VAR if from_default else "--ledger")
+    if not ledger_url.strip():  # given, and empty: an unset variable (an empty CAMPAIGN_LEDGER
+        empty_ledger("--ledger")  # is unset, as click reads every environment variable)
     ctx.obj = LedgerSource(ledger_url)
 
 

@@ -56,9 +56,9 @@ def plan(source: LedgerSource, spec_path: str, dry_run: bool, output_format: str
     if facts.get("keys") is not None:
         key, message = facts["keys"]
         raise SpecError(f"{spec_path}: {origin(resolved.document, key)}: {message}")
+    the_plan = planning.make_plan(resolved, sizes=facts["sizes"])
     if facts["contract"] is not None:  # before anything is written (a task without describe())
         raise LedgerInputError(f"{spec_path}: campaign.task: {facts['contract']}")
-    the_plan = planning.make_plan(resolved, sizes=facts["sizes"])
     if facts.get("metrics") is not None:  # a metric the task never produces: no value, ever
         problem = metric_problem(resolved.document, facts["metrics"])
         if problem is not None:

@@ -245,7 +245,8 @@ def train_size(task: str, config: dict[str, Any]) -> int | str:
     """The task's training-set size, or why it cannot tell (run in a guarded process)."""
     try:
         built = load_factory(task)(copy.deepcopy(config))
-        return len(built.splits()["train"])
+        size = len(built.splits()["train"])
+        return size if size > 0 else "the training split is empty"
     except Exception as error:  # the user's task code: any failure means "cannot count"
         return f"{type(error).__name__}: {error}"
 

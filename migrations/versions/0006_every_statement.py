@@ -96,6 +96,7 @@ def downgrade() -> None:
     if bind.dialect.name == "sqlite":
         for name in _sqlite_trigger_names():
             op.execute(f"DROP TRIGGER IF EXISTS {name}")
+        op.execute(METRICS_OPEN_0005)
     else:
         for table, name in _postgresql_trigger_names():
             op.execute(f"DROP TRIGGER IF EXISTS {name} ON {table}")
@@ -131,8 +132,38 @@ def _mark_duplicates() -> None:
 
 def _sqlite_trigger_names() -> list[str]:
     names = [f"{t}_no_replace" for t in UNIQUE_KEYS]
-    return [*names, "metrics_no_replace", "runs_inserted_planned", "runs_one_original",
+    return [*names, "metrics_guard", "runs_inserted_planned", "runs_one_original",
             "runs_duplicate_of_once", "segments_of_running_run"]  # fmt: skip
+
+
+def _sqlite_raise_value(message: str) -> str:
+    return "RAISE(ABORT, '" + f"{REFUSED}: {message}".replace("'", "''") + "')"
+
+
+def _metrics_guard() -> str:
+    """0005's ``metrics_open`` and the REPLACE guard as one trigger: a metric for an ended
+    segment is refused; one whose key is stored is ignored when it repeats the stored value
+    (the writer's retried flush) and refused otherwise."""
+    key = _match("metrics", METRIC_KEY)
+    same = " AND ".join(f"metrics.{c} IS NEW.{c}" for c in METRIC_VALUES)
+    ended = _sqlite_raise_value("no metrics row is added to a segment that has ended (or its run)")
+    written = _sqlite_raise_value("a metrics row is written once: its key exists (no REPLACE)")
+    return (
+        "CREATE TRIGGER metrics_guard BEFORE INSERT ON metrics FOR EACH ROW BEGIN SELECT CASE "
+        f"WHEN (SELECT ended_at FROM segments WHERE id = NEW.segment_id) IS NOT NULL THEN {ended} "
+        f"WHEN EXISTS (SELECT 1 FROM metrics WHERE {key}) THEN (SELECT CASE WHEN EXISTS "
+        f"(SELECT 1 FROM metrics WHERE {key} AND {same}) THEN RAISE(IGNORE) ELSE {written} END) "
+        "END; END"
+    )
+
+
+# 0005's trigger, put back by the downgrade (a frozen copy).
+METRICS_OPEN_0005 = (
+    "CREATE TRIGGER metrics_open BEFORE INSERT ON metrics FOR EACH ROW "
+    "WHEN (SELECT ended_at FROM segments WHERE id = NEW.segment_id) IS NOT NULL BEGIN "
+    "SELECT RAISE(ABORT, 'campaign ledger refused: no metrics row is added to a segment that "
+    "has ended (or its run)'); END"
+)
 
 
 def _sqlite_triggers() -> None:
@@ -145,16 +176,11 @@ def _sqlite_triggers() -> None:
             + _sqlite_raise(f"a {table} row is written once: its key exists (no REPLACE)")
             + " END"
         )
-    same = " AND ".join(f"metrics.{c} IS NEW.{c}" for c in METRIC_VALUES)
-    key = _match("metrics", METRIC_KEY)
-    op.execute(
-        "CREATE TRIGGER metrics_no_replace BEFORE INSERT ON metrics FOR EACH ROW "
-        f"WHEN EXISTS (SELECT 1 FROM metrics WHERE {key}) BEGIN "
-        f"SELECT CASE WHEN EXISTS (SELECT 1 FROM metrics WHERE {key} AND {same}) "
-        "THEN RAISE(IGNORE) END; "
-        + _sqlite_raise("a metrics row is written once: its key exists (no REPLACE)")
-        + " END"
-    )
+    # The high-volume table: one trigger, not two, does both checks (0005's open segment and
+    # this key's), since a trigger program's start costs about as much as its lookups
+    # (benchmarks/replace_guard.py).
+    op.execute("DROP TRIGGER metrics_open")
+    op.execute(_metrics_guard())
     filled = " OR ".join(f"NEW.{c} IS NOT NULL" for c in NOT_AT_INSERT)
     op.execute(
         "CREATE TRIGGER runs_inserted_planned BEFORE INSERT ON runs FOR EACH ROW "
