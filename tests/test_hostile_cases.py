@@ -216,3 +216,23 @@ def test_frames_have_the_same_dtypes_on_both_engines(sqlite_url: str, postgresql
             frames |= {f"balance.{name}": frame for name, frame in sheet.frames().items()}
             kinds[url] = {n: dict(f.dtypes.astype(str)) for n, f in frames.items()}
     assert kinds[sqlite_url] == kinds[postgresql_url]
+
+
+def test_terminal_escapes_in_a_member_name_or_a_path_are_shown_not_acted_on(
+    tmp_path: Path,
+) -> None:
+    """An archive member named with an ANSI escape, a spec path with one: the error line
+    shows ``\\x1b``, never the escape itself."""
+    from tests.test_archive_safety import GOOD, PREFIX, _archive
+
+    hostile = [*GOOD, (f"{PREFIX}/\x1b[2J\x1b]0;owned\x07.txt", b"x")]
+    path = _archive(tmp_path / "a.tar.gz", hostile, {"spec_sha256": "0" * 64, "members": {
+        n: {"sha256": "0" * 64, "bytes": len(d)} for n, d in GOOD}})  # fmt: skip
+    result = CliRunner().invoke(main, ["verify-archive", str(path)])
+    assert result.exit_code == 1 and "\x1b" not in result.stderr and "\\x1b[2J" in result.stderr
+    spec = tmp_path / "bad\x1b[31m.toml"
+    spec.write_text("not toml [")
+    planned = CliRunner().invoke(main, ["--ledger", f"sqlite:///{tmp_path / 'l.db'}", "plan",
+                                        str(spec), "--dry-run"])  # fmt: skip
+    assert planned.exit_code == 2 and "\x1b" not in planned.stderr, planned.stderr
+    assert "\\x1b[31m" in planned.stderr

@@ -19,6 +19,7 @@ from typing import Any
 import click
 
 from campaign.cli.errors import exit_code_for
+from campaign.cli.output import printable
 from campaign.cli.source import (
     DEFAULT_URL,
     ENV_VAR,
@@ -120,7 +121,7 @@ class LazyGroup(click.Group):
             if code is None:
                 raise
             prefix = "ledger error: " if code == 3 else ""
-            click.echo(f"campaign: {prefix}{error}", err=True)
+            click.echo(f"campaign: {prefix}{printable(str(error))}", err=True)
             ctx.exit(code)
 
 

@@ -18,7 +18,7 @@ from campaign.cli.options import (
     skip_reason,
     stop_grace_option,
 )
-from campaign.cli.output import output_options, render_rows
+from campaign.cli.output import output_options, printable, render_rows
 from campaign.cli.source import LedgerSource
 from campaign.launch.defaults import DEFAULT_HEARTBEAT_S, DEFAULT_LEASE_S, EXECUTORS
 
@@ -181,7 +181,7 @@ def launch(source: LedgerSource, campaign: str, workers: int | None, devices: st
             click.echo(f"campaign: {closed}", err=True)
             raise click.exceptions.Exit(1) from None
         except PlacementError as error:
-            click.echo(f"campaign: {error}", err=True)
+            click.echo(f"campaign: {printable(str(error))}", err=True)
             raise click.exceptions.Exit(2) from None
     if output_format == "json":
         click.echo(json.dumps(outcome.snapshot.document(), indent=2))

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from campaign.cli.errors import BadInput
+from campaign.cli.output import printable
 from campaign.cli.source import LedgerSource
 from campaign.report.formats import FORMATS
 
@@ -78,7 +79,7 @@ def archive(source: LedgerSource, campaign: str, output: Path | None) -> None:
         try:
             written = write_archive(ledger, campaign, path)
         except ArchiveError as error:
-            click.echo(f"campaign: {error}", err=True)
+            click.echo(f"campaign: {printable(str(error))}", err=True)
             raise click.exceptions.Exit(1) from None
         except OSError as error:  # a user's path: one line, exit 2, nothing half written
             reason = error.strerror or str(error)
@@ -100,7 +101,7 @@ def verify_archive_command(path: Path) -> None:
     try:
         verified = verify_archive(path)
     except ArchiveError as error:  # unusable input: 2; an archive that does not verify: 1
-        click.echo(f"campaign: {error}", err=True)
+        click.echo(f"campaign: {printable(str(error))}", err=True)
         raise click.exceptions.Exit(2 if isinstance(error, ArchiveUnusable) else 1) from None
-    click.echo(f"campaign: {path}: {verified.members} members, {verified.bytes:,} bytes, "
-               "every SHA-256 verified", err=True)  # fmt: skip
+    click.echo(f"campaign: {printable(str(path))}: {verified.members} members, "
+               f"{verified.bytes:,} bytes, every SHA-256 verified", err=True)  # fmt: skip
