@@ -207,3 +207,30 @@ def test_a_folder_that_is_not_ours_is_one_line(sqlite_url: str, tmp_path: Path) 
                                         "--logdir", str(tmp_path / "x")])  # fmt: skip
     assert missing.exit_code == 2 and "no campaign named 'nope'" in missing.output
     assert not (tmp_path / "x").exists()
+
+
+def test_a_relaunch_is_kept_apart_with_its_lineage(sqlite_url: str, tmp_path: Path) -> None:
+    """Issue 26: a relaunch was filed as another seed-0 run of its variant."""
+    with Ledger.open(sqlite_url, create=True) as ledger:
+        ids = _fill(ledger)
+        config = ledger.run(ids["nan"]).config_document
+        again = ledger.add_run(NAME, "lr-1e-4", 1, config, relaunch_of=ids["nan"],
+                               reason="diverged: once more")  # fmt: skip
+        claim = ledger.start(again, "test")
+        with ledger.metric_writer(again, claim.segment_id) as metrics:
+            metrics.log("train/loss", 1, 0.25, 16)
+        ledger.finish(again, "completed", StopRecord("budget_reached", 1, "update"))
+    logdir = tmp_path / "tb"
+    assert _export(sqlite_url, logdir).exit_code == 0
+    folders = {str(p.relative_to(logdir)) for p in logdir.glob("*/*") if p.is_dir()}
+    assert f"lr-1e-4/relaunch-seed-1-{again}-of-{ids['nan']}" in folders
+    assert not any(f.endswith(f"seed-1-{again}") and "relaunch" not in f for f in folders)
+    mux = multiplexer.EventMultiplexer()
+    mux.AddRunsFromDirectory(str(logdir))
+    mux.Reload()
+    run = f"lr-1e-4/relaunch-seed-1-{again}-of-{ids['nan']}"
+    content = mux.PluginRunToTagToContent(hparams_metadata.PLUGIN_NAME)[run]
+    start = hparams_metadata.parse_session_start_info_plugin_data(
+        content[hparams_metadata.SESSION_START_INFO_TAG])
+    assert start.hparams["relaunch_of"].string_value == ids["nan"]
+    assert start.hparams["relaunch_reason"].string_value == "diverged: once more"

@@ -136,7 +136,10 @@ def _run_records(
     """The records to append for one run: hparams once, new points, status when changed."""
     records: list[tuple[Any, ...]] = []
     if not run_state["hparams"]:
-        records.append(("hparams", reader.run(row["id"]).config_document))
+        run = reader.run(row["id"])
+        lineage = {"relaunch_of": run.relaunch_of or "", "relaunch_reason": run.relaunch_reason
+                   or ""} if run.relaunch_of else {}  # fmt: skip
+        records.append(("hparams", {**run.config_document, **lineage}))
         run_state["hparams"] = True
     steps: dict[str, int] = run_state["steps"]
     if segment is not None and run_state["segment"] not in (None, segment[0]):
@@ -250,7 +253,12 @@ def _status_text(row: dict[str, Any]) -> str:
 
 
 def _run_folder(row: dict[str, Any]) -> str:
+    """``VARIANT/seed-S-RUNID`` for an original run; a relaunch is kept apart, with its
+    lineage in the name (``VARIANT/relaunch-seed-S-RUNID-of-ORIGINAL``): it is never another
+    run of its variant's seed."""
     safe = re.sub(r"[^A-Za-z0-9._=+-]", "_", str(row["variant"])).lstrip(".") or "_"
+    if row.get("relaunch_of"):
+        return f"{safe[:100]}/relaunch-seed-{int(row['seed'])}-{row['id']}-of-{row['relaunch_of']}"
     return f"{safe[:100]}/seed-{int(row['seed'])}-{row['id']}"
 
 
