@@ -23,6 +23,7 @@ matplotlib.use("Agg")  # headless: no display, no GUI toolkit
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+from matplotlib import patheffects
 from matplotlib.collections import LineCollection
 from matplotlib.ticker import MaxNLocator
 
@@ -78,9 +79,15 @@ def metric_chart(sheet: BalanceSheet, key: str) -> bytes | None:
             band = chosen.groupby("step")["value"].agg(["min", "max", "mean"])
             axis.fill_between(band.index, band["min"], band["max"], color=colour, alpha=0.15,
                               linewidth=0)  # fmt: skip
-            label = f"{variant}{' (control)' if bool(mine['is_control'].iloc[0]) else ''}"
-            axis.plot(band.index, band["mean"], color=colour, linewidth=2.2,
-                      label=f"{label}: mean of {chosen['run_id'].nunique()}")  # fmt: skip
+            control = bool(mine["is_control"].iloc[0])
+            label = f"{variant}{' (control)' if control else ''}"
+            # The control on top of every variant (drawn first, it was hidden under one
+            # with near-equal values), marked by its width and a dark outline.
+            axis.plot(band.index, band["mean"], color=colour, linewidth=3.2 if control else 2.2,
+                      zorder=6 if control else 4, label=f"{label}: mean of "
+                      f"{chosen['run_id'].nunique()}",
+                      path_effects=[patheffects.withStroke(linewidth=5, foreground="black")]
+                      if control else None)  # fmt: skip
         else:
             axis.plot([], [], color=colour, linewidth=2.2, label=f"{variant}: no valid run")
     axis.autoscale_view()
