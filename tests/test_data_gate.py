@@ -170,3 +170,22 @@ def test_inspect_shows_the_collated_batch_the_gate_reads(sqlite_url: str) -> Non
     text = CliRunner().invoke(main, ["--ledger", sqlite_url, "inspect", "loop", "--n", "1"])
     assert "as the loss receives it (collate):" in text.stdout
     assert "  targets in loss: L" in text.stdout
+
+
+def test_an_example_may_name_several_leakage_units() -> None:
+    """A sliding window touches two weeks: naming only its input week let a window that
+    straddles the split pass; with ``groups`` it is refused."""
+    from campaign.pilot.data_gate import _groups_disjoint
+
+    def window(week: int) -> dict:
+        return {"id": f"w{week}", "group": f"week-{week}",
+                "groups": [f"week-{week}", f"week-{week + 1}"]}  # fmt: skip
+
+    straddling = {"train": [window(7), window(8)], "val": [window(9)]}
+    finding = _groups_disjoint(straddling)
+    assert not finding.ok and "'week-9' (train+val)" in finding.detail
+    clean = {"train": [window(7)], "val": [window(9)]}  # week 8 is a gap between the splits
+    assert _groups_disjoint(clean).ok
+    only_group = {"train": [{"id": "a", "group": "week-8"}],
+                  "val": [{"id": "b", "group": "week-9"}]}
+    assert _groups_disjoint(only_group).ok  # one unit each: what the gate saw before

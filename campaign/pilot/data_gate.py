@@ -78,17 +78,29 @@ def _ids_unique(splits: Mapping[str, list[dict[str, Any]]]) -> Finding:
     )
 
 
+def _units(example: dict[str, Any]) -> list[Any]:
+    """The leakage units an example belongs to: its ``group`` and every one of its ``groups``
+    (a sliding window names each period its inputs and its target come from)."""
+    units = [example["group"]] if "group" in example else []
+    several = example.get("groups")
+    if isinstance(several, list | tuple | set | frozenset):
+        units += list(several)
+    elif several is not None:
+        units.append(several)
+    return units
+
+
 def _groups_disjoint(splits: Mapping[str, list[dict[str, Any]]]) -> Finding:
     seen: dict[Any, set[str]] = defaultdict(set)
     for name, examples in splits.items():
         for example in examples:
-            if "group" in example:
-                seen[example["group"]].add(name)
+            for unit in _units(example):
+                seen[unit].add(name)
     if not seen:
         return Finding(
             "groups_disjoint", True,
-            "no example has a 'group' key: leakage between splits (one conversation, patient "
-            "or document in two splits) cannot be checked",
+            "no example has a 'group' or 'groups' key: leakage between splits (one "
+            "conversation, patient or document in two splits) cannot be checked",
             "give every example a 'group' (what must never be split across train and val)",
             warning=True,
         )  # fmt: skip
