@@ -125,6 +125,20 @@ def test_a_forked_orphan_dies_with_the_run(ledger: Ledger, sqlite_url: str, tmp_
     assert process_state(orphan) in (None, "Z", "X")  # gone, or dead and waiting for init
 
 
+def test_a_setsid_daemon_the_task_starts_dies_with_the_run(
+    ledger: Ledger, sqlite_url: str, tmp_path: Path
+) -> None:
+    """A double-forked daemon in its own session leaves the run's process group; the run's
+    process is its subreaper and ends it when the run completes."""
+    pidfile = tmp_path / "daemon.pid"
+    run_id = _plan_with_stop(ledger, "daemon", {}, misbehave="daemon", pidfile=str(pidfile))
+    done, _ = _run(sqlite_url, tmp_path, run_id)
+    assert _end(ledger, run_id)[:2] == ("completed", "budget_reached"), done.stderr
+    daemon = int(pidfile.read_text())
+    time.sleep(0.5)
+    assert process_state(daemon) in (None, "Z", "X")
+
+
 def test_task_output_goes_to_the_log_artifact(
     ledger: Ledger, sqlite_url: str, tmp_path: Path
 ) -> None:

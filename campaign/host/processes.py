@@ -16,6 +16,39 @@ import threading
 import time
 
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> bool:
+    """Make this process the reaper of its orphaned descendants (PR_SET_CHILD_SUBREAPER): a
+    daemon the task forks (``setsid`` and a double fork leave the process group) is
+    reparented here instead of to init, so :func:`kill_descendants` still finds it."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        return bool(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+    return False
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid``, whatever its session or group (from /proc)."""
+    found: list[int] = []
+    queue = [pid]
+    while queue:
+        current = queue.pop()
+        with contextlib.suppress(OSError):
+            for task in os.listdir(f"/proc/{current}/task"):
+                with open(f"/proc/{current}/task/{task}/children") as handle:
+                    children = [int(c) for c in handle.read().split()]
+                found += children
+                queue += children
+    return found
+
+
+def kill_descendants(pid: int) -> None:
+    """SIGKILL every descendant of ``pid`` (the process itself is left alone)."""
+    for child in descendants(pid):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(child, signal.SIGKILL)
 
 
 def kill_group(pid: int | None, *, ended: bool = False) -> None:
@@ -25,6 +58,8 @@ def kill_group(pid: int | None, *, ended: bool = False) -> None:
     another process by now; a group id stays reserved while any member lives)."""
     if pid is None:
         return
+    if not ended:  # a descendant that left the group (setsid) is still one of its tree
+        kill_descendants(pid)
     try:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -53,6 +88,7 @@ def follow(parent: int, *, stop_with_it: bool) -> None:
         while True:
             state = process_state(parent)
             if state is None or state in ("Z", "X"):
+                kill_descendants(os.getpid())
                 os.killpg(0, signal.SIGKILL)
             # stopped (not traced: a debugger's pause is not the parent's); looked at twice, so
             # a parent continued in between is not followed into a stop nobody would end

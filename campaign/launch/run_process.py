@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
+from campaign.host.processes import become_subreaper, kill_descendants
 from campaign.ledger import Ledger
 from campaign.ledger.errors import LeaseLost
 from campaign.loop import progress_page
@@ -56,6 +57,7 @@ def run_child(job: dict[str, Any]) -> NoReturn:
     """The run's process from start to ``os._exit`` (it never returns into its caller)."""
     code, answer = 0, {}
     result = Path(job["result"])
+    become_subreaper()  # a daemon the task starts (setsid) is reparented here, and ends here
     try:
         for signum in (signal.SIGTERM, signal.SIGINT, WALL_TIME_SIGNAL):
             signal.signal(signum, signal.SIG_DFL)
@@ -80,6 +82,7 @@ def run_child(job: dict[str, Any]) -> NoReturn:
             sys.stdout.flush()
             sys.stderr.flush()
     finally:
+        kill_descendants(os.getpid())  # nothing the run started outlives it
         os._exit(code)
 
 

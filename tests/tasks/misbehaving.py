@@ -4,7 +4,8 @@
 ``hang`` (sleeps for ever), ``exit0``/``exit7`` (``sys.exit``), ``keyboard``
 (raises ``KeyboardInterrupt``), ``os_exit3`` (``os._exit(3)``), ``segv``
 (a real segmentation fault), ``orphan`` (forks a child that ignores SIGTERM
-and sleeps, then hangs), ``chatty`` (prints on stdout and stderr),
+and sleeps, then hangs), ``daemon`` (a double-forked ``setsid`` daemon, then trains
+on), ``chatty`` (prints on stdout and stderr),
 ``negative`` (returns negative units), ``hang_backward`` (the forward returns, its
 backward hangs). ``task.factory`` = ``exit0``,
 ``hang`` or ``chatty`` misbehaves in the factory instead, ``task.splits`` = ``hang`` in
@@ -76,6 +77,20 @@ class Misbehaving(QuickTask):
                 with open(self.pidfile, "w") as handle:
                     handle.write(str(child))
             _hang()
+        elif what == "daemon":  # a double-forked, setsid daemon; training goes on
+            middle = os.fork()
+            if middle == 0:
+                os.setsid()  # out of the run's process group and session
+                if os.fork() == 0:
+                    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+                    if self.pidfile:
+                        with open(self.pidfile, "w") as handle:
+                            handle.write(str(os.getpid()))
+                    _hang()
+                os._exit(0)
+            os.waitpid(middle, 0)
+            while self.pidfile and not os.path.exists(self.pidfile):
+                time.sleep(0.01)
         elif what == "chatty":
             print("task says hello on stdout")
             print("task says hello on stderr", file=sys.stderr)
