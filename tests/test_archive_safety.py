@@ -223,3 +223,21 @@ def test_a_spec_changed_with_its_member_hash_is_refused(tmp_path: Path) -> None:
     changed = [(f"{PREFIX}/spec.json", b'{"a": 2}'), *GOOD[1:]]
     code, said = _verify(_archive(tmp_path / "spec.tar.gz", changed))
     assert code == 1 and "spec.json hashes to" in said and "the spec was changed" in said
+
+
+def test_a_sparse_member_is_refused_unread(tmp_path: Path) -> None:
+    """A GNU sparse member's holes read as zeros without input: 400 bytes could claim a
+    petabyte for the check to hash. Refused from its header."""
+    path = tmp_path / "sparse.tar.gz"
+    manifest = json.dumps({"spec_sha256": SPEC_SHA256, "members": {
+        n: _entry(d) for n, d in GOOD}}).encode()  # fmt: skip
+    with tarfile.open(path, "w:gz", format=tarfile.GNU_FORMAT) as tar:
+        for name, data in [(f"{PREFIX}/MANIFEST.json", manifest), *GOOD[:1]]:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        holes = tarfile.TarInfo(f"{PREFIX}/holes.bin")
+        holes.type = tarfile.GNUTYPE_SPARSE
+        tar.addfile(holes)
+    code, said = _verify(path)
+    assert code == 1 and "sparse" in said and "refused unread" in said, said

@@ -236,3 +236,17 @@ def test_terminal_escapes_in_a_member_name_or_a_path_are_shown_not_acted_on(
                                         str(spec), "--dry-run"])  # fmt: skip
     assert planned.exit_code == 2 and "\x1b" not in planned.stderr, planned.stderr
     assert "\\x1b[31m" in planned.stderr
+
+
+def test_an_archive_of_a_spec_given_as_text_verifies(ledger: Ledger, tmp_path: Path) -> None:
+    """``create_campaign(spec=TEXT)`` stores and hashes the text as given: the archive holds
+    those bytes, and verify-archive matches them to the manifest's spec_sha256."""
+    from campaign.ledger import NewRun, NewVariant
+    from campaign.report.archive import write_archive
+    from campaign.report.archive_check import verify_archive
+
+    ledger.create_campaign("texted", question="q", task="campaign.tasks.digits:build",
+                           spec='{"b": 2,  "a": 1}', variants=[NewVariant("c", True, {})],
+                           runs=[NewRun("c", 0, {"seed": 0})])  # fmt: skip
+    archive = write_archive(ledger, "texted", tmp_path / "texted.tar.gz")
+    assert verify_archive(archive).members > 3

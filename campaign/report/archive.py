@@ -53,7 +53,7 @@ def write_archive(ledger: Ledger, campaign: str, output: Path) -> Path:
     def add(name: str, data: bytes) -> None:
         members[f"{root}/{name}"] = data
 
-    add("spec.json", _json(record.spec_document))
+    add("spec.json", record.spec.encode())  # the text the ledger hashed, byte for byte
     add("campaign.json", _json({"name": record.name, "question": record.question,
                                 "task": record.task, "spec_sha256": record.spec_sha256,
                                 "created_at": str(record.created_at)}))  # fmt: skip

@@ -27,7 +27,7 @@ from campaign.ledger.canonical import canonical_json, sha256_text
 from campaign.report.archive import MANIFEST, ArchiveError
 
 HEADER_LIMIT = 1 << 20  # a pax header or long name of ours is a few hundred bytes
-SPEC_LIMIT = 1 << 20  # the spec is a page of settings (MAX_SPEC_BYTES)
+SPEC_LIMIT = 16 << 20  # a spec is at most 1 MiB of TOML (MAX_SPEC_BYTES); as JSON a few
 REQUIRED = ("spec.json", "campaign.json")  # every archive of ours holds these
 
 
@@ -53,6 +53,11 @@ class _BoundedTarInfo(tarfile.TarInfo):
     def _proc_gnulong(self, tarfile_: Any) -> Any:
         self._refuse_large("GNU long name")
         return super()._proc_gnulong(tarfile_)
+
+    def _proc_sparse(self, tarfile_: Any) -> Any:
+        # A sparse member's holes read as zeros without input: a 408-byte archive could make
+        # the check hash a petabyte, and a chain of sparse headers grows without bound.
+        raise _HeaderBomb("a sparse member (never in an archive of ours)")
 
     def _refuse_large(self, what: str) -> None:
         if self.size > HEADER_LIMIT:
@@ -98,9 +103,13 @@ def verify_archive(path: Path) -> Verification:
 
 
 def _check_spec(path: Path, spec: bytes | None, recorded: Any) -> None:
-    """The spec inside is the spec the manifest names by hash (canonical JSON, as stored)."""
+    """The spec inside is the spec the manifest names by hash: its bytes are the text the
+    ledger stored and hashed, or (archives written before issue 26) a JSON document whose
+    canonical form is."""
     if spec is None:
         raise ArchiveError(f"{path}: spec.json is missing or over {SPEC_LIMIT:,} bytes")
+    if hashlib.sha256(spec).hexdigest() == recorded:
+        return
     try:
         document = json.loads(spec)
     except ValueError:
@@ -202,7 +211,10 @@ def _members(path: Path) -> Iterator[tuple[tarfile.TarInfo, Any]]:
             for member in tar:
                 started = True
                 _check_name(path, member.name)
-                if not member.isfile():
+                if member.sparse is not None or member.issparse():  # holes cost no input
+                    raise ArchiveError(f"{path}: member {member.name} is a sparse file: "
+                                       "refused unread")  # fmt: skip
+                if member.type not in (tarfile.REGTYPE, tarfile.AREGTYPE):
                     kind = "a link" if member.issym() or member.islnk() else "not a plain file"
                     raise ArchiveError(f"{path}: member {member.name} is {kind}: refused")
                 handle = tar.extractfile(member)
