@@ -194,6 +194,15 @@ def test_a_control_without_value_gives_no_conclusion(ledger: Ledger, tmp_path: P
         assert "stays best" not in document["conclusion"]
 
 
+def test_no_valid_variant_is_no_comparison(ledger: Ledger, tmp_path: Path) -> None:
+    """Every variant without a value: nothing was compared, so nothing "differs" either."""
+    _campaign(ledger, "broken", {"control": [0.8], "v": [None]}, diverged={"v": 0})
+    document, _ = _report(ledger, "broken", tmp_path)
+    assert "No conclusion: no variant has a value to compare with the control control" in (
+        document["conclusion"])
+    assert "differs" not in document["conclusion"] and "stays best" not in document["conclusion"]
+
+
 def test_a_metric_never_recorded_is_named(ledger: Ledger, tmp_path: Path) -> None:
     """The runs record val/mse; the spec asks for val/rmse (what plan now refuses when the
     task declares its metrics): the report says which metric is missing and what exists."""

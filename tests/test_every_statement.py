@@ -85,6 +85,9 @@ def test_replace_cannot_turn_a_failed_run_into_a_completed_one(ended: dict) -> N
                       "task) SELECT name, 'by name', spec, spec_sha256, task FROM campaigns"),
         ("variants", "INSERT OR REPLACE INTO variants (id, campaign_id, name, is_control, "
                      "overrides) SELECT id, campaign_id, name, is_control, '{}' FROM variants"),
+        ("variants", "INSERT OR REPLACE INTO variants (campaign_id, name, is_control, "
+                     "overrides) SELECT campaign_id, 'evil', is_control, '{}' FROM variants "
+                     "WHERE is_control"),  # a second control: the partial unique index
         ("events", "INSERT OR REPLACE INTO events (id, campaign_id, run_id, kind, detail) "
                    "SELECT id, campaign_id, run_id, kind, 'forged' FROM events"),
         ("pilots", "INSERT OR REPLACE INTO pilots (id, campaign_id, config_sha256, verdict) "

@@ -159,6 +159,8 @@ def test_changing_only_the_pilot_settings_keeps_the_campaign(ledger: Ledger,
     again = record_plan(ledger, make_plan(resolve_spec(stricter, "<pilot>")))[1]
     events = ledger.events("loop")
     assert not again and (events["kind"] == "pilot_settings").sum() == 1  # no repeat
+    back = record_plan(ledger, make_plan(resolve_spec(BASE, "<first>")))[1]  # the original
+    assert not back and current_pilot_table(ledger, "loop") == {}  # back in force, recorded
     other = copy.deepcopy(stricter)
     other["hold"]["budget.updates"] = 13  # a new question
     import pytest

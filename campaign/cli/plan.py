@@ -70,8 +70,11 @@ def plan(source: LedgerSource, spec_path: str, dry_run: bool, output_format: str
     created, pilot_only = False, False
     if not dry_run:
         with source.open(create=True) as ledger:
+            before = _pilot_table(ledger, resolved.name)
             record, created = planning.record_plan(ledger, the_plan)
-            pilot_only = record.spec_sha256 != resolved.sha256  # the same question
+            # the same question with other [pilot] settings (recorded), or back to its own
+            pilot_only = not created and before != planning.current_pilot_table(ledger,
+                                                                                record.name)
             run_ids = _run_ids_in_plan_order(ledger, record.name, the_plan)
     grid = [
         {"variant": v.name, "control": "yes" if v.is_control else "",
@@ -113,11 +116,22 @@ def plan(source: LedgerSource, spec_path: str, dry_run: bool, output_format: str
     elif created:
         click.echo(f"campaign: planned {resolved.name!r}: {count}", err=True)
     elif pilot_only:
-        click.echo(f"campaign: {resolved.name!r} is already planned; only its [pilot] settings "
-                   "differ: recorded, the next pilot uses them (runs unchanged)", err=True)
+        click.echo(f"campaign: {resolved.name!r} is already planned; its [pilot] settings "
+                   "changed: recorded, the next pilot uses them (runs unchanged)", err=True)
     else:
         click.echo(f"campaign: {resolved.name!r} is already planned with this identical spec; "
                    "nothing written", err=True)  # fmt: skip
+
+
+def _pilot_table(ledger: Any, name: str) -> dict[str, Any] | None:
+    """The [pilot] table in force for campaign ``name``; None when it is not planned yet."""
+    from campaign.ledger import NotFound
+    from campaign.plan.grid import current_pilot_table
+
+    try:
+        return current_pilot_table(ledger, name)
+    except NotFound:
+        return None
 
 
 def _run_ids_in_plan_order(ledger: Any, name: str, the_plan: Any) -> list[str | None]:

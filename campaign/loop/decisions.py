@@ -15,6 +15,7 @@ import torch
 from campaign.ledger import Ledger
 from campaign.loop import replicas as dp
 from campaign.loop.checkpoint_file import file_sha256
+from campaign.loop.run_files import locate
 from campaign.loop.signals import SignalLatch
 from campaign.loop.stop import StopDecision
 
@@ -25,15 +26,20 @@ def validated_at(ledger: Ledger, campaign: str, run_id: str, step: int) -> bool:
     return bool((points["step"] == step).any())
 
 
-def final_recorded(ledger: Ledger, campaign: str, run_id: str, step: int) -> bool:
-    """Whether the ledger names a final artifact of ``step`` whose file still matches its
-    hash (a damaged or moved one is left alone: the resumed segment writes its own, under
-    its own name)."""
+def final_recorded(ledger: Ledger, campaign: str, run_id: str, step: int,
+                   artifacts: Path) -> bool:  # fmt: skip
+    """Whether the ledger names a final artifact of ``step`` whose file, where it is now
+    (its recorded path, else under ``artifacts`` as a resume finds checkpoints), still
+    matches its hash (a damaged or missing one is left alone: the resumed segment writes
+    its own, under its own name)."""
     frame = ledger.artifacts(campaign)
     finals = frame[(frame["run_id"] == run_id) & (frame["kind"] == "final")
                    & (frame["step"] == step)]  # fmt: skip
-    return any(Path(row.path).is_file() and file_sha256(Path(row.path)) == row.sha256
-               for row in finals.itertuples())  # fmt: skip
+    for row in finals.itertuples():
+        path = locate(str(row.path), artifacts, run_id)
+        if path.is_file() and file_sha256(path) == row.sha256:
+            return True
+    return False
 
 
 def agree(

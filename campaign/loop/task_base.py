@@ -103,13 +103,9 @@ class Task:
         return [{"id": i, "prediction": names[p], "target": names[t]}
                 for i, p, t in zip(batch["ids"], predicted, targets, strict=True)]  # fmt: skip
 
-    @property
-    def metrics(self) -> tuple[str, ...] | None:
-        """The names ``score()`` returns, so that ``plan`` refuses a metric the task never
-        produces. The defaults' names; None (not declared) once ``score`` is a task's own:
-        a subclass then declares ``metrics = (...)`` itself, or the pilot checks instead."""
-        if type(self).score is not Task.score:
-            return None
+    def default_metrics(self) -> tuple[str, ...]:
+        """The names the default ``score()`` returns (what ``plan`` checks the spec's metric
+        against when the task keeps the default and declares no ``metrics`` of its own)."""
         return ("mse", "mae", "r2") if self.kind == "regression" else ("accuracy", "macro_f1")
 
     def score(self, records: Sequence[dict[str, Any]]) -> dict[str, float]:

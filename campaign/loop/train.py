@@ -425,7 +425,7 @@ class RunLoop:
         it, so an archive that holds its hash stays valid."""
         self.phase = "export"
         if self.replayed_from is None or not final_recorded(
-            self.ledger, self.record.campaign, self.run_id, self.step
+            self.ledger, self.record.campaign, self.run_id, self.step, self.artifacts
         ):
             trainer = self._trainer
             path = self.folder / f"final{self._segment_suffix}.safetensors"

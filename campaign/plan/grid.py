@@ -283,12 +283,14 @@ def _same_plan(existing: CampaignRecord, plan: Plan, ledger: Ledger) -> Campaign
     settings (how the pilot checks is not the question: the new table is recorded as a
     ``pilot_settings`` event, which the next pilot uses); refused otherwise (a new question
     gets a new name)."""
-    if existing.spec_sha256 == plan.spec.sha256:
+    table = dict(plan.spec.document.get("pilot") or {})
+    if existing.spec_sha256 == plan.spec.sha256:  # the plan itself; its [pilot] back in force
+        if table != current_pilot_table(ledger, existing.name):
+            ledger.add_event(existing.name, "pilot_settings", canonical_json(table))
         return existing
     mine = {k: v for k, v in plan.spec.document.items() if k != "pilot"}
     stored = {k: v for k, v in existing.spec_document.items() if k != "pilot"}
     if canonical_json(mine) == canonical_json(stored):
-        table = dict(plan.spec.document.get("pilot") or {})
         if table != current_pilot_table(ledger, existing.name):
             ledger.add_event(existing.name, "pilot_settings", canonical_json(table))
         return existing

@@ -41,9 +41,25 @@ def metric_problem(spec: Mapping[str, Any], scores: Iterable[str]) -> str | None
 
 
 def declared_metrics(task: Any) -> list[str] | None:
-    """The names a built task declares ``score()`` returns, or None when it does not say."""
+    """The names a built task declares ``score()`` returns (``metrics``: strings only; an
+    attribute of that name holding anything else is the task's own business), those of
+    ``campaign.Task``'s default ``score()``, or None when it does not say."""
     declared = getattr(task, "metrics", None)
-    return None if declared is None else [str(name) for name in declared]
+    if isinstance(declared, list | tuple) and declared and all(
+        isinstance(name, str) for name in declared
+    ):
+        return list(declared)
+    defaults = getattr(type(task), "default_metrics", None)
+    if declared is None and callable(defaults) and _default_score(task):
+        return list(task.default_metrics())
+    return None
+
+
+def _default_score(task: Any) -> bool:
+    """Whether ``task`` keeps ``campaign.Task``'s own ``score()``."""
+    from campaign.loop.task_base import Task
+
+    return isinstance(task, Task) and type(task).score is Task.score
 
 
 # Scores where lower is better (the last part of the name, after any "val/"): the overfit

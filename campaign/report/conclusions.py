@@ -165,9 +165,12 @@ def campaign_conclusion(
                       "beyond noise.")  # fmt: skip
         elif (table["verdict"] == "worse").any():
             answer = f"No variant beats the control {control} beyond noise on {metric}."
-        else:
+        elif (table["verdict"] == "within_noise").any():
+            noise = table[table["verdict"] == "within_noise"]
             answer = (f"No variant differs from the control {control} beyond noise on "
-                      f"{metric} ({_pairs(table)}).")  # fmt: skip
+                      f"{metric} ({_pairs(noise)}).")  # fmt: skip
+        else:  # every variant without a valid run: nothing was compared
+            answer = f"No conclusion: no variant has a value to compare with the control {control}."
         rest = [_verdict_words(r) for r in table.itertuples() if r.verdict != "better"]
         if rest:
             answer += " " + "; ".join(rest) + "."

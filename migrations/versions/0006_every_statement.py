@@ -60,6 +60,12 @@ UNIQUE_KEYS: dict[str, tuple[tuple[str, ...], ...]] = {
     "pilots": (("id",),),
     "notes": (("id",),),
 }
+# The partial unique indexes, as the condition under which a new row would collide (found
+# by review: REPLACE of a second control deleted the first).
+PARTIAL_KEYS = {
+    "variants": "NEW.is_control AND EXISTS (SELECT 1 FROM variants WHERE variants.campaign_id "
+                "= NEW.campaign_id AND variants.is_control)",
+}  # fmt: skip
 METRIC_KEY = ("run_id", "key", "step", "segment_id")
 METRIC_VALUES = ("value", "examples_seen")  # a retry logs the same point at a later wall time
 # What a planned run has not got yet: a run is inserted planned and empty.
@@ -170,6 +176,8 @@ def _sqlite_triggers() -> None:
     for table, keys in UNIQUE_KEYS.items():
         exists = " OR ".join(f"EXISTS (SELECT 1 FROM {table} WHERE {_match(table, k)})"
                              for k in keys)  # fmt: skip
+        if table in PARTIAL_KEYS:  # a partial unique index: REPLACE resolves its conflicts too
+            exists += f" OR ({PARTIAL_KEYS[table]})"
         op.execute(
             f"CREATE TRIGGER {table}_no_replace BEFORE INSERT ON {table} FOR EACH ROW "
             f"WHEN {exists} BEGIN "
