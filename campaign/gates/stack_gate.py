@@ -142,10 +142,12 @@ def device_name_problem(device: str) -> str | None:
     return None
 
 
-def device_problems(device: str) -> list[str]:
+def device_problems(device: str, *, allocate: bool = False) -> list[str]:
     """Why ``device`` cannot run here: not a device name, a CUDA index this machine does not
-    have (a CPU-only torch), or a device that refuses a small allocation (busy, broken, in
-    an exclusive mode held by another process); nothing when it can."""
+    have (a CPU-only torch), or, with ``allocate`` (the pilot, in a child of the task host),
+    a device that refuses a small allocation (busy, broken, in an exclusive mode held by
+    another process); nothing when it can. Without ``allocate`` no CUDA context is created:
+    a worker that checks before it claims keeps the device free for its runs."""
     import torch
 
     named = device_name_problem(device)
@@ -158,6 +160,8 @@ def device_problems(device: str) -> list[str]:
     if (parsed.index or 0) >= count:
         build = "; this torch is a CPU-only build" if torch.version.cuda is None else ""
         return [f"device {device} does not exist here ({count} CUDA device(s) visible{build})"]
+    if not allocate:
+        return []
     try:  # in a child of the task host: the host itself never initialises CUDA
         torch.empty(1024, device=parsed).sum().item()
     except RuntimeError as error:

@@ -55,12 +55,6 @@ def parse_url(text: str) -> URL:
     ``postgresql://`` and ``postgres://`` mean psycopg 3, the driver we ship
     with (SQLAlchemy would otherwise look for psycopg2).
     """
-    authority = text.split("://", 1)[1].split("/", 1)[0] if "://" in text else ""
-    if authority.count("@") > 1:  # SQLAlchemy splits at the first @: the rest would be printed
-        raise LedgerUrlError(
-            f"ledger URL {_masked(text)!r}: its user or password holds an '@': percent-encode "
-            "it as %40 (postgresql://USER:PASS%40WORD@HOST/DB)"
-        )
     try:
         url = make_url(text)
         url.port  # noqa: B018 - a port that is not a number raises here, not at connect time
@@ -69,6 +63,11 @@ def parse_url(text: str) -> URL:
             f"malformed ledger URL {_masked(text)!r}: expected sqlite:///PATH or "
             "postgresql+psycopg://USER@HOST:PORT/DATABASE"
         ) from None
+    if url.host and "@" in url.host:  # a password's '@': the rest of it would be the "host"
+        raise LedgerUrlError(
+            f"ledger URL {_masked(text)!r}: its password holds an '@': percent-encode it as "
+            "%40 (postgresql://USER:PASS%40WORD@HOST/DB)"
+        )
     if url.drivername in ("postgresql", "postgres", "postgresql+psycopg"):
         return url.set(drivername="postgresql+psycopg")
     if url.drivername in ("sqlite", "sqlite+pysqlite"):

@@ -425,8 +425,11 @@ class Pilot:
         if learned.metric is not None:  # the task's own score, where exact match is unfair
             scores = session.task.score(records)
             if learned.metric not in scores:
-                raise PhaseFailure(f"[pilot] overfit_metric {learned.metric!r} is not "
-                                   f"one of the task's scores ({', '.join(scores)})")  # fmt: skip
+                named = (f"[pilot] overfit_metric {learned.metric!r}" if options.overfit_metric
+                         else f"a regression's default overfit criterion ({learned.words()})")
+                raise PhaseFailure(f"{named} is not one of the task's scores "
+                                   f"({', '.join(scores) or 'none'}): set [pilot] "
+                                   "overfit_metric and overfit_threshold")  # fmt: skip
             value = float(scores[learned.metric])
             if not learned.passes(value):
                 raise PhaseFailure(f"{learned.metric} {value:.4g} after overfitting, needed "
@@ -459,7 +462,7 @@ def run_pilot(
     """Pilot one run's config (default: the campaign's worst case) and record every phase
     and the verdict, for ``gate_class`` (see :mod:`campaign.pilot.by_class`)."""
     record = ledger.campaign(campaign)
-    missing = device_problems(device)
+    missing = device_problems(device, allocate=True)
     if missing:  # before a pilot row is written: a device that does not exist proves nothing
         kind = LoopError if device_name_problem(device) else DeviceUnavailable
         raise kind(f"--device {device}: " + "; ".join(missing))

@@ -229,7 +229,9 @@ def task_facts(task: str, control: dict[str, Any], configs: list[dict[str, Any]]
     metrics, layers = None, None
     try:
         built = build_task(task, copy.deepcopy(control))
-        metrics, layers = declared_metrics(built), layers_on_meta(built)
+        metrics = declared_metrics(built)
+        if accumulation_warning(["?"], configs):  # only then is the model's make-up asked
+            layers = layers_on_meta(built)
         contract = splits_problem(built)
     except TaskContractError as error:
         contract = str(error)

@@ -64,10 +64,10 @@ def _default_score(task: Any) -> bool:
 
 # Scores where lower is better (the last part of the name, after any "val/"): the overfit
 # threshold is a ceiling for these and a floor for every other score (accuracy, F1, R²).
-MINIMISED = ("loss", "mse", "mae", "rmse", "nll", "perplexity", "error", "cer", "wer")
+MINIMISED = ("loss", "mse", "mae", "rmse", "nll", "perplexity", "ppl", "error", "cer", "wer")
 
 
 def metric_mode(name: str) -> str:
     """``min`` for an error or a loss (mse, mae, val/loss, ...), ``max`` otherwise."""
     base = name.rsplit("/", 1)[-1].lower()
-    return "min" if base in MINIMISED or base.endswith(("loss", "_error")) else "max"
+    return "min" if base in MINIMISED or base.endswith(("loss", "_error", "error_rate")) else "max"

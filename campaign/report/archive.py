@@ -125,7 +125,8 @@ Everything the campaign left, checked by `campaign verify-archive THIS.tar.gz`
   replayed steps included: take the highest `segment_id` per step to read as
   the ledger does); `events.parquet`, `segments.parquet`.
 - `predictions/RUN_ID/*.parquet`: validation predictions.
-- `finals/RUN_ID/final.safetensors`: weights, config, environment and control
+- `finals/RUN_ID/final.safetensors` (`final-segment-N.safetensors` when a resumed
+  segment wrote it): weights, config, environment and control
   outputs of every run that finished (no pickle anywhere).
 - `pilot-phases.parquet`, `notes.json`, `report.html` (open in a browser).
 

@@ -76,9 +76,14 @@ def export(reader: LedgerReader, campaign: str, logdir: Path) -> Exported:
             })  # fmt: skip
             if run_state["ended"]:
                 continue
+            exported = bool(run_state["hparams"])  # by an earlier export
             records = _run_records(reader, row, run_state, segments.get(row["id"]), protos)
             if records:
-                folder = logdir / _run_folder(row)
+                # A run keeps the folder of its first export: a relaunch an export before
+                # issue 26 filed under seed-S stays there, its curve in one piece.
+                legacy = _run_folder({**row, "relaunch_of": None})
+                folder = logdir / run_state.setdefault(
+                    "folder", legacy if exported else _run_folder(row))
                 folder.mkdir(parents=True, exist_ok=True)
                 _append(folder, run_state, records, protos)
                 touched += 1
