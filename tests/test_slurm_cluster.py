@@ -66,10 +66,14 @@ def _tasks(campaign: str) -> dict[str, str]:
 
 
 def _slurm_job_of(worker: str) -> str:
-    """The SLURM job id (one array task's) of the process named in a run's worker column."""
+    """The SLURM id of one array task (``ARRAY_TASK``) of the process named in a run's worker
+    column. Not its SLURM_JOB_ID: the first task's equals the array's own id, and scancel
+    given it signals every task of the array (two runs preempted at once, seen under load)."""
     pid = int(worker.split(":")[1])
     environment = (Path("/proc") / str(pid) / "environ").read_bytes().split(b"\0")
     values = dict(item.decode().split("=", 1) for item in environment if b"=" in item)
+    if "SLURM_ARRAY_JOB_ID" in values:
+        return f"{values['SLURM_ARRAY_JOB_ID']}_{values['SLURM_ARRAY_TASK_ID']}"
     return values["SLURM_JOB_ID"]
 
 
