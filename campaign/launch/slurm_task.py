@@ -30,7 +30,7 @@ from dataclasses import dataclass
 class ArrayTask:
     """This process's place in a SLURM job array, read from the variables SLURM sets."""
 
-    job_id: str  # the task's own job id (requeue takes it)
+    job_id: str  # the task's own job id (SLURM_JOB_ID: the array's own id for one task)
     array_job_id: str | None
     array_task_id: str | None
     restarts: int
@@ -66,8 +66,10 @@ def requeue(task: ArrayTask, max_requeues: int) -> bool:
     if task.restarts >= max_requeues:
         return False
     scontrol = shutil.which("scontrol") or "scontrol"
-    done = subprocess.run([scontrol, "requeue", task.job_id], capture_output=True, text=True,
+    # By ARRAYJOB_TASK, never SLURM_JOB_ID: one task's job id is the array's own, and
+    # requeueing it requeued every task of the array, killing the runs of the others.
+    done = subprocess.run([scontrol, "requeue", task.name], capture_output=True, text=True,
                           timeout=60, check=False)  # fmt: skip
     if done.returncode != 0:
-        raise RequeueRefused(f"scontrol requeue {task.job_id}: {done.stderr.strip()}")
+        raise RequeueRefused(f"scontrol requeue {task.name}: {done.stderr.strip()}")
     return True
