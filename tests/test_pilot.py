@@ -404,3 +404,14 @@ def test_a_metric_validation_does_not_produce_fails_the_validation_phase(
     assert verdict == "fail"
     assert ("validation.metric: 'val/acc' is not a metric this task produces (did you mean "
             "'val/accuracy'? it produces val/loss, val/accuracy)") in detail
+
+
+def test_the_training_sample_estimate_is_piloted_and_timed(ledger: Ledger, tmp_path: Path) -> None:
+    """``validation.train_sample`` makes every validation also score a fixed training sample:
+    the pilot runs and times it in its validation phase (eval mode, no gradients checked)."""
+    config = _config(ledger, validation={"train_sample": 24})
+    result = Pilot("campaign.tasks.digits:build", config, tmp_path / "pilot").run()
+    validation = next(r for r in result if r.phase == "validation")
+    assert validation.verdict == "pass", validation.detail
+    assert "train_eval/loss" in validation.detail and "train_eval/accuracy" in validation.detail
+    assert validation.inputs["train_sample"] == 24 and validation.inputs["train_sample_s"] > 0

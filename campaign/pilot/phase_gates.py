@@ -297,8 +297,14 @@ class Pilot:
         record.inputs = {"examples": len(view), "batch": size}
         if len(view) < len(session.val_set):
             record.inputs["of"] = len(session.val_set)
+        estimate: dict[str, float] = {}
         try:
             total, units, records = session.evaluate(view, size)
+            if session.train_view is not None:  # validation.train_sample: piloted, timed
+                started = time.perf_counter()
+                estimate = session.train_estimate()
+                record.inputs["train_sample"] = len(session.train_view)
+                record.inputs["train_sample_s"] = round(time.perf_counter() - started, 6)
         finally:
             hook.remove()
         if any(training for training, _ in seen):
@@ -319,7 +325,8 @@ class Pilot:
         if problem is not None:
             raise PhaseFailure(problem)
         return f"val/loss {total / max(1, units):.4g}; " + ", ".join(
-            f"val/{k} {v:.4g}" for k, v in scores.items()
+            [f"val/{k} {v:.4g}" for k, v in scores.items()]
+            + [f"{k} {v:.4g}" for k, v in estimate.items()]
         )
 
     def _checkpoint(self, record: PhaseRecord) -> str:
