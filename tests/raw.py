@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
+import pytest
 from sqlalchemy.engine import make_url
+
+REFUSAL_ERRORS = (sqlite3.IntegrityError, psycopg.errors.IntegrityError)
 
 
 def raw_connect(url: str) -> Any:
@@ -33,3 +37,18 @@ def execute(url: str, sql: str, params: tuple = ()) -> list[tuple]:
         raise
     finally:
         conn.close()
+
+
+def refused(url: str, sql: str, params: tuple = (), *,
+            unchanged: Callable[[str], Any] | None = None) -> str:  # fmt: skip
+    """Run ``sql`` and expect the database to refuse it with the ledger's words; with
+    ``unchanged``, also that what it reads of the ledger is the same before and after.
+    Returns the message."""
+    before = unchanged(url) if unchanged is not None else None
+    with pytest.raises(REFUSAL_ERRORS) as caught:
+        execute(url, sql, params)
+    if unchanged is not None:
+        assert unchanged(url) == before
+    message = str(caught.value)
+    assert "campaign ledger refused" in message
+    return message

@@ -13,8 +13,7 @@ from campaign.ledger import Ledger, StopRecord, migrate
 from campaign.ledger.engine import create_ledger_engine, parse_url
 from campaign.report.balance import balance_sheet
 from tests.helpers import plan_campaign
-from tests.raw import execute
-from tests.test_immutability import REFUSAL_ERRORS
+from tests.raw import execute, refused
 
 RUN_COLUMNS = "id, campaign_id, variant_id, seed, config, config_sha256"
 
@@ -22,6 +21,17 @@ RUN_COLUMNS = "id, campaign_id, variant_id, seed, config, config_sha256"
 @pytest.fixture
 def ended(ledger: Ledger, ledger_url: str) -> dict:
     """A failed run with a metric and a note, a running run, a planned one, a pilot."""
+    return _ended(ledger, ledger_url)
+
+
+@pytest.fixture
+def ended_on_sqlite(sqlite_ledger: Ledger, sqlite_url: str) -> dict:
+    """:func:`ended` on SQLite alone: REPLACE is SQLite's (PostgreSQL's upserts fire the
+    update triggers that test_immutability holds on both engines)."""
+    return _ended(sqlite_ledger, sqlite_url)
+
+
+def _ended(ledger: Ledger, ledger_url: str) -> dict:
     record = plan_campaign(ledger, seeds=1)
     failed = ledger.claim_next(record.name, "w1")
     with ledger.metric_writer(failed.run_id, failed.segment_id) as writer:
@@ -43,23 +53,11 @@ def _everything(url: str) -> dict:
 
 
 def _refused(url: str, sql: str, params: tuple = ()) -> str:
-    before = _everything(url)
-    with pytest.raises(REFUSAL_ERRORS) as caught:
-        execute(url, sql, params)
-    assert _everything(url) == before
-    message = str(caught.value)
-    assert "campaign ledger refused" in message
-    return message
+    return refused(url, sql, params, unchanged=_everything)
 
 
-def _sqlite_only(url: str) -> None:
-    if not url.startswith("sqlite"):
-        pytest.skip("capability: PostgreSQL has no REPLACE (its upserts fire update triggers)")
-
-
-def test_replace_cannot_turn_a_failed_run_into_a_completed_one(ended: dict) -> None:
-    url, run_id = ended["url"], ended["failed"].run_id
-    _sqlite_only(url)
+def test_replace_cannot_turn_a_failed_run_into_a_completed_one(ended_on_sqlite: dict) -> None:
+    url, run_id = ended_on_sqlite["url"], ended_on_sqlite["failed"].run_id
     row = execute(url, f"SELECT {RUN_COLUMNS} FROM runs WHERE id = ?", (run_id,))[0]
     for verb in ("INSERT OR REPLACE", "REPLACE"):
         message = _refused(
@@ -98,9 +96,8 @@ def test_replace_cannot_turn_a_failed_run_into_a_completed_one(ended: dict) -> N
                      "SELECT id, run_id, ordinal, 0 FROM segments"),
     ],
 )  # fmt: skip
-def test_replace_rewrites_no_written_row(ended: dict, table: str, sql: str) -> None:
-    _sqlite_only(ended["url"])
-    message = _refused(ended["url"], sql)
+def test_replace_rewrites_no_written_row(ended_on_sqlite: dict, table: str, sql: str) -> None:
+    message = _refused(ended_on_sqlite["url"], sql)
     assert f"a {table} row is written once" in message or (
         table == "segments" and "added to a running run only" in message) or (
         table == "metrics" and "a segment that has ended" in message)  # the failed run's

@@ -5,17 +5,12 @@ Every statement here goes through a raw driver connection, past the API.
 
 from __future__ import annotations
 
-import sqlite3
-
-import psycopg
 import pytest
 import sqlalchemy
 
 from campaign.ledger import Ledger, StopRecord
 from tests.helpers import plan_campaign
-from tests.raw import execute
-
-REFUSAL_ERRORS = (sqlite3.IntegrityError, psycopg.errors.IntegrityError)
+from tests.raw import REFUSAL_ERRORS, execute
 
 
 @pytest.fixture

@@ -10,8 +10,7 @@ import pytest
 
 from campaign.ledger import Ledger, StopRecord
 from tests.helpers import plan_campaign
-from tests.raw import execute
-from tests.test_immutability import REFUSAL_ERRORS
+from tests.raw import REFUSAL_ERRORS, execute, refused
 
 
 @pytest.fixture
@@ -38,13 +37,7 @@ def _counts(url: str) -> tuple:
 
 
 def _refused(url: str, sql: str, params: tuple = ()) -> str:
-    before = _counts(url)
-    with pytest.raises(REFUSAL_ERRORS) as caught:
-        execute(url, sql, params)
-    assert _counts(url) == before
-    message = str(caught.value)
-    assert "campaign ledger refused" in message
-    return message
+    return refused(url, sql, params, unchanged=_counts)
 
 
 def test_environment_is_written_once(ended: dict) -> None:

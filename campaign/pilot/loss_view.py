@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-IGNORE = -100  # cross-entropy's ignore_index, the masks' convention (campaign.tasks.sequences)
+from campaign.pilot.data_gate import IGNORE
+
 SHOWN = 64  # values of a sequence shown before "..."
 TARGET_FIELDS = ("targets", "labels")  # masked fields by name, even when a row masks nothing
 

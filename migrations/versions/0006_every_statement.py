@@ -74,7 +74,7 @@ NOT_AT_INSERT = ("started_at", "ended_at", "worker", "heartbeat_at", "lease_toke
 
 
 def _sqlite_raise(message: str) -> str:
-    return "SELECT RAISE(ABORT, '" + f"{REFUSED}: {message}".replace("'", "''") + "');"
+    return f"SELECT {_sqlite_raise_value(message)};"
 
 
 def _match(table: str, columns: Sequence[str]) -> str:
