@@ -61,6 +61,12 @@ def test_a_device_that_does_not_exist_is_refused_before_anything_is_written(
                                  "--artifacts", str(tmp_path)])  # fmt: skip
     assert named.exit_code == 2 and "'tpu:0' is not a torch device" in named.stderr
     assert len(named.stderr.strip().splitlines()) == 1 and sqlite_ledger.pilots("loop").empty
+    passed = runner.invoke(main, ["--ledger", sqlite_url, "pilot", "loop", "--artifacts",
+                                  str(tmp_path)])  # fmt: skip
+    assert passed.exit_code == 0, passed.stderr  # every class piloted now on cpu ...
+    again = runner.invoke(main, ["--ledger", sqlite_url, "pilot", "loop", "--device", "cuda:7",
+                                 "--artifacts", str(tmp_path)])  # fmt: skip
+    assert again.exit_code == 1 and "device cuda:7 does not exist" in again.stderr  # ... still
     worker = runner.invoke(main, ["--ledger", sqlite_url, "worker", "loop", "--device", "cuda:7",
                                   "--skip-pilot", "--reason", "x", "--artifacts", str(tmp_path)])
     assert worker.exit_code == 1 and "refuses to claim" in worker.stderr

@@ -174,3 +174,14 @@ def cuda_device_count() -> int:
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def refuse_missing_device(device: str) -> None:
+    """A device that does not exist here (or refuses 4 KiB) proves nothing: exit 1; a name that
+    is no device: bad input, exit 2."""
+    from campaign.loop.errors import DeviceUnavailable, LoopError
+
+    missing = device_problems(device, allocate=True)
+    if missing:
+        kind = LoopError if device_name_problem(device) else DeviceUnavailable
+        raise kind(f"--device {device}: " + "; ".join(missing))

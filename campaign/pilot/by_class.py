@@ -14,6 +14,7 @@ from typing import Any
 
 from campaign.gates.classes import GateClass, run_classes
 from campaign.gates.rule import gate_state, pilot_decisions
+from campaign.gates.stack_gate import refuse_missing_device
 from campaign.ledger import Ledger, LedgerInputError
 from campaign.pilot.phase_gates import PilotOptions, PilotReport, run_pilot
 from campaign.plan.grid import current_pilot_table
@@ -59,6 +60,7 @@ def pilot_classes(
 ) -> list[tuple[GateClass, PilotReport]]:
     """Pilot each class of :func:`classes_to_pilot` on its run closest to the control, with
     the spec's ``[pilot]`` criterion (``overrides``: the command line's, where given)."""
+    refuse_missing_device(device)  # also when no class needs a pilot: never a silent yes
     table = current_pilot_table(ledger, campaign)  # a re-plan may have changed only [pilot]
     options = PilotOptions.from_spec({"pilot": table}, **(overrides or {}))
     runs = ledger.runs(campaign).set_index("run_id", drop=False)

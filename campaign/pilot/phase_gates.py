@@ -24,9 +24,8 @@ import torch
 from campaign.gates.classes import gate_class as class_of
 from campaign.gates.stack import environment
 from campaign.gates.stack_gate import (
-    device_name_problem,
-    device_problems,
     precision_problem,
+    refuse_missing_device,
     stack_problems,
 )
 from campaign.host.calls import FreshProcessFailed, run_module
@@ -35,7 +34,6 @@ from campaign.ledger.canonical import canonical_json
 from campaign.loop import checkpoint as ckpt
 from campaign.loop.batch_stats import accumulation_warning, batch_stat_layers
 from campaign.loop.data import describe_inputs, gate_view
-from campaign.loop.errors import DeviceUnavailable, LoopError
 from campaign.loop.measure import PhaseRecord, Probe
 from campaign.loop.replay import replay_file_in_subprocess, write_final
 from campaign.loop.run_files import artifacts_environment
@@ -469,10 +467,7 @@ def run_pilot(
     """Pilot one run's config (default: the campaign's worst case) and record every phase
     and the verdict, for ``gate_class`` (see :mod:`campaign.pilot.by_class`)."""
     record = ledger.campaign(campaign)
-    missing = device_problems(device, allocate=True)
-    if missing:  # before a pilot row is written: a device that does not exist proves nothing
-        kind = LoopError if device_name_problem(device) else DeviceUnavailable
-        raise kind(f"--device {device}: " + "; ".join(missing))
+    refuse_missing_device(device)  # before a pilot row is written
     if run is None:
         runs = ledger.runs(campaign)
         run = worst_case(runs[runs["relaunch_of"].isna()].to_dict("records"))
