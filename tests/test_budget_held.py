@@ -87,6 +87,42 @@ def test_a_machine_lost_in_the_final_replay_completes_from_its_final_artifact(
         assert ledger.segments("loop")["start_step"].tolist() == [0, 12]
 
 
+def test_a_run_stopped_early_and_lost_while_ending_resumes_at_its_stop(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    """Early stopping ends the run at its second validation, update 4 of 12 (a rising
+    ``val/loss`` is the goal under ``mode = "max"``, so a falling one never improves); the
+    machine is lost in the final artifact's replay. The resume ends the run where it stopped,
+    with the same decision, from the recorded final artifact: no update past the stop (its
+    restored rules would let it train on to a later validation)."""
+    marker = tmp_path / "killed"
+    with Ledger.open(sqlite_url, create=True) as ledger:
+        run_id = plan_loop(ledger, task=FAULTY, stop={"patience": 1},
+                           validation={"every": 2, "metric": "val/loss"}, config={
+            "task.fault": "sigkill_in_replay", "task.marker": str(marker)})[0]  # fmt: skip
+    died = subprocess.run(
+        [sys.executable, "-m", "campaign", "run", run_id, "--artifacts", str(tmp_path / "a"),
+         "--skip-pilot", "--reason", "a machine lost while ending"],
+        cwd=ROOT, env={**os.environ, "CAMPAIGN_LEDGER": sqlite_url}, capture_output=True,
+    )  # fmt: skip
+    assert died.returncode == -9 and marker.exists(), died.stderr
+    with Ledger.open(sqlite_url) as ledger:
+        decided = ledger.events("loop", run_id=run_id).query("kind == 'stop_decided'")
+        assert len(decided) == 1 and '"cause": "early_stop"' in decided["detail"].iloc[0]
+        ledger.finish(run_id, "lost", StopRecord("heartbeat_lost", None, None, "test"))
+        outcome = execute(ledger, run_id, artifacts=tmp_path / "a", replay_in_subprocess=False)
+        run = ledger.run(run_id)
+        assert (outcome.status, outcome.step) == ("stopped", 4)
+        assert (run.status, run.stop_cause, run.stop_step) == ("stopped", "early_stop", 4)
+        assert len(ledger.artifacts("loop").query("kind == 'final'")) == 1  # written once
+        steps, seen = _curve(ledger)
+        assert steps == [1, 2, 3, 4] and seen == 4 * 2 * 4
+        assert list(ledger.metrics("loop", keys=["val/loss"])["step"]) == [2, 4]
+        assert ledger.segments("loop")["start_step"].tolist() == [0, 4]
+        again = ledger.events("loop", run_id=run_id).query("kind == 'stop_decided'")
+        assert len(again) == 1  # the resumed segment took the recorded decision, not a new one
+
+
 def test_an_older_run_past_its_budget_is_flagged_and_not_counted(ledger: Ledger) -> None:
     """What a ledger written before the fix holds: 7 of 6 updates. The run keeps its line
     and its value, flagged; its variant counts the seed without a value."""

@@ -2,12 +2,20 @@
 its last step, so that a resume at the budget ends the run without going past it (no update,
 no second validation, no second final artifact: the budget is a held key, and a final
 artifact whose hash an archive holds must never change under it); and the one decision all
-replicas of a run take together after each update."""
+replicas of a run take together after each update.
+
+A stop that ends a run before its budget (early stopping, the wall time) is recorded as a
+``stop_decided`` event before the run checkpoints and exports: a resume after a kill during
+the export ends the run at that step with that decision instead of training on past it (the
+wall-time clock restarts in every segment, and early stopping only decides at a validation).
+"""
 
 from __future__ import annotations
 
+import json
 import signal
 import threading
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -17,13 +25,45 @@ from campaign.loop import replicas as dp
 from campaign.loop.checkpoint_file import file_sha256
 from campaign.loop.run_files import locate
 from campaign.loop.signals import SignalLatch
-from campaign.loop.stop import StopDecision
+from campaign.loop.stop import StopDecision, StopRules
 
 
 def validated_at(ledger: Ledger, campaign: str, run_id: str, step: int) -> bool:
     """Whether the run recorded a validation point at ``step`` (in any segment)."""
     points = ledger.metrics(campaign, keys=["val/loss"], runs=[run_id])
     return bool((points["step"] == step).any())
+
+
+STOP_DECIDED = "stop_decided"  # the event that holds a decided stop (JSON of StopDecision)
+
+
+def record_stop(ledger: Ledger, campaign: str, run_id: str, stop: StopDecision,
+                step: int, lease: str | None) -> None:  # fmt: skip
+    """Record ``stop``, taken at ``step``, before anything the end may be killed in."""
+    detail = json.dumps({**asdict(stop), "step": step}, sort_keys=True)
+    ledger.add_event(campaign, STOP_DECIDED, detail, run_id=run_id, lease=lease)
+
+
+def recorded_stop(ledger: Ledger, campaign: str, run_id: str) -> StopDecision | None:
+    """The stop an earlier segment of the run decided (its latest), or None."""
+    events = ledger.events(campaign, run_id=run_id)
+    decided = events[events["kind"] == STOP_DECIDED]
+    if decided.empty:
+        return None
+    return StopDecision(**json.loads(decided["detail"].iloc[-1]))
+
+
+def stop_at_resume(ledger: Ledger, campaign: str, run_id: str, step: int,
+                   rules: StopRules) -> tuple[StopDecision | None, StopDecision | None]:
+    """(the stop an earlier segment decided, the stop a resume restored at ``step`` takes at
+    once): the decided stop when the run is at or past its step (killed while ending), its
+    budget when the checkpoint is at it (a signal in the last update), else None."""
+    decided = recorded_stop(ledger, campaign, run_id)
+    if decided is not None and decided.step is not None and step >= decided.step:
+        return decided, decided
+    at_budget = rules.after_update(step)
+    return decided, at_budget if at_budget is not None and at_budget.cause == "budget_reached" \
+        else None
 
 
 def final_recorded(ledger: Ledger, campaign: str, run_id: str, step: int,

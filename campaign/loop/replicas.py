@@ -181,3 +181,12 @@ class DiscardedMetrics:
 
     def pending_rows(self) -> list[list[Any]]:
         return []
+
+
+def rows_of_every_rank(rows: list[dict[str, Any]], replica: Replica,
+                       device: torch.device) -> list[dict[str, Any]]:  # fmt: skip
+    """Phase rows of every rank on rank 0 (empty elsewhere), their device labelled by rank:
+    each rank's memory is its own (the ranks measure the same steps, so all have rows)."""
+    gathered = gather_json(rows, replica, device)
+    return [{**row, "device": f"{row['device']} (rank {rank})"}
+            for rank, mine in enumerate(gathered or []) for row in mine]  # fmt: skip

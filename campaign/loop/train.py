@@ -43,7 +43,7 @@ from campaign.loop import checkpoint as ckpt
 from campaign.loop import model_state, progress_page
 from campaign.loop import replicas as dp
 from campaign.loop.data import describe_inputs
-from campaign.loop.decisions import agree, final_recorded, validated_at
+from campaign.loop.decisions import agree, final_recorded, record_stop, stop_at_resume, validated_at
 from campaign.loop.engine import Trainer, seed_everything
 from campaign.loop.errors import LoopError, RunSetupFailed, first_line
 from campaign.loop.heartbeat import Heartbeat
@@ -105,11 +105,8 @@ class RunLoop:
         self.log = log  # the supervised process's output, recorded just before the end
         self.segment_id: int | None = None
         self.segment_ordinal = 0
-        self.heartbeat = Heartbeat(
-            lambda: self.ledger.heartbeat(self.run_id, lease=self.lease),
-            heartbeat_s,
-            f"heartbeat-{run_id}",
-        )
+        self.heartbeat = Heartbeat(lambda: self.ledger.heartbeat(self.run_id, lease=self.lease),
+                                   heartbeat_s, f"heartbeat-{run_id}")  # fmt: skip
         self.signals = SignalLatch(preempt_signals)
         self.probe = Probe(self.device)
         self.rules = StopRules(self.config)
@@ -122,6 +119,7 @@ class RunLoop:
         self._batches: list[Batch] = []
         self._validated = False
         self._checkpointed: int | None = None  # the update this segment last saved
+        self._resumed_stop: StopDecision | None = None  # an earlier segment's decided stop
         self.training_s = 0.0  # updates and validation; the rest of the segment is overhead
 
     # -- setup ---------------------------------------------------------------------
@@ -186,11 +184,8 @@ class RunLoop:
         self.rules = StopRules(self.config)  # the wall-time clock starts once the run is built
         if resume_from:
             self._restore(resume_from)
-        self.metrics = (
-            self.ledger.metric_writer(self.run_id, self.segment_id, lease=self.lease)
-            if self.writes
-            else dp.DiscardedMetrics()
-        )
+        self.metrics = (self.ledger.metric_writer(self.run_id, self.segment_id, lease=self.lease)
+                        if self.writes else dp.DiscardedMetrics())  # fmt: skip
         for key, step, value, seen, wall in self._pending:
             self.metrics.log(key, step, float("nan") if value is None else value, seen, wall)
         self.signals.install()
@@ -245,13 +240,17 @@ class RunLoop:
     def _loop(self) -> StopDecision:
         every = int(self.config["validation"]["every"])
         checkpoint_every = self.config["loop"]["checkpoint_every"] or every
-        at_budget = self.rules.after_update(self.step) if self.replayed_from is not None else None
-        if at_budget is not None and at_budget.cause == "budget_reached":
-            # Resumed at its budget (a signal in the last update, a kill during the export or
-            # the replay): no update past it; end on a validation point, as an unbroken run.
-            if not validated_at(self.ledger, self.record.campaign, self.run_id, self.step):
-                at_budget = self._training(self._validate) or at_budget
-            return replace(at_budget, phase=at_budget.phase or "update")
+        decided, at_start = None, None
+        if self.replayed_from is not None:  # killed in its last update or while ending?
+            decided, at_start = stop_at_resume(self.ledger, self.record.campaign, self.run_id,
+                                               self.step, self.rules)  # fmt: skip
+            self._resumed_stop = decided
+        if at_start is not None:  # no update past it; at the budget, end on a validation
+            if at_start.cause == "budget_reached" and not validated_at(
+                self.ledger, self.record.campaign, self.run_id, self.step
+            ):
+                at_start = self._training(self._validate) or at_start
+            return replace(at_start, phase=at_start.phase or "update")
         while True:
             stop = self._training(self._update)
             if stop is None and self.step % every == 0:
@@ -268,6 +267,8 @@ class RunLoop:
                 raise LeaseLost(f"run {self.run_id}: {LEASE_GONE}")
             if self.signals.received is not None:
                 return self.signals.decision()
+            if decided is not None and decided.step == self.step:
+                stop = decided  # resumed from before the decided stop: it holds at its step
             if stop is not None:
                 if stop.cause == "budget_reached" and self.step % every != 0:
                     stop = self._training(self._validate) or stop  # end on a validation point
@@ -393,6 +394,11 @@ class RunLoop:
             return RunOutcome(self.run_id, stop.status, stop.cause, self.step, stop.detail)
         phase = stop.phase or self.phase
         try:
+            if (stop.status in ("completed", "stopped") and stop.cause != "budget_reached"
+                    and stop != self._resumed_stop):  # fmt: skip
+                step = self.step if stop.step is None else stop.step
+                record_stop(self.ledger, self.record.campaign, self.run_id,
+                            replace(stop, phase=phase), step, self.lease)  # fmt: skip
             if stop.status in ("interrupted", "completed", "stopped") and (
                 self._checkpointed != self.step
             ):  # the loop may have saved this very update already
@@ -459,15 +465,11 @@ class RunLoop:
         return save_traceback(self.ledger, self.run_id, self.folder, self.step, lease=self.lease)
 
     def _write_phases(self, every_rank: bool = False) -> None:
-        """Record the measured phases. ``every_rank``: phases all replicas ran (updates,
-        validation): each rank's memory is its own, so rank 0 gathers and records them all,
-        labelled by rank (the ranks measure the same steps, so they all have records)."""
-        records = self.probe.drain()
-        rows = [{**r.row(run_id=self.run_id), "inputs": r.inputs} for r in records]
+        """Record the measured phases; ``every_rank``: phases all replicas ran (updates,
+        validation), which rank 0 gathers from every rank."""
+        rows = [{**r.row(run_id=self.run_id), "inputs": r.inputs} for r in self.probe.drain()]
         if every_rank and self.replica.world > 1 and rows:
-            gathered = dp.gather_json(rows, self.replica, self._group_device)
-            rows = [{**row, "device": f"{row['device']} (rank {rank})"}
-                    for rank, mine in enumerate(gathered or []) for row in mine]  # fmt: skip
+            rows = dp.rows_of_every_rank(rows, self.replica, self._group_device)
         if rows and self.writes:
             self.ledger.add_phase_measurements(rows, lease=self.lease)
 
