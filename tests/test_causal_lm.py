@@ -212,6 +212,19 @@ def test_a_bad_data_line_is_one_line_at_plan(sqlite_url: str, tmp_path: Path,
         spec.write_text(last.replace('"task.model_config.hidden_size" = "abc"', typo))
         done = CliRunner().invoke(main, ["--ledger", sqlite_url, "plan", str(spec), "--dry-run"])
         assert done.exit_code == 2 and said in done.stderr, done.output
+    # A LoRA target that names no module: PEFT would adapt nothing the user meant. Refused at
+    # plan, for the variant that names it (its model's module tree on the meta device).
+    fine = last.replace('"task.model_config.hidden_size" = "abc"', '"task.adapter" = "lora"')
+    spec.write_text(fine.replace("set = {}", 'set = {}\n[[grid.variants]]\nname = "b"\n'
+                                 'set = { "task.lora_targets" = ["q_proj", "qkv_proj"] }'))
+    done = CliRunner().invoke(main, ["--ledger", sqlite_url, "plan", str(spec), "--dry-run"])
+    assert done.exit_code == 2, done.output
+    assert ("variant 'b': task.lora_targets: no module named 'qkv_proj' in the model (its "
+            "weight layers: " in done.stderr and "q_proj" in done.stderr), done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+    spec.write_text(fine)  # the default targets name modules of a llama: planned
+    done = CliRunner().invoke(main, ["--ledger", sqlite_url, "plan", str(spec), "--dry-run"])
+    assert done.exit_code == 0, done.output
     assert not Path(sqlite_url.removeprefix("sqlite:///")).exists()
 
 

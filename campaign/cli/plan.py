@@ -42,7 +42,8 @@ def plan(source: LedgerSource, spec_path: str, dry_run: bool, output_format: str
     # started first: it imports the task on one core while the host imports what building
     # an optimizer needs on the other.
     pending = calls.begin(planning.task_facts, resolved.task, resolved.control.config,
-                          [v.config for v in resolved.variants], task=resolved.task,
+                          [v.config for v in resolved.variants],
+                          [v.name for v in resolved.variants], task=resolved.task,
                           what="importing and building the task")  # fmt: skip
     try:
         raise_first(optimizers)

@@ -27,7 +27,7 @@ from typing import Any, NoReturn
 
 from campaign.host.processes import become_subreaper, kill_descendants
 from campaign.ledger import Ledger
-from campaign.ledger.errors import LeaseLost
+from campaign.ledger.errors import LeaseLost, LedgerUnreachable
 from campaign.loop import progress_page
 from campaign.loop.signals import WALL_TIME_SIGNAL
 
@@ -65,7 +65,7 @@ def run_child(job: dict[str, Any]) -> NoReturn:
         progress_page.install(progress_page.ProgressBoard(Path(job["board"])))
         module, _, name = job["body"].partition(":")
         body = getattr(importlib.import_module(module), name)
-        with Ledger.open(job["url"]) as ledger:
+        with Ledger.open(job["url"], patient=True) as ledger:  # a held lock is waited out
             outcome = body(*job["args"], ledger, Path(job["log"]))
             answer = {"outcome": asdict(outcome)}
     except LeaseLost as error:
@@ -74,6 +74,9 @@ def run_child(job: dict[str, Any]) -> NoReturn:
         with contextlib.suppress(BaseException):
             traceback.print_exc()
         answer, code = {"error": f"{type(error).__name__}: {error}"[:2000]}, CHILD_FAILED
+        # A ledger that stayed locked (or away) even for the run's end: nothing is lost but the
+        # updates since its last checkpoint, so the supervisor ends it resumable.
+        answer["resumable"] = isinstance(error, LedgerUnreachable)
     try:
         temporary = result.with_suffix(".partial")
         temporary.write_text(json.dumps(answer, default=str))

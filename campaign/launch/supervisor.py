@@ -267,6 +267,8 @@ def _died(
               "without recording its end")  # fmt: skip
     if answer.get("error"):
         detail += f": {answer['error']}"
+    if answer.get("resumable"):  # the ledger was away even for its end: resume it later
+        return _Verdict("interrupted", "interrupted", detail)
     return _Verdict("failed", "exception", detail + " (its output: the run's log artifact)")
 
 

@@ -38,7 +38,13 @@ from campaign.ledger.errors import (
     RefusedWrite,
 )
 
-SQLITE_BUSY_TIMEOUT_S = 60.0
+# How long a SQLite writer waits for another's lock (``CAMPAIGN_SQLITE_BUSY_TIMEOUT_S``: a
+# shared file on slow storage may need more); a command gives up after one such wait.
+SQLITE_BUSY_TIMEOUT_S = float(os.environ.get("CAMPAIGN_SQLITE_BUSY_TIMEOUT_S") or 60.0)
+# A run's process waits out up to this many busy timeouts in a row (a lock held 75 s by a
+# colleague's shell must not end a day of training); then its run ends resumable.
+RUN_LOCK_ATTEMPTS = 5
+_LOCK_ATTEMPTS_OPTION = "campaign_lock_attempts"
 POSTGRES_CONNECT_TIMEOUT_S = 5
 IDLE_IN_TRANSACTION_S = 10
 MAX_ATTEMPTS = 6
@@ -239,18 +245,39 @@ def run_in_transaction(
 
     PostgreSQL serialization failures and deadlocks are normal outcomes under
     concurrency: they get a few jittered retries. ``work`` must therefore be safe to repeat (it
-    is: the transaction rolled back). Everything else is translated once.
+    is: the transaction rolled back). A SQLite lock held past the busy timeout is waited out
+    again only on a :func:`patient` engine (a run's process). Everything else is translated
+    once.
     """
-    for attempt in range(1, MAX_ATTEMPTS + 1):
+    attempt, locked = 1, 0
+    while True:
         try:
             with write_connection(engine) if write else engine.connect() as conn, conn.begin():
                 return work(conn)
         except exc.DBAPIError as error:
             if attempt < MAX_ATTEMPTS and is_retryable(error):
                 time.sleep(random.uniform(0.01, 0.05) * attempt)
+                attempt += 1
                 continue
+            locked += is_locked(error)
+            if is_locked(error) and locked < lock_attempts(engine):
+                continue  # a patient engine: the busy timeout waited once more, that is all
             raise translate_error(error, engine.url, what) from error
-    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def patient(engine: Engine, attempts: int = RUN_LOCK_ATTEMPTS) -> Engine:
+    """``engine`` whose writes wait out ``attempts`` SQLite busy timeouts in a row (a run's
+    process; a command the user waits on gives up after one)."""
+    return engine.execution_options(**{_LOCK_ATTEMPTS_OPTION: attempts})
+
+
+def lock_attempts(engine: Engine) -> int:
+    return int(engine.get_execution_options().get(_LOCK_ATTEMPTS_OPTION, 1))
+
+
+def is_locked(error: exc.DBAPIError) -> bool:
+    """SQLite's "database is locked" after its busy timeout."""
+    return "database is locked" in str(error.orig or error)
 
 
 def is_retryable(error: exc.DBAPIError) -> bool:

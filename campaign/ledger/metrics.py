@@ -36,7 +36,9 @@ from campaign.ledger.engine import (
     MAX_ATTEMPTS,
     REFUSAL_PREFIX,
     bulk_metric_connection,
+    is_locked,
     is_retryable,
+    lock_attempts,
     translate_error,
 )
 from campaign.ledger.errors import LeaseLost, RefusedWrite
@@ -128,7 +130,8 @@ class MetricWriter(Closing):
         self._last_flush = time.time()
         if not rows:
             return 0
-        for attempt in range(1, MAX_ATTEMPTS + 1):
+        attempt, locked = 1, 0
+        while True:
             try:
                 self._write(rows)
                 break
@@ -144,7 +147,11 @@ class MetricWriter(Closing):
                     raise
                 if attempt < MAX_ATTEMPTS and is_retryable(wrapped):
                     time.sleep(random.uniform(0.01, 0.05) * attempt)
+                    attempt += 1
                     continue
+                locked += is_locked(wrapped)
+                if is_locked(wrapped) and locked < lock_attempts(self._engine):
+                    continue  # a run's patient engine waits the busy timeout out again
                 raise translate_error(wrapped, self._engine.url, "writing metrics") from error
         self._buffer = []
         self.points_written += len(rows)

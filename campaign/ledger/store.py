@@ -22,11 +22,8 @@ from campaign.ledger import statements as sql
 from campaign.ledger.canonical import canonical_json, sha256_text
 from campaign.ledger.claims import claim_next_without_commit, start_without_commit
 from campaign.ledger.dialects import utcnow
-from campaign.ledger.engine import (
-    create_ledger_engine,
-    parse_url,
-    sqlite_path,
-)
+from campaign.ledger.engine import create_ledger_engine, parse_url, sqlite_path
+from campaign.ledger.engine import patient as engine_patience
 from campaign.ledger.errors import IllegalTransition, LedgerInputError, NoLedger, NotFound
 from campaign.ledger.evidence import EvidenceWrites, record_event, run_campaign, run_row
 from campaign.ledger.ids import new_run_id
@@ -69,14 +66,16 @@ class Ledger(EvidenceWrites):
     """
 
     @classmethod
-    def open(cls, url: str | None = None, *, create: bool = False, check: bool = True) -> Ledger:
+    def open(cls, url: str | None = None, *, create: bool = False, check: bool = True,
+             patient: bool = False) -> Ledger:  # fmt: skip
         """Open the ledger at ``url`` (else ``CAMPAIGN_LEDGER``, else ``sqlite:///campaign.db``).
 
         With ``create``, a missing SQLite file or an empty database is created
         at the head revision; without it, a missing SQLite file is refused
         (:class:`NoLedger`) and nothing is created. A ledger at an older or
         unknown revision is refused (``check``) with a message naming
-        ``campaign db upgrade``; nothing is written to it.
+        ``campaign db upgrade``; nothing is written to it. ``patient``: writes wait out
+        several SQLite busy timeouts in a row (a run's process, see ``RUN_LOCK_ATTEMPTS``).
         """
         parsed = parse_url(resolve_url(url))
         path = sqlite_path(parsed)
@@ -93,7 +92,7 @@ class Ledger(EvidenceWrites):
                 for leftover in (path, *(path.with_name(path.name + s) for s in ("-wal", "-shm"))):
                     leftover.unlink(missing_ok=True)  # failed (a full disk): no empty file left
             raise
-        return cls(engine)
+        return cls(engine_patience(engine) if patient else engine)
 
     # -- campaigns, variants, runs ------------------------------------------------
 

@@ -52,10 +52,14 @@ def save(path: Path, tensors: dict[str, torch.Tensor], state: Mapping[str, Any])
     unique, aliases = stored_once(tensors)
     document = json.dumps({"format": FORMAT_VERSION, **state, ALIASES_KEY: aliases},
                           allow_nan=True)  # fmt: skip
-    save_file(unique, str(temporary), metadata={STATE_KEY: document})
-    with open(temporary, "rb") as handle:
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
+    try:
+        save_file(unique, str(temporary), metadata={STATE_KEY: document})
+        with open(temporary, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:  # a full volume, a signal: no torn file left to take space
+        temporary.unlink(missing_ok=True)
+        raise
     directory = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(directory)

@@ -14,6 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from campaign.ledger.errors import LedgerUnreachable
+from campaign.loop.errors import first_line, out_of_storage, storage_stop_detail
+
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
@@ -111,3 +114,23 @@ class StopRules:
                 f"validations (best {self.best:.4g})",
             )
         return None
+
+
+def failure_decision(error: BaseException, phase: str, step: int, run_id: str,
+                     ending: str | None = None) -> StopDecision:  # fmt: skip
+    """How a run ends after ``error`` in ``phase`` (``ending``: the cause of the stop it was
+    ending): ``failed`` for good, except a volume with no space left, where nothing is lost
+    but the updates since the last checkpoint: ``interrupted``, resumable once there is
+    space (a full artifacts disk never ends a run ``completed`` nor loses its seed)."""
+    full = out_of_storage(error)
+    where = "" if ending is None else "while ending: "
+    if full is not None:
+        return StopDecision("interrupted", "interrupted",
+                            where + storage_stop_detail(full, phase, step, run_id))  # fmt: skip
+    if isinstance(error, LedgerUnreachable):  # locked past the run's patience, or gone
+        return StopDecision("interrupted", "interrupted", f"{where}{first_line(error)} in "
+                            f"{phase} at update {step}; `campaign resume {run_id}` continues "
+                            "from its last checkpoint")  # fmt: skip
+    where = "" if ending is None else f"while ending ({ending}): "
+    return StopDecision("failed", "exception", f"{where}{type(error).__name__}: "
+                                               f"{first_line(error)}")

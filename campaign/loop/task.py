@@ -104,3 +104,18 @@ def splits_problem(task: Task) -> str | None:
         if size == 0 and name in ("train", "val"):
             return f"splits()[{name!r}] is empty"
     return None
+
+
+def plan_problem(task: Task, variant: str | None = None) -> str | None:
+    """The task's own ``plan_problem()`` (optional: what it can refuse without training, such
+    as a LoRA target naming no module), naming ``variant`` when it is not the control's."""
+    check = getattr(task, "plan_problem", None)
+    if not callable(check):
+        return None
+    try:
+        problem = check()
+    except Exception as error:  # the user's task code
+        problem = f"plan_problem() failed: {type(error).__name__}: {error}"
+    if problem is None:
+        return None
+    return f"variant {variant!r}: {problem}" if variant else str(problem)

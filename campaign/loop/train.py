@@ -54,7 +54,7 @@ from campaign.loop.replay import EarlyReplay, write_final
 from campaign.loop.resume import ResumePoint, choose_resume_point, replayed_steps_report
 from campaign.loop.run_files import record_file, record_log, save_traceback, write_predictions
 from campaign.loop.signals import SignalLatch
-from campaign.loop.stop import StopDecision, StopRules
+from campaign.loop.stop import StopDecision, StopRules, failure_decision
 from campaign.loop.task import Batch, build_task
 
 LEASE_GONE = (
@@ -231,10 +231,8 @@ class RunLoop:
             detail = f"{first_line(error)} in {self.phase} with inputs {inputs}"
             stop = StopDecision("oom", "out_of_memory", detail)
         except (Exception, SystemExit, KeyboardInterrupt) as error:  # task code may raise these
-            traceback_artifact = self._save_traceback()
-            stop = StopDecision(
-                "failed", "exception", f"{type(error).__name__}: {first_line(error)}"
-            )
+            stop = failure_decision(error, self.phase, self.step, self.run_id)
+            traceback_artifact = self._save_traceback() if stop.status == "failed" else None
         return self._end(stop, traceback_artifact)
 
     def _loop(self) -> StopDecision:
@@ -408,8 +406,7 @@ class RunLoop:
         except LeaseLost:
             raise
         except Exception as error:  # a failure while ending still ends the run, as failed
-            detail = f"while ending ({stop.cause}): {type(error).__name__}: {first_line(error)}"
-            stop = StopDecision("failed", "exception", detail)
+            stop = failure_decision(error, self.phase, self.step, self.run_id, ending=stop.cause)
         with contextlib.suppress(Exception):
             self.metrics.close()
         self._record_replayed_steps()

@@ -204,17 +204,19 @@ def _size_from(counted: int | str, needed: bool) -> int | None:
     return None
 
 
-def task_facts(task: str, control: dict[str, Any], configs: list[dict[str, Any]]) -> dict[str, Any]:
+def task_facts(task: str, control: dict[str, Any], configs: list[dict[str, Any]],
+               variants: list[str] | None = None) -> dict[str, Any]:  # fmt: skip
     """Everything planning asks the task, in one guarded child (the user's module is imported
     once, not once per question): whether the reference imports (``reference``: the problem
     or None), the training-set size per task config (``sizes``: canonical task config -> int,
     or why it cannot tell), whether the control's config builds a task that keeps the
-    contract (``contract``: the problem or None), the metrics it declares (``metrics``) and
+    contract and passes its own ``plan_problem()`` for every variant's task config
+    (``contract``: the problem or None), the metrics it declares (``metrics``) and
     whether batch-statistics layers make accumulation inexact (``batch_stats``, a warning);
     or, alone, a ``task.*`` key its declared schema refuses (``keys``: [key, message])."""
     from campaign.loop.batch_stats import accumulation_warning, layers_on_meta
     from campaign.loop.errors import TaskContractError
-    from campaign.loop.task import build_task, splits_problem
+    from campaign.loop.task import build_task, plan_problem, splits_problem
     from campaign.plan.metric_names import declared_metrics
     from campaign.plan.spec import task_reference_problem
     from campaign.plan.task_keys import task_keys_problem
@@ -232,7 +234,12 @@ def task_facts(task: str, control: dict[str, Any], configs: list[dict[str, Any]]
         metrics = declared_metrics(built)
         if accumulation_warning(["?"], configs):  # only then is the model's make-up asked
             layers = layers_on_meta(built)
-        contract = splits_problem(built)
+        contract = splits_problem(built) or plan_problem(built)
+        seen = {canonical_json(control["task"])}
+        for name, config in zip(variants or [], configs, strict=False):
+            if contract is None and canonical_json(config["task"]) not in seen:
+                seen.add(canonical_json(config["task"]))  # another task config: its own check
+                contract = plan_problem(build_task(task, copy.deepcopy(config)), name)
     except TaskContractError as error:
         contract = str(error)
     except Exception as error:  # the user's task code

@@ -5,6 +5,8 @@ from __future__ import annotations
 import inspect
 import os
 import signal
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -21,6 +23,7 @@ class FaultyDigits(DigitsTask):
         self.sleep = float(config["task"].get("sleep", 0.0))
         self.marker = config["task"].get("marker")
         self.config_signal = str(config["task"].get("signal", "SIGTERM"))
+        self.sleep_lock = float(config["task"].get("lock_s", 0.0))
         self.calls = 0
 
     def model(self) -> torch.nn.Module:
@@ -62,6 +65,14 @@ class FaultyDigits(DigitsTask):
                 tree = [int(os.environ["CAMPAIGN_SUPERVISOR_PID"]), os.getppid(), os.getpid()]
                 for pid in tree:  # the supervisor, the task host, the run's own process
                     os.kill(pid, signum)
+            elif self.fault == "disk_full" and self.marker and not os.path.exists(self.marker):
+                open(self.marker, "w").close()  # once: this process writes no file over 4 KiB
+                import resource  # (EFBIG, as ENOSPC on a full volume: no more bytes taken)
+
+                resource.setrlimit(resource.RLIMIT_FSIZE,
+                                   (4096, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+            elif self.fault == "ledger_lock" and self.marker and not os.path.exists(self.marker):
+                hold_ledger_lock(os.environ["CAMPAIGN_LEDGER"], self.sleep_lock, self.marker)
             elif self.fault == "oom":
                 raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return total, units
@@ -80,6 +91,19 @@ class FaultyDigits(DigitsTask):
             os.kill(supervisor, signal.SIGKILL)
             time.sleep(60)  # the host and this child die with their owner
         return super().predict(model, batch)
+
+
+def hold_ledger_lock(url: str, seconds: float, marker: str) -> None:
+    """Another process takes the SQLite ledger's write lock and holds it ``seconds`` (a
+    colleague's shell with an open transaction); returns once it holds it."""
+    path = url.removeprefix("sqlite:///")
+    code = ("import sqlite3, sys, time; c = sqlite3.connect(sys.argv[1], isolation_level=None); "
+            "c.execute('BEGIN IMMEDIATE'); open(sys.argv[2], 'w').close(); "
+            "time.sleep(float(sys.argv[3])); c.execute('ROLLBACK')")
+    subprocess.Popen([sys.executable, "-c", code, path, marker, str(seconds)],
+                     start_new_session=True)  # fmt: skip
+    while not os.path.exists(marker):
+        time.sleep(0.01)
 
 
 def build(config: dict[str, Any]) -> FaultyDigits:

@@ -140,14 +140,7 @@ def with_adapter(base: torch.nn.Module, options: Mapping[str, Any]) -> torch.nn.
     """``base`` wrapped with LoRA adapters (PEFT), the base frozen."""
     from peft import LoraConfig, get_peft_model
 
-    targets = options.get("lora_targets") or list(DEFAULT_TARGETS)
-    if isinstance(targets, str) or not all(isinstance(t, str) and t for t in targets):
-        raise ValueError(f"task.lora_targets: a list of module names, got {targets!r}")
-    names = [name for name, _ in base.named_modules()]
-    missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
-    if missing:
-        raise ValueError(f"task.lora_targets: no module named {missing[0]!r} in the model "
-                         f"(its weight layers: {', '.join(sorted(_weight_names(base)))})")
+    targets = lora_targets(base, options)
     config = LoraConfig(r=int(options.get("lora_rank", 8)),
                         lora_alpha=float(options.get("lora_alpha", 16)),
                         lora_dropout=float(options.get("lora_dropout", 0.0)),
@@ -156,6 +149,30 @@ def with_adapter(base: torch.nn.Module, options: Mapping[str, Any]) -> torch.nn.
     with warnings.catch_warnings():  # PEFT asks through a name transformers 5 deprecates
         warnings.simplefilter("ignore", FutureWarning)
         return get_peft_model(base, config)
+
+
+def lora_targets(base: torch.nn.Module, options: Mapping[str, Any]) -> list[str]:
+    """``task.lora_targets`` (or the defaults), each naming a module of ``base``; a
+    ValueError names the first that names none (PEFT would adapt nothing, silently)."""
+    targets = options.get("lora_targets") or list(DEFAULT_TARGETS)
+    if isinstance(targets, str) or not all(isinstance(t, str) and t for t in targets):
+        raise ValueError(f"task.lora_targets: a list of module names, got {targets!r}")
+    names = [name for name, _ in base.named_modules()]
+    missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
+    if missing:
+        raise ValueError(f"task.lora_targets: no module named {missing[0]!r} in the model "
+                         f"(its weight layers: {', '.join(sorted(_weight_names(base)))})")
+    return list(targets)
+
+
+def base_on_meta(settings: Mapping[str, Any], vocab_size: int) -> torch.nn.Module:
+    """The base's module tree on the meta device: no weights read or allocated, so ``plan``
+    can check names against it in milliseconds (a local folder: its config alone)."""
+    from transformers import AutoModelForCausalLM
+
+    config = architecture_config(settings, vocab_size)
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config)
 
 
 def _weight_names(model: torch.nn.Module) -> set[str]:

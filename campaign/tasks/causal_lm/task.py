@@ -107,6 +107,18 @@ class CausalLMTask:
             return lm.with_adapter(base, self.options)
         return base
 
+    def plan_problem(self) -> str | None:
+        """What ``plan`` can refuse without training: a LoRA target that names no module of
+        the base (its module tree on the meta device), or None."""
+        if self.settings["adapter"] != "lora":
+            return None
+        try:
+            lm.lora_targets(lm.base_on_meta(self.settings, int(self.options.get(
+                "vocab_size", 512))), self.options)  # fmt: skip
+        except ValueError as error:
+            return str(error)
+        return None
+
     @property
     def trainable_only(self) -> bool:
         """Checkpoints and the final artifact hold only the adapter (the loop reads this)."""
