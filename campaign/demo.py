@@ -95,7 +95,7 @@ def run_demo(
             f"({len(inspection['data_gate'])} checks)")  # fmt: skip
         reports = pilot_classes(ledger, name, artifacts=artifacts, device="cpu")  # pilots/...
         for found, pilot in reports:
-            say(f"pilot {pilot.pilot_id} of gate class {found.id}: "
+            say(f"{pilot.label} of gate class {found.id}: "
                 f"{'passed' if pilot.passed else 'FAILED'} (on {pilot.variant})")  # fmt: skip
         if not reports:
             say("pilot: every gate class already has a passing pilot")

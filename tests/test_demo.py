@@ -34,7 +34,8 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
             done = run("sqlite:///unused-by-demo.db", "demo", "--dir", str(folder), "--updates",
                        "40", "--seeds", "2", timeout=600)  # fmt: skip
             assert done.returncode == 0, done.stderr[-3000:]
-            for line in ("data gate passed", "pilot 1 of gate class ", ": passed", "report:"):
+            for line in ("data gate passed", "pilot 1 (id 1) of gate class ", ": passed",
+                         "report:"):
                 assert line in done.stderr
     return folder
 

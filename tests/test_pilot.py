@@ -319,7 +319,8 @@ def test_the_overfit_criterion_comes_from_the_spec_and_is_shown(
     ledger: Ledger, sqlite_url: str, tmp_path: Path
 ) -> None:
     """[pilot] sets the overfit gate (a score threshold instead of exact match); the pilot
-    table records the criterion with the verdict, and a command-line option still wins."""
+    table records the criterion with the verdict, and a command-line option still wins. A
+    pilot is counted within its campaign (its ledger-wide id beside the count)."""
     import copy
 
     from campaign.plan.grid import make_plan, record_plan
@@ -341,6 +342,14 @@ def test_the_overfit_criterion_comes_from_the_spec_and_is_shown(
     stricter = CliRunner().invoke(main, ["--ledger", sqlite_url, "pilot", "loop", "--all",
                                          "--artifacts", str(tmp_path), "--overfit-factor", "1e6"])
     assert stricter.exit_code == 1 and "needed 1e+06x" in stricter.stdout
+    assert "campaign: pilot 2 (id 2) of 'loop'" in stricter.stderr, stricter.stderr
+    spec["campaign"]["name"] = "other"  # the ledger's third pilot is this campaign's first
+    record_plan(ledger, make_plan(resolve_spec(spec, "<other>")))
+    other = CliRunner().invoke(main, ["--ledger", sqlite_url, "pilot", "other", "--artifacts",
+                                      str(tmp_path)])  # fmt: skip
+    assert other.exit_code == 0 and "campaign: pilot 1 (id 3) of 'other'" in other.stderr
+    events = ledger.events("other")
+    assert events[events["kind"] == "pilot"]["detail"].iloc[-1].startswith("pilot 1 (id 3) on")
 
 
 LINE = "tests.tasks.line:build"

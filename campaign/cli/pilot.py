@@ -129,7 +129,7 @@ def pilot(source: LedgerSource, campaign: str, artifacts: Path, device: str,
     click.echo(render_rows(rows, output_format, document=document))
     for p in pilots:
         verdict = "passed" if p["passed"] else "FAILED"
-        click.echo(f"campaign: pilot {p['pilot_id']} of {campaign!r}, gate class "
+        click.echo(f"campaign: {p['label']} of {campaign!r}, gate class "
                    f"{p['gate_class']} (variant {p['variant']}) {verdict}", err=True)  # fmt: skip
     if not passed:
         raise click.exceptions.Exit(1)

@@ -85,7 +85,8 @@ def pilot_documents(url: str, campaign: str, artifacts: str, device: str,
         reports = pilot_classes(ledger, campaign, artifacts=Path(artifacts), device=device,
                                 overrides=overrides, only=only, every=every)  # fmt: skip
     return [
-        {"pilot_id": report.pilot_id, "gate_class": found.id, "variant": report.variant,
+        {"pilot_id": report.pilot_id, "number": report.number, "label": report.label,
+         "gate_class": found.id, "variant": report.variant,
          "passed": report.passed,
          "phases": [{"gate_class": found.id, "phase": r.phase, "verdict": r.verdict,
                      "duration_s": None if r.duration_s is None else round(r.duration_s, 4),

@@ -78,6 +78,12 @@ class PilotReport:
     records: list[PhaseRecord]
     config: dict[str, Any]
     variant: str
+    number: int | None = None  # this campaign's how-many-th pilot (the id is ledger-wide)
+
+    @property
+    def label(self) -> str:
+        """``pilot 2 (id 17)``: a count of the campaign's pilots, never the ledger's."""
+        return f"pilot {self.number} (id {self.pilot_id})"
 
 
 def worst_case(runs: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
@@ -475,6 +481,7 @@ def run_pilot(
     gate_class = gate_class or class_of(chosen["config"]).id  # a pilot speaks for one class
     stack = environment(record.task)
     pilot_id = ledger.create_pilot(campaign, record.spec_sha256, stack, gate_class)
+    number = int((ledger.pilots(campaign)["pilot_id"] <= pilot_id).sum())
     folder = Path(artifacts) / "pilots" / f"{campaign}-{pilot_id}"
     with artifacts_environment(Path(artifacts)):  # task code finds the artifacts folder
         records = Pilot(record.task, chosen["config"], folder, device=device,
@@ -487,7 +494,7 @@ def run_pilot(
     ledger.add_event(
         campaign,
         "pilot",
-        f"pilot {pilot_id} on variant {chosen['variant']} ({device}): "
+        f"pilot {number} (id {pilot_id}) on variant {chosen['variant']} ({device}): "
         f"{'pass' if passed else 'fail'}",
     )
-    return PilotReport(pilot_id, passed, records, chosen["config"], chosen["variant"])
+    return PilotReport(pilot_id, passed, records, chosen["config"], chosen["variant"], number)

@@ -174,7 +174,7 @@ def phase_memory(sheet: BalanceSheet) -> tuple[bytes | None, str]:
     table.plot.barh(ax=axis)
     axis.invert_yaxis()
     axis.set_xlabel("MiB")
-    axis.set_title(f"pilot {int(phases['pilot_id'].iloc[0])} (gate class "
+    axis.set_title(f"pilot id {int(phases['pilot_id'].iloc[0])} (gate class "
                    f"{phases['gate_class'].iloc[0]}): what each phase adds to memory",
                    fontsize=10)  # fmt: skip
     axis.legend(fontsize=8)
