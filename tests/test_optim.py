@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from campaign.cli import main
 from campaign.gates.launch_gate import open_gate
 from campaign.ledger import Ledger
+from campaign.loop import checkpoint as ckpt
 from campaign.loop.optim import build_optimizer, decay_groups, lr_factor
 from campaign.loop.train import execute
 from campaign.plan.grid import make_plan, record_plan
@@ -33,16 +34,22 @@ def _spec(name: str, config: dict[str, Any]) -> dict[str, Any]:
     }  # fmt: skip
 
 
-@pytest.mark.parametrize("config", [
-    {"optimizer.name": "adam", "optimizer.args.eps": 1e-7, "optimizer.args.amsgrad": True},
-    {"optimizer.name": "rmsprop", "optimizer.momentum": 0.9, "optimizer.args.alpha": 0.95},
-    {"optimizer.name": "sgd", "optimizer.momentum": 0.9, "optimizer.args.nesterov": True,
-     "scheduler.name": "cosine", "scheduler.warmup": 4, "scheduler.min_lr": 0.001,
-     "scheduler.decay_updates": 10},
+@pytest.mark.parametrize(("config", "group", "state"), [
+    ({"optimizer.name": "adam", "optimizer.args.eps": 1e-7, "optimizer.args.amsgrad": True},
+     {"eps": 1e-7, "amsgrad": True}, {"step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"}),
+    ({"optimizer.name": "rmsprop", "optimizer.momentum": 0.9, "optimizer.args.alpha": 0.95},
+     {"alpha": 0.95, "momentum": 0.9}, {"step", "square_avg", "momentum_buffer"}),
+    ({"optimizer.name": "sgd", "optimizer.momentum": 0.9, "optimizer.args.nesterov": True,
+      "scheduler.name": "cosine", "scheduler.warmup": 4, "scheduler.min_lr": 0.001,
+      "scheduler.decay_updates": 10},
+     {"momentum": 0.9, "nesterov": True}, {"momentum_buffer"}),
 ], ids=["adam", "rmsprop", "sgd-momentum-cosine"])  # fmt: skip
 def test_runs_with_other_optimizers_complete_and_log_the_rate_they_used(
-    sqlite_url: str, tmp_path: Path, config: dict[str, Any]
-) -> None:
+    sqlite_url: str, tmp_path: Path, config: dict[str, Any], group: dict[str, Any],
+    state: set[str],
+) -> None:  # fmt: skip
+    """The optimizer the run really stepped with (its last checkpoint's state: the settings
+    of its parameter groups, the buffers only that optimizer keeps) is the one configured."""
     spec = _spec("optimizers", config)
     with Ledger.open(sqlite_url, create=True) as ledger:
         record_plan(ledger, make_plan(resolve_spec(spec, "<optim>")))
@@ -54,6 +61,11 @@ def test_runs_with_other_optimizers_complete_and_log_the_rate_they_used(
         stored = run.config_document
         rates = ledger.metrics("optimizers", keys=["train/lr"]).set_index("step")["value"]
         losses = ledger.metrics("optimizers", keys=["train/loss"])["value"]
+        files = ledger.artifacts("optimizers").query("kind == 'checkpoint'")
+    tensors, saved = ckpt.load(Path(files["path"].iloc[-1]), files["sha256"].iloc[-1])
+    stepped = ckpt.join_state(saved["optimizer"], tensors)
+    assert {k: stepped["param_groups"][0][k] for k in group} == group
+    assert {k for buffers in stepped["state"].values() for k in buffers} == state
     assert stored["optimizer"]["name"] == config["optimizer.name"]
     assert losses.notna().all() and len(losses) == 12
     expected = [LR * lr_factor(s, stored["scheduler"], 12, LR) for s in range(1, 13)]
