@@ -72,3 +72,16 @@ def plan_quick(
         validation={"every": every},
         seeds=list(range(runs)),
     )  # fmt: skip
+
+
+def forward_calls(module: Any) -> list[int]:
+    """A live count of ``module``'s forward calls (a forward hook). Inside a block under
+    activation checkpointing a module runs twice per forward-backward (the recompute), once
+    without: equal gradients alone would also hold if checkpointing did nothing."""
+    calls = [0]
+
+    def count(*_: Any) -> None:
+        calls[0] += 1
+
+    module.register_forward_hook(count)
+    return calls

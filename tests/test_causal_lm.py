@@ -29,7 +29,7 @@ from campaign.loop.model_state import frozen_sha256, load_saved_state  # noqa: E
 from campaign.tasks.causal_lm.instructions import write_splits  # noqa: E402
 from campaign.tasks.causal_lm.task import IGNORE, CausalLMTask  # noqa: E402
 from tests.launch_helpers import ROOT, run_interrupt_resume  # noqa: E402
-from tests.loop_helpers import plan_loop  # noqa: E402
+from tests.loop_helpers import forward_calls, plan_loop  # noqa: E402
 
 TINY = {"architecture": "llama", "hidden_size": 32, "intermediate_size": 64,
         "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 2,
@@ -160,7 +160,7 @@ def test_lora_trains_and_saves_only_its_adapter_and_resumes_and_replays_exactly(
 def test_the_model_own_checkpointing_gives_the_same_lora_gradients(
     data: dict[str, Path],
 ) -> None:
-    grads = []
+    grads, calls = [], []
     for checkpointing in (False, True):
         task = CausalLMTask({"task": _options(data, adapter="lora", lora_rank=4), "loop": {}})
         torch.manual_seed(0)  # the adapter's own initialisation draws from the run's seed
@@ -168,10 +168,13 @@ def test_the_model_own_checkpointing_gives_the_same_lora_gradients(
         if checkpointing:
             task.enable_activation_checkpointing(model)
         model.train()
+        calls.append(forward_calls(next(m for n, m in model.named_modules()
+                                        if n.endswith("layers.0.self_attn"))))  # fmt: skip
         total, _ = task.loss(model, task.collate(task.splits()["train"][:4]))
         total.backward()
         grads.append({n: p.grad for n, p in model.named_parameters() if p.requires_grad})
     assert grads[0].keys() == grads[1].keys() and grads[0]
+    assert [c[0] for c in calls] == [1, 2]  # the decoder layer really recomputed in backward
     for name, grad in grads[0].items():
         assert torch.allclose(grad, grads[1][name], rtol=1e-5, atol=1e-7), name
 

@@ -97,8 +97,12 @@ def test_run_identity_and_frozen_columns(seeded: dict, column: str, value: str) 
 def test_terminal_status_is_never_left(seeded: dict, target: str) -> None:
     url = seeded["url"]
     run_id = seeded["completed"]
-    _refused(url, "UPDATE runs SET status = ?, stop_cause = NULL WHERE id = ?", (target, run_id))
-    _refused(url, "UPDATE runs SET status = ? WHERE id = ?", (target, run_id))
+    for statement in ("UPDATE runs SET status = ?, stop_cause = NULL WHERE id = ?",
+                      "UPDATE runs SET status = ? WHERE id = ?"):
+        message = _refused(url, statement, (target, run_id))
+        rule = ("a terminal status is never left" if url.startswith("postgresql")
+                else "run status transition not allowed")  # each engine's trigger names it
+        assert message.startswith("campaign ledger refused") and rule in message, message
     assert execute(url, "SELECT status FROM runs WHERE id = ?", (run_id,)) == [("completed",)]
 
 

@@ -12,11 +12,12 @@ import pytest
 import torch
 
 from campaign.ledger import Ledger, StopRecord
-from campaign.loop.engine import accumulate, build_scheduler, checkpoint_blocks
+from campaign.loop.engine import Trainer, accumulate, build_scheduler, checkpoint_blocks
 from campaign.loop.errors import LoopError
+from campaign.loop.task import build_task
 from campaign.loop.train import execute
 from campaign.tasks.arithmetic import ArithmeticTask
-from tests.loop_helpers import plan_loop
+from tests.loop_helpers import forward_calls, plan_loop
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -51,8 +52,10 @@ def test_activation_checkpointing_gives_the_same_gradients() -> None:
     torch.manual_seed(0)
     checkpointed = task.model().double()
     checkpoint_blocks(checkpointed)
+    calls = [forward_calls(next(m.blocks[0].children())) for m in (plain, checkpointed)]
     accumulate(task, plain, batch)
     accumulate(task, checkpointed, batch)
+    assert [c[0] for c in calls] == [1, 2]  # the checkpointed block recomputed in backward
     for (name, a), (_, b) in zip(
         plain.named_parameters(), checkpointed.named_parameters(), strict=True
     ):
@@ -72,6 +75,16 @@ def test_bf16_and_activation_checkpointing_run_end_to_end(sqlite_url: str, tmp_p
         assert outcome.status == "completed", outcome
         curve = ledger.metrics("loop", keys=["train/loss"])
         assert len(curve) == 12 and curve["value"].notna().all()
+        config = ledger.run(run_id).config_document
+    # The run's own trainer computes its matmuls in bf16 (autocast), in checkpointed blocks.
+    trainer = Trainer(build_task("campaign.tasks.arithmetic:build", config), config,
+                      torch.device("cpu"))  # fmt: skip
+    linear = trainer.model.blocks[0].linear1  # the feed-forward's (attention calls F.linear)
+    dtypes: list[torch.dtype] = []
+    linear.register_forward_hook(lambda _m, _i, output: dtypes.append(output.dtype))
+    trainer.forward_backward(trainer.batches(trainer.next_examples()))
+    assert dtypes and set(dtypes) == {torch.bfloat16}
+    assert len(dtypes) == 2 * config["loop"]["accumulation"]  # recomputed in each backward
 
 
 def test_fp16_on_cpu_is_refused_before_any_work(sqlite_url: str, tmp_path: Path) -> None:

@@ -39,7 +39,7 @@ def test_a_stack_that_misses_the_needs_is_refused_everywhere(
         run_worker(sqlite_ledger, WorkerOptions("loop", tmp_path / "a"))
     launch = runner.invoke(main, ["--ledger", sqlite_url, "launch", "loop", "--skip-pilot",
                                   "--reason", "x", "--artifacts", str(tmp_path)])  # fmt: skip
-    assert launch.exit_code != 0 and "refuses to claim" in launch.stderr
+    assert launch.exit_code == 1 and "refuses to claim" in launch.stderr, launch.output
     assert sqlite_ledger.run(run_id).status == "planned"  # nothing was claimed
 
 

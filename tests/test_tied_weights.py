@@ -18,7 +18,7 @@ from campaign.loop.errors import LoopError
 from campaign.loop.replay import replay_artifact
 from campaign.loop.task import build_task
 from campaign.loop.train import execute
-from tests.loop_helpers import plan_loop
+from tests.loop_helpers import forward_calls, plan_loop
 
 TASK = "tests.tasks.tied:build"
 
@@ -89,11 +89,14 @@ def test_activation_checkpointing_at_a_module_path_gives_the_same_gradients(
         _, plain = _config(ledger, "ac-plain")
         _, checked = _config(ledger, "ac-checked", **{"loop.activation_checkpointing": True,
                                                       "loop.checkpoint_modules": "transformer.h"})
-    gradients = []
+    gradients, calls = [], []
     for config in (plain, checked):
         trainer = Trainer(build_task(TASK, config), config, torch.device("cpu"))
-        trainer.forward_backward(trainer.batches(trainer.next_examples()))
+        calls.append(forward_calls(next(trainer.model.transformer.h[0].children())))
+        batches = trainer.batches(trainer.next_examples())
+        trainer.forward_backward(batches)
         gradients.append({n: p.grad.clone() for n, p in trainer.model.named_parameters()})
+    assert calls[1][0] == 2 * calls[0][0] > 0  # every microbatch's block recomputed once
     assert gradients[0].keys() == gradients[1].keys()
     for name in gradients[0]:
         assert torch.equal(gradients[0][name], gradients[1][name]), name
