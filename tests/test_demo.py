@@ -92,6 +92,7 @@ def test_archive_round_trip(demo: Path, tmp_path: Path) -> None:
     refused = _cli(url, "verify-archive", str(damaged))
     assert refused.exit_code == 1 and "Traceback" not in refused.stderr
     assert refused.stderr.count("\n") == 1
+    assert "damaged" in refused.stderr or "does not match" in refused.stderr, refused.stderr
 
     # A member changed and the archive re-packed without a new manifest: named.
     tampered = tmp_path / "tampered.tar.gz"

@@ -38,7 +38,14 @@ def test_fp16_run_with_grad_scaler_on_cuda(sqlite_url: str, tmp_path: Path) -> N
         )
         assert outcome.status == "completed", outcome
         phases = ledger.phases("loop")
-        assert phases["allocated_peak"].notna().any()
+        files = ledger.artifacts("loop").query("kind == 'checkpoint'")
+    updates = phases[phases["phase"].isin(["update", "update_first"])]
+    assert len(updates) and updates["allocated_peak"].notna().all()
+    from campaign.loop import checkpoint as ckpt
+
+    _, state = ckpt.load(Path(files["path"].iloc[-1]), files["sha256"].iloc[-1])
+    scaler = state["scaler"]  # the GradScaler really ran: its state was saved with its scale
+    assert scaler and float(scaler["scale"]) > 0 and int(scaler["_growth_tracker"]) >= 0
 
 
 def test_pilot_on_cuda_stores_allocated_and_reserved_apart(sqlite_url: str, tmp_path: Path) -> None:

@@ -75,8 +75,13 @@ def test_a_replicated_run_trains_like_one_process_and_only_rank_0_writes(
     assert len(mine) == len(theirs)
     # Every rank's memory is its own: both ranks' update measurements are recorded.
     phases = ledger.phases("replicated")
-    updates = phases[phases["phase"].isin(["update", "update_first"])]["device"]
-    assert {"cpu (rank 0)", "cpu (rank 1)"} <= set(updates), set(updates)
+    updates = phases[phases["phase"].isin(["update", "update_first"])]
+    assert {"cpu (rank 0)", "cpu (rank 1)"} <= set(updates["device"]), set(updates["device"])
+    by_rank = {rank: updates[updates["device"] == f"cpu (rank {rank})"] for rank in (0, 1)}
+    for rows in by_rank.values():  # each rank measured its own process (torch imported)
+        assert (rows["rss"] > 50 * 2**20).all() and (rows["rss_peak"] >= rows["rss"]).all()
+    assert (by_rank[0]["rss"].tolist(), by_rank[0]["duration_s"].tolist()) != (
+        by_rank[1]["rss"].tolist(), by_rank[1]["duration_s"].tolist())  # not rank 0's copied
     kinds = ledger.artifacts("replicated")["kind"].value_counts()
     assert kinds["final"] == 1
     assert kinds["checkpoint"] == len(ledger.artifacts("single").query("kind == 'checkpoint'"))

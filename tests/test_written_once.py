@@ -125,6 +125,7 @@ def test_campaign_level_events_and_notes_stay_open(ended: dict, ledger: Ledger) 
     ledger.add_event("digits-lr", "reviewed", "campaign-level events are not a run's")
     ledger.add_note("digits-lr", "still writable after the runs ended")
     assert "reviewed" in set(ledger.events("digits-lr")["kind"])
+    assert "still writable after the runs ended" in set(ledger.notes("digits-lr")["text"])
 
 
 def test_a_resumed_segment_on_another_stack_keeps_the_first(ended: dict, ledger: Ledger) -> None:
