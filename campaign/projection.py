@@ -73,13 +73,17 @@ def pilot_figures(rows: Any) -> dict[str, float] | None:
     """The figures a projection takes from one pilot's phase rows (a frame with ``phase``,
     ``duration_s`` and ``inputs``): the update, validation and checkpoint times and the per-run
     fixed costs (building the task and model, export with its replay); None when a phase the
-    projection needs is missing."""
+    projection needs is missing. A replicated class's update is its slowest rank's."""
     duration = dict(zip(rows["phase"], rows["duration_s"], strict=False))
     inputs = dict(zip(rows["phase"], rows["inputs"], strict=False))
     if not {"update", "validation", "checkpoint"} <= duration.keys():
         return None
     setup = float((inputs.get("data") or {}).get("setup_s") or 0.0)
-    return {"update_s": float(duration["update"]), "validation_s": float(duration["validation"]),
+    # A replicated class: its ranks take their shares at once, the group as fast as its
+    # slowest rank (the single-process row took the whole effective batch alone).
+    ranks = rows[rows["phase"] == "replicas"]["duration_s"].dropna()
+    update = float(ranks.max()) if len(ranks) else float(duration["update"])
+    return {"update_s": update, "validation_s": float(duration["validation"]),
             "checkpoint_s": float(duration["checkpoint"]),
             "fixed_s": setup + float(duration.get("export") or 0.0)}  # fmt: skip
 

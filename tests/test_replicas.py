@@ -85,3 +85,36 @@ def test_a_replicated_run_trains_like_one_process_and_only_rank_0_writes(
     kinds = ledger.artifacts("replicated")["kind"].value_counts()
     assert kinds["final"] == 1
     assert kinds["checkpoint"] == len(ledger.artifacts("single").query("kind == 'checkpoint'"))
+
+
+def test_the_pilot_of_a_replicated_class_runs_its_ranks_in_their_group(
+    sqlite_ledger: Ledger, tmp_path: Path
+) -> None:
+    """``loop.replicas = 2``: besides the single-process phases, a ``replicas`` row per rank,
+    measured in its own process inside a gloo group; a task whose rank 1 builds another
+    model fails it, naming the ranks."""
+    from campaign.pilot.phase_gates import run_pilot
+    from tests.loop_helpers import plan_loop
+
+    hold = {"loop.replicas": 2, "loop.accumulation": 1}
+    plan_loop(sqlite_ledger, "pair", hold=hold)
+    report = run_pilot(sqlite_ledger, "pair", artifacts=tmp_path / "a")
+    assert report.passed, [(r.phase, r.detail) for r in report.records]
+    phases = sqlite_ledger.phases("pair")
+    rows = phases[phases["phase"] == "replicas"].set_index("device")
+    assert list(rows.index) == ["cpu (rank 0)", "cpu (rank 1)"]
+    inputs = rows["inputs"].tolist()
+    assert [i["rank"] for i in inputs] == [0, 1] and inputs[0]["pid"] != inputs[1]["pid"]
+    assert all(i["share"] == 4 and i["examples_per_update"] == 8 for i in inputs)
+    assert (rows["rss_peak"] > 50 * 2**20).all() and (rows["duration_s"] > 0).all()
+    assert "the same parameters on every rank" in rows["detail"].iloc[0]
+    for pid in (i["pid"] for i in inputs[1:]):  # the follower is gone
+        assert not Path(f"/proc/{pid}").exists()
+
+    plan_loop(sqlite_ledger, "drift", hold=hold, task="tests.tasks.faulty:build",
+              config={"task.fault": "rank_drift"})  # fmt: skip
+    drifted = run_pilot(sqlite_ledger, "drift", artifacts=tmp_path / "b")
+    assert not drifted.passed
+    failed = [r for r in drifted.records if r.verdict == "fail"]
+    assert [r.phase for r in failed] == ["replicas", "replicas"]
+    assert "the parameters differ across ranks (rank 0 against 1)" in failed[0].detail

@@ -39,31 +39,13 @@ from campaign.loop.replay import replay_file_in_subprocess, write_final
 from campaign.loop.run_files import artifacts_environment
 from campaign.loop.task import Task, build_task
 from campaign.pilot import activations
+from campaign.pilot.advice import ADVICE
 from campaign.pilot.data_gate import check_data
 from campaign.pilot.overfit import PilotOptions, varied
+from campaign.pilot.replica_check import check_replicas
 from campaign.pilot.session import PilotSession
 from campaign.plan.metric_names import metric_problem, produced
 
-# What to do when a phase fails (DESIGN.md §5).
-ADVICE = {
-    "data": "fix the data or the task's collate (see the failed checks)",
-    "forward": "check the model's output shapes and the loss; a non-finite loss at step 0 "
-    "means broken inputs or initialisation",
-    "backward": "a parameter without gradient is detached, unused or frozen by mistake; "
-    "non-finite gradients need a smaller learning rate, clipping or fp32",
-    "update_first": "the optimizer must change the parameters: check the learning rate, "
-    "the parameter groups and requires_grad",
-    "update": "later updates must keep changing the parameters with finite values",
-    "validation": "validation must run in eval mode under torch.no_grad() and cover every "
-    "validation example; do not switch modes inside predict()",
-    "checkpoint": "the checkpoint must hold model, optimizer, scheduler, scaler and RNG state",
-    "resume": "a fresh process must restore step, LR, RNG and data position and compute the "
-    "same next loss: save every piece of state the update depends on",
-    "export": "the final artifact must reproduce the control outputs: keep all model state in "
-    "parameters or registered buffers, and make predict() deterministic",
-    "overfit": "a handful of examples must be learnable: check labels, loss and masks "
-    "(inspect), and the learning rate",
-}
 PRECISION_RANK = {"fp32": 2, "bf16": 1, "fp16": 1}
 
 
@@ -143,8 +125,25 @@ class Pilot:
         self._phase("checkpoint", self._checkpoint)
         self._phase("resume", self._resume)
         self._phase("export", self._export)
+        if int(self.config["loop"].get("replicas", 1)) > 1:
+            self._replicas()
         self._phase("overfit", self._overfit, independent=True)
         return self.probe.drain()
+
+    def _replicas(self) -> None:
+        """A replicated class: its ranks in their process group, a row per rank."""
+        if self.failed is not None:
+            self._phase("replicas", lambda _record: "")  # recorded as skipped
+            return
+        try:
+            self.probe.records += check_replicas(self.reference, self.config, str(self.device),
+                                                 self.folder)  # fmt: skip
+        except Exception as error:  # a rank's task code, the group's setup
+            self.probe.records.append(PhaseRecord(
+                "replicas", str(self.device), verdict="fail",
+                detail=f"{type(error).__name__}: {error} -> {ADVICE['replicas']}"))  # fmt: skip
+        if any(r.phase == "replicas" and r.verdict == "fail" for r in self.probe.records):
+            self.failed = self.failed or "replicas"
 
     # -- running a phase ------------------------------------------------------------
 

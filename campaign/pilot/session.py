@@ -16,13 +16,15 @@ from typing import Any
 
 import torch
 
+from campaign.loop import replicas as dp
 from campaign.loop.engine import Trainer
 from campaign.loop.task import Example, Task
 
 
 class PilotSession(Trainer):
-    def __init__(self, task: Task, config: Mapping[str, Any], device: torch.device) -> None:
-        super().__init__(task, config, device)
+    def __init__(self, task: Task, config: Mapping[str, Any], device: torch.device,
+                 replica: dp.Replica | None = None) -> None:  # fmt: skip
+        super().__init__(task, config, device, replica)
         self.updates = 0
         self.waits: list[float] = []
 

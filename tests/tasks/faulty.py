@@ -31,6 +31,9 @@ class FaultyDigits(DigitsTask):
         one: task code that behaves differently in another process, so the final artifact's
         replay in a fresh process predicts other labels."""
         model = super().model()
+        if self.fault == "rank_drift" and os.environ.get("RANK") == "1":  # seeds by rank, say
+            with torch.no_grad():
+                next(model.parameters()).add_(1e-3)
         drifting = os.environ.get("CAMPAIGN_TEST_DRIFT")  # the test's process or the run it
         supervisor = os.environ.get("CAMPAIGN_SUPERVISOR_PID")  # supervises (not a replay)
         replaying = any(frame.function == "replay_artifact" for frame in inspect.stack())
