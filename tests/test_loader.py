@@ -146,3 +146,35 @@ def test_validation_on_a_fixed_sample_and_an_estimate_of_the_training_loss(
     predictions = [pd.read_parquet(p) for p in files[files["kind"] == "predictions"]["path"]]
     assert [len(p) for p in predictions] == [10, 10]
     assert predictions[0]["id"].tolist() == predictions[1]["id"].tolist()  # the same sample
+
+
+def test_a_task_that_says_its_reads_draw_nothing_is_held_to_its_word() -> None:
+    """Built-in tasks declare ``random_examples = False`` and are read unseeded (seeding costs
+    25x the digits collate); the data gate reads and collates their first examples under two
+    seeds, which must agree, and refuses a task whose declaration is false."""
+    import random
+
+    import torch
+
+    from campaign.loop.loader import draws_randomness
+    from campaign.loop.task import build_task
+    from campaign.pilot.data_gate import check_data
+    from campaign.pilot.randomness import declared_randomness
+
+    config = {"task": {}, "loop": {}, "seed": 0}
+    digits = build_task("campaign.tasks.digits:build", config)
+    augmented = build_task(TASK, config)
+    lying = build_task("tests.tasks.augmented:build_undeclared", config)
+    assert not draws_randomness(digits) and draws_randomness(augmented)
+    found = {name: next(f for f in check_data(task, config)
+                        if f.check == "random_examples_declared")
+             for name, task in (("digits", digits), ("augmented", augmented),
+                                ("lying", lying))}  # fmt: skip
+    before = torch.get_rng_state(), random.getstate()
+    assert not declared_randomness(lying).ok  # the check itself leaves the generators be
+    assert torch.equal(torch.get_rng_state(), before[0]) and random.getstate() == before[1]
+    assert found["digits"].ok and "32 training examples read and collated under two seeds: " \
+        "identical" in found["digits"].detail
+    assert found["augmented"].ok and "seeded" in found["augmented"].detail
+    assert not found["lying"].ok and "differ in 'x'" in found["lying"].detail, found["lying"]
+    assert "remove random_examples = False" in found["lying"].advice

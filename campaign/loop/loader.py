@@ -12,7 +12,12 @@ generators are seeded from (run seed, epoch, position in the epoch), never from
 a worker's identity; ``collate`` is seeded the same way from its microbatch's
 first example. In the training process (no workers) the generators' states are
 saved before the update's reads and restored after its collates, so the
-training RNG is left exactly as it was. Collating runs in the
+training RNG is left exactly as it was. A task whose reads and collates draw
+nothing says so (``random_examples = False``, as the built-in tasks do) and
+pays none of it: seeding three generators costs about 15 us a read, 25 times
+the digits task's whole collate (benchmarks/example_seeding.py). The pilot's
+data phase holds it to its word: examples read and collated under two other
+seeds must be identical. Collating runs in the
 worker; the training process only moves tensors to the device (pinned memory
 and non-blocking copies on CUDA with ``loop.pin_memory``).
 
@@ -26,6 +31,7 @@ them (``train/data_wait_s``).
 
 from __future__ import annotations
 
+import itertools
 import random
 import time
 from collections.abc import Iterator, Sequence
@@ -74,11 +80,18 @@ class PreservedGenerators:
         torch.set_rng_state(self.saved[2])
 
 
-class SeededExamples(Dataset[Any]):
-    """``dataset[index]`` with every global generator seeded by the example's place."""
+def draws_randomness(task: Task) -> bool:
+    """Whether the task's reads and collates may draw from the global generators (the
+    default: only a task that declares ``random_examples = False`` is read unseeded)."""
+    return getattr(task, "random_examples", True) is not False
 
-    def __init__(self, dataset: Any, seed: int) -> None:
-        self.dataset, self.seed = dataset, seed
+
+class SeededExamples(Dataset[Any]):
+    """``dataset[index]`` with every global generator seeded by the example's place (when the
+    task draws: ``seeded``)."""
+
+    def __init__(self, dataset: Any, seed: int, seeded: bool = True) -> None:
+        self.dataset, self.seed, self.seeded = dataset, seed, seeded
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -86,7 +99,8 @@ class SeededExamples(Dataset[Any]):
     def __getitem__(self, key: Key) -> tuple[Key, Any]:
         index, epoch, position, _ = key
         try:
-            seed_generators(example_seed(self.seed, epoch, position))
+            if self.seeded:
+                seed_generators(example_seed(self.seed, epoch, position))
             return key, self.dataset[index]
         except Exception as error:
             raise LoopError(f"reading training example at index {index} (epoch {epoch}, "
@@ -115,20 +129,18 @@ class UpdateSampler(Sampler[list[Key]]):
 class CollateUpdate:
     """The worker's side: examples of one update -> its collated microbatches (CPU)."""
 
-    def __init__(self, task: Task, seed: int) -> None:
-        self.task, self.seed = task, seed
+    def __init__(self, task: Task, seed: int, seeded: bool = True) -> None:
+        self.task, self.seed, self.seeded = task, seed, seeded
 
     def __call__(self, items: Sequence[tuple[Key, Any]]) -> list[Batch]:
-        chunks: dict[int, list[Any]] = {}
-        firsts: dict[int, Key] = {}
-        for key, example in items:
-            chunks.setdefault(key[3], []).append(example)
-            firsts.setdefault(key[3], key)
-        batches = []
-        for microbatch, chunk in chunks.items():
-            _, epoch, position, _ = firsts[microbatch]
+        batches = []  # the sampler gives the update's keys microbatch by microbatch, in order
+        for _, group in itertools.groupby(items, key=lambda item: item[0][3]):
+            pairs = list(group)
+            _, epoch, position, _ = pairs[0][0]
+            chunk = [example for _, example in pairs]
             try:  # a collate that draws (a random mask, mixup) is seeded by its first example
-                seed_generators(example_seed(self.seed ^ COLLATE_SALT, epoch, position))
+                if self.seeded:
+                    seed_generators(example_seed(self.seed ^ COLLATE_SALT, epoch, position))
                 batches.append(self.task.collate(chunk))
             except Exception as error:
                 ids = [e.get("id") for e in chunk if isinstance(e, dict)]
@@ -159,10 +171,11 @@ class Feeder:
             # method the process that started this run used
             options = {"prefetch_factor": prefetch, "persistent_workers": False,
                        "multiprocessing_context": _worker_context()}  # fmt: skip
+        seeded = draws_randomness(task)
         self.loader = DataLoader(
-            SeededExamples(dataset, seed),
+            SeededExamples(dataset, seed, seeded),
             batch_sampler=UpdateSampler(position, microbatch, replica),
-            collate_fn=CollateUpdate(task, seed),
+            collate_fn=CollateUpdate(task, seed, seeded),
             num_workers=workers,
             pin_memory=pin_memory,
             # a private generator: creating the loader never draws from the training RNG
@@ -170,7 +183,8 @@ class Feeder:
             **options,
         )
         self._updates: Iterator[list[Batch]] | None = None
-        self._in_process = not workers  # reads and collates here: the training RNG is kept
+        # Reads and collates here, seeded: the training RNG is kept around them.
+        self._preserve = not workers and seeded
 
     def next(self) -> tuple[list[Batch], float]:
         """The next update's microbatches and the seconds spent waiting for them."""
@@ -178,10 +192,10 @@ class Feeder:
         if self._updates is None:
             self._updates = iter(self.loader)
         try:
-            if self._in_process:
+            if self._preserve:
                 with PreservedGenerators():
                     batches = next(self._updates)
-            else:  # the workers seed their own generators; this process draws nothing
+            else:  # the workers seed their own generators, or nothing draws
                 batches = next(self._updates)
         except LoopError as error:  # from a worker: torch puts its traceback before our line
             lines = [line for line in str(error).splitlines() if line.strip()]

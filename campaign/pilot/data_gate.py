@@ -20,6 +20,7 @@ from campaign.loop.data import gate_view
 from campaign.loop.task import Task
 from campaign.pilot.findings import Finding
 from campaign.pilot.label_gate import check_targets
+from campaign.pilot.randomness import declared_randomness
 
 IGNORE = -100
 CHUNK = 64
@@ -49,6 +50,7 @@ def check_data(task: Task, config: Mapping[str, Any]) -> list[Finding]:
         _masks_match_lengths(batches),
         _prompt_out_of_loss(batches),
         _truncation(batches, allow_cut),
+        declared_randomness(task),
     ]
 
 

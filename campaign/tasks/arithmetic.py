@@ -29,6 +29,7 @@ TOKEN = {c: i + 3 for i, c in enumerate(CHARS)}
 
 class ArithmeticTask:
     metrics = ("accuracy",)  # what score() returns: plan checks the spec's metric against it
+    random_examples = False  # reading and collating draw nothing: the loader seeds nothing
 
     def __init__(self, config: dict[str, Any]) -> None:
         options = config.get("task", {})

@@ -46,6 +46,7 @@ class DigitsTask:
     """A small MLP on 64 pixel intensities; loss is the summed cross-entropy over examples."""
 
     metrics = ("accuracy",)  # what score() returns: plan checks the spec's metric against it
+    random_examples = False  # reading and collating draw nothing: the loader seeds nothing
 
     def __init__(self, config: dict[str, Any]) -> None:
         options = config.get("task", {})

@@ -113,3 +113,14 @@ class Shortened(Augmented):
 
 def build_shortened(config: dict[str, Any]) -> Shortened:
     return Shortened(config)
+
+
+class Undeclared(Augmented):
+    """Says its reads draw nothing (``random_examples = False``): they do (the data gate's
+    ``random_examples_declared`` check catches it)."""
+
+    random_examples = False
+
+
+def build_undeclared(config: dict[str, Any]) -> Undeclared:
+    return Undeclared(config)

@@ -32,6 +32,7 @@ class CausalLMTask:
     """The task contract (DESIGN.md §4) for instruction -> response pairs."""
 
     metrics = ("exact_match",)  # what score() returns: plan checks the spec's metric against it
+    random_examples = False  # reading and collating draw nothing: the loader seeds nothing
 
     def __init__(self, config: dict[str, Any]) -> None:
         self.config = config

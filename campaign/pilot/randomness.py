@@ -1,0 +1,62 @@
+"""The data gate's check of a task's word that its reads and collates draw nothing.
+
+A task that declares ``random_examples = False`` is read without seeding (the loader's
+per-example seeding costs 25 times the digits task's collate). If its reads or collate do
+draw from Python's, NumPy's or torch's global generators, its batches would differ between
+loader workers and across a resume, and in the training process the draws would shift the
+training RNG (dropout masks). So the gate reads and collates the first training examples
+under two different seeds of all three generators: the batches must be identical.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from campaign.loop.loader import PreservedGenerators, draws_randomness, seed_generators
+from campaign.loop.task import Task
+from campaign.pilot.findings import Finding
+
+READS = 32  # the first training examples read twice (one or more microbatches of them)
+
+
+def declared_randomness(task: Task) -> Finding:
+    """``random_examples_declared``: ok when the task is seeded (it may draw) or its two reads
+    under different seeds collate to identical batches."""
+    if draws_randomness(task):
+        return Finding("random_examples_declared", True, "reads and collates are seeded "
+                       "from each example's place (the task may draw)")  # fmt: skip
+    train = task.splits()["train"]
+    count = min(READS, len(train))
+    first, second = (_read(task, train, count, seed) for seed in (1, 2))
+    different = _first_difference(first, second)
+    if different is None:
+        return Finding("random_examples_declared", True, f"{count} training examples read and "
+                       "collated under two seeds: identical (random_examples = False holds)")
+    return Finding(
+        "random_examples_declared", False,
+        f"the task declares random_examples = False, but {count} training examples read and "
+        f"collated under two seeds differ in {different!r}",
+        "remove random_examples = False (the loader then seeds every read and collate from "
+        "the example's place), or stop drawing from the global generators",
+    )  # fmt: skip
+
+
+def _read(task: Task, train: Any, count: int, seed: int) -> Mapping[str, Any]:
+    with PreservedGenerators():  # the caller's generators are left as they were
+        seed_generators(seed)
+        return task.collate([train[i] for i in range(count)])
+
+
+def _first_difference(first: Mapping[str, Any], second: Mapping[str, Any]) -> str | None:
+    for key in first:
+        a, b = first[key], second.get(key)
+        if isinstance(a, torch.Tensor):
+            same = isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a, b)
+        else:
+            same = a == b
+        if not same:
+            return str(key)
+    return None
