@@ -236,6 +236,10 @@ def test_every_bad_input_gets_one_line_and_its_exit_code(seeded: dict, tmp_path:
             before = after
     assert not problems, "\n".join(problems)
     assert not list(Path("/proc").glob("x")) and Path("/dev/full").is_char_device()
+    binary = Path(tmp_path / "binary.bin")  # the refused outputs: nothing made under a file
+    assert binary.is_file() and binary.read_bytes() == bytes(range(256)) * 4
+    for refused in ("r.html", "a.tar.gz", "d"):
+        assert not Path(f"{binary}/{refused}").exists()
     leftovers = [p.name for p in tmp_path.rglob("*.partial")]
     assert leftovers == []
 

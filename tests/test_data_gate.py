@@ -123,7 +123,10 @@ def test_inspect_command(sqlite_url: str) -> None:
     assert set(first) >= {"id", "input", "target", "mask", "length", "truncated"}
     summary = document["summary"]
     assert summary["examples"] == 100 and summary["length_min"] <= summary["length_max"]
-    assert 0 <= summary["padding_fraction"] < 1
+    if summary["length_min"] < summary["length_max"]:  # padding is what the lengths leave
+        assert 0 < summary["padding_fraction"] < 1
+    else:
+        assert summary["padding_fraction"] == 0
 
 
 def test_inspect_exits_1_when_the_gate_fails(sqlite_url: str) -> None:

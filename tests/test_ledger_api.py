@@ -41,7 +41,8 @@ def test_plan_records_everything_in_one_go(ledger: Ledger, ledger_url: str) -> N
 def test_plan_with_a_duplicate_name_writes_nothing(ledger: Ledger, ledger_url: str) -> None:
     plan_campaign(ledger)
     counts = [execute(ledger_url, f"SELECT COUNT(*) FROM {t}") for t in ("runs", "variants")]
-    with pytest.raises(Exception, match="refused"):
+    with pytest.raises(RefusedWrite, match=r"^recording campaign 'digits-lr': campaign ledger "
+                       r"refused: "):  # the unique key (PostgreSQL) or the no-REPLACE rule
         plan_campaign(ledger)
     assert [
         execute(ledger_url, f"SELECT COUNT(*) FROM {t}") for t in ("runs", "variants")

@@ -48,7 +48,7 @@ def test_two_workers_and_a_resume_give_the_zero_worker_series_exactly(
     assert len(zero) == 12 and zero == two == again  # bit for bit, augmentation included
     assert val[0] == val[1] == val[2]
     assert stop_step[0] == 0 and 1 < stop_step[1] < 12  # it really was cut and resumed
-    assert len(waits) == 12 and all(w >= 0 for w in waits)
+    assert len(waits) == 12 and all(w >= 0 for w in waits) and max(waits) > 0  # measured
     assert len(set(zero)) > 6  # the series moves: the comparison is not of constants
 
 
