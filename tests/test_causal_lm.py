@@ -24,8 +24,9 @@ require("peft", "hf")
 
 # The causal-LM task's modules import transformers: only once it is known to be there.
 from campaign.ledger import Ledger  # noqa: E402
-from campaign.loop.errors import CheckpointError  # noqa: E402
+from campaign.loop.errors import CheckpointError, RunSetupFailed  # noqa: E402
 from campaign.loop.model_state import frozen_sha256, load_saved_state  # noqa: E402
+from campaign.loop.train import execute  # noqa: E402
 from campaign.tasks.causal_lm.instructions import write_splits  # noqa: E402
 from campaign.tasks.causal_lm.task import IGNORE, CausalLMTask  # noqa: E402
 from tests.launch_helpers import ROOT, run_interrupt_resume  # noqa: E402
@@ -155,6 +156,46 @@ def test_lora_trains_and_saves_only_its_adapter_and_resumes_and_replays_exactly(
         next(p for p in model.parameters() if not p.requires_grad).add_(1e-3)
     with pytest.raises(CheckpointError, match="the base model differs from the one it was"):
         load_saved_state(model, load_file(str(final)), same, ended, str(final))
+
+
+def test_a_resume_under_a_swapped_tokenizer_is_refused_and_the_run_waits(
+    sqlite_url: str, tmp_path: Path, data: dict[str, Path]
+) -> None:
+    """The tokenizer folder a LoRA run trained with is replaced (another vocabulary) while the
+    run is interrupted: the resume is refused naming the tokenizer, and the run stays
+    ``interrupted`` at its checkpoint's update (before, it ended ``failed`` for good); with
+    the tokenizer put back the same run resumes and completes."""
+    import shutil
+
+    original, other, folder = tmp_path / "tok-a", tmp_path / "tok-b", tmp_path / "tok"
+    CausalLMTask({"task": _options(data), "loop": {}}).tokenizer.save_pretrained(original)
+    CausalLMTask({"task": _options(data, vocab_size=200), "loop": {}}).tokenizer.save_pretrained(
+        other)  # fmt: skip
+    shutil.copytree(original, folder)
+    marker = tmp_path / "signalled"
+    options = _options(data, adapter="lora", lora_rank=4, tokenizer_path=str(folder),
+                       fault="sigterm", at=8, marker=str(marker))  # fmt: skip
+    with Ledger.open(sqlite_url, create=True) as ledger:
+        run_id = plan_loop(ledger, "swap", task="tests.tasks.lm_fault:build",
+                           hold={"budget.updates": 6, "loop.checkpoint_every": 2},
+                           validation={"every": 3, "metric": "val/exact_match", "sample": 4},
+                           config=_flat(options))[0]  # fmt: skip
+        first = execute(ledger, run_id, artifacts=tmp_path / "a", replay_in_subprocess=False)
+        assert first.status == "interrupted" and marker.exists()
+        shutil.rmtree(folder)
+        shutil.copytree(other, folder)
+        with pytest.raises(RunSetupFailed, match=r"stays interrupted, its resume refused: "
+                           r"CheckpointError: .*its base's tokenizer was"):
+            execute(ledger, run_id, artifacts=tmp_path / "a", replay_in_subprocess=False)
+        run = ledger.run(run_id)
+        assert (run.status, run.stop_cause, run.stop_step) == ("interrupted", "interrupted",
+                                                               first.step)  # fmt: skip
+        assert run.stop_detail.startswith("resume refused: CheckpointError: ")
+        shutil.rmtree(folder)
+        shutil.copytree(original, folder)
+        done = execute(ledger, run_id, artifacts=tmp_path / "a", replay_in_subprocess=False)
+        assert (done.status, done.step) == ("completed", 6)
+        assert ledger.segments("swap")["start_step"].tolist() == [0, first.step, first.step]
 
 
 def test_the_model_own_checkpointing_gives_the_same_lora_gradients(

@@ -66,9 +66,10 @@ def _execute_here(
     with group:
         try:
             loop.setup()
-        except RunSetupFailed as error:  # the run is recorded as failed already
+        except RunSetupFailed as error:  # the run's end is recorded already
             loop.cleanup()
-            return RunOutcome(loop.run_id, "failed", "exception", loop.step, str(error))
+            cause = "exception" if error.status == "failed" else "interrupted"
+            return RunOutcome(loop.run_id, error.status, cause, loop.step, str(error))
         try:
             return loop.train()
         finally:

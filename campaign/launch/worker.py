@@ -32,7 +32,7 @@ from campaign.host import calls
 from campaign.launch.defaults import DEFAULT_HEARTBEAT_S, DEFAULT_LEASE_S
 from campaign.launch.supervisor import Supervision, supervise
 from campaign.ledger import Claim, IllegalTransition, Ledger
-from campaign.loop.errors import CheckpointError, RunSetupFailed
+from campaign.loop.errors import RESUME_REFUSED, CheckpointError, RunSetupFailed
 from campaign.loop.outcome import RunOutcome
 from campaign.loop.resume import choose_resume_point
 
@@ -163,7 +163,9 @@ def run_worker(
             report.outcomes.append(outcome)
             if on_outcome is not None:
                 on_outcome(outcome)
-            if outcome.status == "interrupted":
+            if outcome.status == "interrupted" and RESUME_REFUSED in outcome.detail:
+                report.not_resumed[taken[0]] = outcome.detail  # it waits; the others go on
+            elif outcome.status == "interrupted":
                 stopping.set()
         report.stopped_by_signal = stopping.is_set()
         # Preempted whether the signal reached a run or came between two (the supervisor

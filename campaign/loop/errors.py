@@ -17,8 +17,16 @@ class DeviceUnavailable(LoopError):
     """A device that is a valid name but cannot run here (exit 1: the checked thing)."""
 
 
+RESUME_REFUSED = "stays interrupted, its resume refused"  # a resume that could not start
+
+
 class RunSetupFailed(LoopError):
-    """The run left ``planned`` and failed while being built; its end is recorded as failed."""
+    """The run was taken and could not be built; its end is recorded: ``failed`` for a first
+    start, ``interrupted`` (resumable, nothing lost) for a resume (``status``)."""
+
+    def __init__(self, message: str, status: str = "failed") -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class CheckpointError(ValueError):

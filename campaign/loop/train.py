@@ -45,7 +45,7 @@ from campaign.loop import replicas as dp
 from campaign.loop.data import describe_inputs
 from campaign.loop.decisions import agree, final_recorded, record_stop, stop_at_resume, validated_at
 from campaign.loop.engine import Trainer, seed_everything
-from campaign.loop.errors import LoopError, RunSetupFailed, first_line
+from campaign.loop.errors import RESUME_REFUSED, LoopError, RunSetupFailed, first_line
 from campaign.loop.heartbeat import Heartbeat
 from campaign.loop.measure import Probe
 from campaign.loop.outcome import RunOutcome
@@ -155,15 +155,20 @@ class RunLoop:
         try:
             self._prepare(resume_from)
         except (Exception, SystemExit, KeyboardInterrupt) as error:  # it must end with a cause
-            detail = f"{type(error).__name__}: {first_line(error)}"
-            artifact = self._save_traceback()
-            if artifact:
-                detail += f" (traceback: artifact {artifact})"
-            stop = StopRecord("exception", self.step, self.phase, detail)
+            # A resume that cannot start (a swapped tokenizer, a task edited since) changes
+            # nothing: the run waits resumable. A first start that fails ends failed.
+            resumed, detail = bool(resume_from), f"{type(error).__name__}: {first_line(error)}"
+            artifact = None if isinstance(error, ckpt.CheckpointError) else self._save_traceback()
+            detail += f" (traceback: artifact {artifact})" if artifact else ""
+            status, cause = ("interrupted", "interrupted") if resumed else ("failed", "exception")
             if self.log is not None:  # what the task printed while failing: before the end
                 record_log(self.ledger, self.run_id, self.log, self.step, lease=self.lease)
-            self.ledger.finish(self.run_id, "failed", stop, lease=self.lease, training_s=0.0)
-            raise RunSetupFailed(f"run {self.run_id} failed in {self.phase}: {detail}") from error
+            step = int(resume_from["step"]) if resume_from else self.step  # where it waits
+            self.ledger.finish(self.run_id, status, StopRecord(
+                cause, step, self.phase, ("resume refused: " if resumed else "") + detail),
+                lease=self.lease, training_s=0.0)  # fmt: skip
+            how = RESUME_REFUSED if resumed else f"failed in {self.phase}"
+            raise RunSetupFailed(f"run {self.run_id} {how}: {detail}", status) from error
 
     @property
     def _group_device(self) -> torch.device:
