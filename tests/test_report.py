@@ -205,3 +205,33 @@ def test_a_campaign_where_no_run_started_archives_and_verifies(
     assert made.exit_code == 0, made.stderr
     checked = CliRunner().invoke(main, ["verify-archive", str(path)])
     assert checked.exit_code == 0 and "every SHA-256 verified" in checked.stderr
+
+
+def test_a_run_on_another_tokenizer_than_its_variant_is_flagged(ledger: Ledger) -> None:
+    """Two seeds of one adapter variant whose ``base_model`` events name other tokenizers (a
+    tokenizer folder replaced between the runs): the second is flagged ``base_differs`` with
+    both identities; the other variant's runs, alike, are not."""
+    from campaign.ledger import NewRun, NewVariant
+
+    ledger.create_campaign(
+        "bases", question="q", task="campaign.tasks.digits:build",
+        spec={"validation": {"metric": "val/accuracy", "mode": "max"}},
+        variants=[NewVariant("a", True, {}), NewVariant("b", False, {"x": 1})],
+        runs=[NewRun(v, s, {"budget": {"updates": 1}, "seed": s}) for v in "ab" for s in (0, 1)],
+    )  # fmt: skip
+    tokenizers = {("a", 0): "tok (787eec2a)", ("a", 1): "tok (dcb0326a)",
+                  ("b", 0): "tok (787eec2a)", ("b", 1): "tok (787eec2a)"}  # fmt: skip
+    ids = ledger.runs("bases").set_index(["variant", "seed"])["run_id"]
+    for (variant, seed), tokenizer in tokenizers.items():
+        claim = ledger.start(ids[(variant, seed)], "w")
+        identity = {"adapter": "lora", "sha256": "f00d", "tokenizer": tokenizer}
+        ledger.add_event("bases", "base_model", json.dumps(identity), run_id=claim.run_id)
+        with ledger.metric_writer(claim.run_id, claim.segment_id) as writer:
+            writer.log("train/loss", 1, 1.0)
+            writer.log("val/accuracy", 1, 0.5)
+        ledger.finish(claim.run_id, "completed", StopRecord("budget_reached", 1, "update"))
+    flags = balance_sheet(ledger, "bases").flags
+    found = flags[flags["kind"] == "base_differs"]
+    assert found["run_id"].tolist() == [ids[("a", 1)]]
+    assert found["detail"].iloc[0] == (f"tokenizer: 'tok (dcb0326a)' here, 'tok (787eec2a)' for "
+                                       f"run {ids[('a', 0)]}")

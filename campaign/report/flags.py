@@ -14,11 +14,15 @@ value; the flag says why the value may not mean what it seems:
 - ``changes_variant_key``: a relaunch changes a key that defines the variants;
 - ``budget_not_reached``: the run ended normally before its planned updates;
 - ``budget_exceeded``: the run did more updates than planned (a resume past its budget,
-  before the loop refused it): its value is not counted, the seed counts as without one.
+  before the loop refused it): its value is not counted, the seed counts as without one;
+- ``base_differs``: an adapter run trained on another frozen base or tokenizer than its
+  variant's first run (a tokenizer folder replaced between two runs): its seeds are not
+  one experiment.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pandas as pd
@@ -30,7 +34,7 @@ from campaign.plan.config_keys import config_value, held_deviations
 
 KINDS = ("replay_differs", "determinism_differs", "pilot_skipped", "ungated", "stack_differs",
          "held_deviation", "changes_variant_key", "budget_not_reached",
-         "budget_exceeded")  # fmt: skip
+         "budget_exceeded", "base_differs")  # fmt: skip
 COLUMNS = ("run_id", "kind", "detail")
 
 
@@ -47,6 +51,7 @@ def integrity_flags(
     found: list[dict[str, Any]] = []
     found += event_flags(events)
     found += _gate_flags(runs, events, pilots, spec_sha256)
+    found += base_flags(runs, events)
     for row in runs.itertuples():
         for key in held_deviations(row.config, hold):
             detail = f"{key} is {config_value(row.config, key)!r}, held at {hold[key]!r}"
@@ -92,6 +97,37 @@ def event_flags(events: pd.DataFrame) -> list[dict[str, Any]]:
         elif row.kind == "determinism_check" and "(identical)" not in detail:
             found.append(_flag(row.run_id, "determinism_differs", detail))
     return found
+
+
+def base_flags(runs: pd.DataFrame, events: pd.DataFrame) -> list[dict[str, Any]]:
+    """``base_differs``: each adapter run's base (its first ``base_model`` event: the frozen
+    weights' hash, the tokenizer, the base's source) against its variant's first run's."""
+    bases = events[(events["kind"] == "base_model") & events["run_id"].notna()]
+    first: dict[str, dict[str, Any]] = {}
+    for run_id, detail in zip(bases["run_id"], bases["detail"], strict=True):
+        first.setdefault(run_id, _identity(detail))  # events in order: the run's first
+    found, reference = [], {}
+    for row in runs.itertuples():
+        mine = first.get(row.run_id)
+        if mine is None:
+            continue
+        if row.variant not in reference:
+            reference[row.variant] = (row.run_id, mine)
+            continue
+        origin, theirs = reference[row.variant]
+        apart = [f"{key}: {mine.get(key)!r} here, {theirs.get(key)!r} for run {origin}"
+                 for key in sorted(set(mine) | set(theirs)) if mine.get(key) != theirs.get(key)]
+        if apart:
+            found.append(_flag(row.run_id, "base_differs", "; ".join(apart)))
+    return found
+
+
+def _identity(detail: Any) -> dict[str, Any]:
+    try:
+        found = json.loads(str(detail))
+    except ValueError:
+        return {"base_model": str(detail)}
+    return found if isinstance(found, dict) else {"base_model": found}
 
 
 def _gate_flags(
