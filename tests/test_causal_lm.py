@@ -390,6 +390,16 @@ def test_a_local_model_folder_is_used_as_it_is_and_its_config_is_part_of_the_bas
         assert torch.equal(frozen[name], weight), name
     identity = local.base_identity()
     assert identity["base"]["model_path"] == str(folder) and identity["base"]["config_sha256"]
+    assert local.plan_problem() is None  # its tokenizer fits, the default targets exist
+    bigger = tmp_path / "bigger"  # a tokenizer of more tokens than the base's embedding rows
+    CausalLMTask({"task": _options(data, vocab_size=400), "loop": {}}).tokenizer.save_pretrained(
+        bigger)  # fmt: skip
+    unfit = CausalLMTask({"task": {**_options(data), "model_config": None, "adapter": "lora",
+                                   "model_path": str(folder), "tokenizer_path": str(bigger)},
+                          "loop": {}})  # fmt: skip
+    said = unfit.plan_problem()  # at plan, before any run is built (inspect builds none)
+    assert said is not None and said.startswith("task.tokenizer_path: the tokenizer has ")
+    assert said.endswith(f"tokens, the model's embedding {len(made.tokenizer)} rows")
     with pytest.raises(ValueError, match=r"task\.model_path: .*missing is not a folder here"):
         CausalLMTask({"task": {**_options(data), "model_config": None,
                                "model_path": str(tmp_path / "missing")}, "loop": {}})

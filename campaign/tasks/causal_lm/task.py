@@ -109,13 +109,18 @@ class CausalLMTask:
         return base
 
     def plan_problem(self) -> str | None:
-        """What ``plan`` can refuse without training: a LoRA target that names no module of
-        the base (its module tree on the meta device), or None."""
-        if self.settings["adapter"] != "lora":
-            return None
+        """What ``plan`` can refuse without training: a tokenizer with more tokens than a
+        local base's embedding, a LoRA target that names no module of the base (its module
+        tree on the meta device, no weights read), or None."""
         try:
-            lm.lora_targets(lm.base_on_meta(self.settings, int(self.options.get(
-                "vocab_size", 512))), self.options)  # fmt: skip
+            if self.settings["path"]:
+                rows = int(lm.architecture_config(self.settings, 0).vocab_size)
+                if len(self.tokenizer) > rows:
+                    return (f"task.tokenizer_path: the tokenizer has {len(self.tokenizer)} "
+                            f"tokens, the model's embedding {rows} rows")  # fmt: skip
+            if self.settings["adapter"] == "lora":  # (a tokenizer to train is not trained here)
+                size = int(self.options.get("vocab_size", 512))
+                lm.lora_targets(lm.base_on_meta(self.settings, size), self.options)
         except ValueError as error:
             return str(error)
         return None
