@@ -28,14 +28,6 @@ ADDRESS = "127.0.0.1"
 FOLLOWER_EXIT_WAIT_S = 120.0
 
 
-def device_for(device: str, rank: int) -> str:
-    """Rank r uses the r-th device after the leader's (CUDA); every rank shares the CPU."""
-    parsed = torch.device(device)
-    if parsed.type != "cuda":
-        return device
-    return f"cuda:{(parsed.index or 0) + rank}"
-
-
 @contextlib.contextmanager
 def replica_group(
     ledger: Ledger, run_id: str, world: int, device: str, artifacts: Path
@@ -49,7 +41,7 @@ def replica_group(
         env = {**os.environ, ENV_VAR: url, **dp.environment_for(replica, ADDRESS, port)}
         command = [
             sys.executable, "-m", "campaign.launch.follower", run_id,
-            "--device", device_for(device, rank), "--artifacts", str(artifacts),
+            "--device", dp.device_for(device, rank), "--artifacts", str(artifacts),
         ]  # fmt: skip
         followers.append(subprocess.Popen(command, env=env))
     leader = dp.Replica(0, world)

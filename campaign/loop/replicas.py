@@ -46,6 +46,14 @@ class Replica:
         return self.rank == 0
 
 
+def device_for(device: str, rank: int) -> str:
+    """Rank r uses the r-th device after the leader's (CUDA); every rank shares the CPU."""
+    parsed = torch.device(device)
+    if parsed.type != "cuda":
+        return device
+    return f"cuda:{(parsed.index or 0) + rank}"
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

@@ -92,8 +92,6 @@ def check_replicas(reference: str, config: dict[str, Any], device: str,
                    folder: Path) -> list[PhaseRecord]:  # fmt: skip
     """Rank 0's side: start the followers, measure in the group, compare; one record per rank
     (every rank's verdict is the group's)."""
-    from campaign.launch.replicated import device_for
-
     world = int(config["loop"]["replicas"])
     reference_digest = single_process_digest(reference, config, device)
     document = folder / "replica-config.json"
@@ -101,7 +99,7 @@ def check_replicas(reference: str, config: dict[str, Any], device: str,
     port = dp.free_port()
     followers = [subprocess.Popen(
         [sys.executable, "-m", "campaign.pilot.replica_check", reference, str(document),
-         device_for(device, rank)],
+         dp.device_for(device, rank)],
         env={**os.environ, **dp.environment_for(dp.Replica(rank, world), ADDRESS, port)},
     ) for rank in range(1, world)]  # fmt: skip
     leader = dp.Replica(0, world)
@@ -116,7 +114,7 @@ def check_replicas(reference: str, config: dict[str, Any], device: str,
     for result in results:
         fields = result["record"]
         rank = result["rank"]
-        fields["device"] = f"{device_for(device, rank)} (rank {rank})"
+        fields["device"] = f"{dp.device_for(device, rank)} (rank {rank})"
         fields["verdict"], fields["detail"] = verdict, detail
         records.append(PhaseRecord(**fields))
     return records
