@@ -60,8 +60,11 @@ def test_labels_are_checked_where_the_loss_sees_them(fault: str, seen: list[str]
     assert set(findings) >= {"labels_at_loss[train]", "labels_at_loss[val]"}, findings
     train = findings["labels_at_loss[train]"].detail
     first = task.splits()["train"][0]["id"]
-    assert any(pair in train for pair in seen) and "first ids: " in train
-    assert repr(first) in train or "of 320 targets at the loss differ" in train
+    shown = [pair for pair in seen if pair in train]  # each shown pair is the fault's own
+    assert len(shown) == 4 and f"first ids: {first!r}, " in train, train
+    labels = [e["label"] for e in task.splits()["train"]]
+    wrong = len(labels) - (labels.count(0) if fault == "collate_constant" else 0)  # 0 stays 0
+    assert train.startswith(f"{wrong} of 320 targets at the loss differ"), train
     assert "fix collate()" in findings["labels_at_loss[train]"].advice
 
 

@@ -180,7 +180,9 @@ def test_a_hostile_variant_name_from_the_api_is_text_in_every_format(
     sheet = balance_sheet(sqlite_ledger, "hostile")
     ended = sheet.runs.set_index("run_id").loc[claim.run_id]
     assert pd.isna(ended["training_s"]) and pd.isna(ended["overhead_s"])
-    assert ended["wall_time_s"] >= 0
+    segment = sqlite_ledger.segments("hostile").set_index("run_id").loc[claim.run_id]
+    wall = (pd.Timestamp(segment["ended_at"]) - pd.Timestamp(segment["started_at"]))
+    assert ended["wall_time_s"] == pytest.approx(wall.total_seconds(), abs=0.01)
     assert set(sheet.runs["variant"]) == {HOSTILE, "other"}
     html = render(sheet, "html")
     assert HOSTILE not in html and html.count("&lt;script&gt;alert(1)&lt;/script&gt;") >= 2
