@@ -407,3 +407,77 @@ def test_a_local_model_folder_is_used_as_it_is_and_its_config_is_part_of_the_bas
     with pytest.raises(ValueError, match=r"task\.model_path: no tokenizer in"):
         CausalLMTask({"task": {**_options(data), "model_config": None,
                                "model_path": str(tmp_path / "empty")}, "loop": {}}).model()
+
+
+def test_an_export_loads_in_transformers_and_peft_with_the_campaign_logits(
+    sqlite_url: str, tmp_path: Path, data: dict[str, Path]
+) -> None:
+    """``campaign export`` of a full fine-tune and of a LoRA run (base built from a config):
+    ``AutoModelForCausalLM.from_pretrained`` and ``PeftModel.from_pretrained`` load them, and
+    their logits on the control prompts are the campaign's own (the final artifact reloaded
+    as its replay reloads it), bit for bit on CPU; ``--merge`` gives a plain model within
+    rounding. A model card and a manifest go with each; the ledger records the export."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from campaign.cli import main
+    from campaign.loop.replay import load_final_model, verified_final
+
+    runs = {}
+    with Ledger.open(sqlite_url, create=True) as ledger:
+        for name, extra in (("full", {}), ("lora", {"adapter": "lora", "lora_rank": 4})):
+            runs[name] = plan_loop(ledger, name, task="campaign.tasks.causal_lm:build",
+                                   hold={"budget.updates": 4},
+                                   validation={"every": 4, "metric": "val/exact_match",
+                                               "sample": 4},
+                                   config=_flat(_options(data, **extra)))[0]  # fmt: skip
+            execute(ledger, runs[name], artifacts=tmp_path / "a", replay_in_subprocess=False)
+        own = {}
+        for name, run_id in runs.items():
+            _, path = verified_final(ledger, run_id)
+            task, model, _ = load_final_model(path, "campaign.tasks.causal_lm:build")
+            batch = task.collate(list(task.control_inputs()))
+            with torch.no_grad():
+                own[name] = model.eval()(input_ids=batch["tokens"],
+                                         attention_mask=batch["attention_mask"]).logits
+    folders = {"full": tmp_path / "full", "lora": tmp_path / "lora",
+               "merged": tmp_path / "merged"}  # fmt: skip
+    for name, folder in folders.items():
+        arguments = ["--ledger", sqlite_url, "export", runs["lora" if name == "merged" else name],
+                     "--to", str(folder), *(["--merge"] if name == "merged" else [])]
+        done = CliRunner().invoke(main, arguments)
+        assert done.exit_code == 0, done.output
+    loaded = {
+        "full": AutoModelForCausalLM.from_pretrained(folders["full"]),
+        "lora": PeftModel.from_pretrained(
+            AutoModelForCausalLM.from_pretrained(folders["lora"] / "base"), folders["lora"]),
+        "merged": AutoModelForCausalLM.from_pretrained(folders["merged"]),
+    }  # fmt: skip
+    for name, model in loaded.items():
+        with torch.no_grad():
+            logits = model.eval()(input_ids=batch["tokens"],
+                                  attention_mask=batch["attention_mask"]).logits
+        expected = own["lora" if name == "merged" else name]
+        if name == "merged":  # W + BA against xW + (xA)B: the same up to rounding
+            torch.testing.assert_close(logits, expected, rtol=1e-5, atol=1e-5)
+        else:
+            assert torch.equal(logits, expected), name
+    tokenizer = AutoTokenizer.from_pretrained(folders["lora"])
+    assert tokenizer("sort the words: a b")["input_ids"] == task.tokenizer(
+        "sort the words: a b")["input_ids"]
+    card = (folders["lora"] / "README.md").read_text()
+    assert f"run id `{runs['lora']}`" in card and "frozen base: SHA-256 `" in card
+    assert "PeftModel.from_pretrained(base, folder)" in card
+    manifest = json.loads((folders["lora"] / "MANIFEST.json").read_text())
+    assert {"adapter_config.json", "adapter_model.safetensors", "base/config.json",
+            "README.md"} <= {f["path"] for f in manifest["files"]}  # fmt: skip
+    with Ledger.open(sqlite_url) as ledger:
+        exported = ledger.events("lora").query("kind == 'exported'")["detail"].tolist()
+    assert len(exported) == 2 and all(runs["lora"] in e for e in exported)
+    again = CliRunner().invoke(main, ["--ledger", sqlite_url, "export", runs["full"], "--to",
+                                      str(folders["full"])])  # fmt: skip
+    assert again.exit_code == 2 and "exists and is not an empty folder" in again.stderr
+    merge_full = CliRunner().invoke(main, ["--ledger", sqlite_url, "export", runs["full"], "--to",
+                                           str(tmp_path / "nothing"), "--merge"])  # fmt: skip
+    assert merge_full.exit_code != 0 and "no adapter to merge" in merge_full.stderr
+    assert not (tmp_path / "nothing").exists() and not list(tmp_path.glob(".nothing.*"))

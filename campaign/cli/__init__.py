@@ -49,6 +49,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "resume": ("campaign.cli.run:resume", "Continue an interrupted or lost run from its last verified checkpoint."),
     "order": ("campaign.cli.run:order", "Which example ids each update of a run used, microbatch by microbatch."),
     "replay": ("campaign.cli.run:replay", "Reload a run's final artifact and replay the control inputs."),
+    "export": ("campaign.cli.export:export", "A run's model as a folder transformers/PEFT (or safetensors) load, with a model card."),
     "report": ("campaign.cli.report:report", "The balance sheet: conclusion, flags, variants, every run on its line."),
     "archive": ("campaign.cli.report:archive", "Pack everything the campaign leaves into one .tar.gz with SHA-256s."),
     "verify-archive": ("campaign.cli.report:verify_archive_command", "Check every member of an archive against its manifest."),

@@ -53,16 +53,7 @@ BASE_KEY = "base_model"  # metadata: the frozen base an adapter-only artifact ne
 def replay(ledger: Ledger, run_id: str) -> dict[str, Any]:
     """Reload the run's final artifact (hash verified), replay control inputs, record the result."""
     record = ledger.run(run_id)
-    frame = ledger.artifacts(record.campaign)
-    finals = frame[(frame["run_id"] == run_id) & (frame["kind"] == "final")]
-    if finals.empty:
-        raise CheckpointError(f"run {run_id} has no final artifact")
-    row = finals.sort_values("id").iloc[-1]
-    path = Path(row["path"])
-    if not path.is_file():
-        raise CheckpointError(f"run {run_id}: final artifact {path} is missing (moved or deleted)")
-    if file_sha256(path) != row["sha256"]:
-        raise CheckpointError(f"final artifact {path} does not match the ledger: refused")
+    row, path = verified_final(ledger, run_id)
     # the artifacts folder the run wrote into (ARTIFACTS/RUN_ID/final.safetensors): task code
     # that caches there (a trained tokenizer) finds its files
     with artifacts_environment(path.absolute().parent.parent):
@@ -78,17 +69,40 @@ def replay(ledger: Ledger, run_id: str) -> dict[str, Any]:
     return {"run_id": run_id, "identical": identical, "outputs": outputs, "expected": expected}
 
 
-def replay_artifact(path: Path, task_reference: str) -> tuple[bool, list[Any], list[Any]]:
-    """Load weights and recorded control outputs from ``path``; replay; compare."""
+def verified_final(ledger: Ledger, run_id: str) -> tuple[Any, Path]:
+    """The run's latest final artifact (its ledger row, its path), its file's SHA-256 checked
+    against the ledger's; :class:`CheckpointError` names what is missing or changed."""
+    record = ledger.run(run_id)
+    frame = ledger.artifacts(record.campaign)
+    finals = frame[(frame["run_id"] == run_id) & (frame["kind"] == "final")]
+    if finals.empty:
+        raise CheckpointError(f"run {run_id} has no final artifact")
+    row = finals.sort_values("id").iloc[-1]
+    path = Path(row["path"])
+    if not path.is_file():
+        raise CheckpointError(f"run {run_id}: final artifact {path} is missing (moved or deleted)")
+    if file_sha256(path) != row["sha256"]:
+        raise CheckpointError(f"final artifact {path} does not match the ledger: refused")
+    return row, path
+
+
+def load_final_model(path: Path, task_reference: str) -> tuple[Any, torch.nn.Module, dict]:
+    """(the task built from the artifact's own config, its model with the artifact's weights
+    loaded, the artifact's metadata): an adapter's frozen base is rebuilt and checked."""
     with safe_open(str(path), framework="pt") as handle:
         metadata = handle.metadata()
-    config = json.loads(metadata["config"])
-    expected = json.loads(metadata["control_outputs"])
-    task = build_task(task_reference, config)
+    task = build_task(task_reference, json.loads(metadata["config"]))
     model = task.model()
     aliases = json.loads(metadata.get(ALIASES_KEY, "{}"))
     base = json.loads(metadata.get(BASE_KEY, "null"))  # an adapter's frozen base, checked
     load_saved_state(model, with_aliases(load_file(str(path)), aliases), task, base, str(path))
+    return task, model, metadata
+
+
+def replay_artifact(path: Path, task_reference: str) -> tuple[bool, list[Any], list[Any]]:
+    """Load weights and recorded control outputs from ``path``; replay; compare."""
+    task, model, metadata = load_final_model(path, task_reference)
+    expected = json.loads(metadata["control_outputs"])
     model.eval()
     with torch.no_grad():
         outputs = task.predict(model, task.collate(list(task.control_inputs())))

@@ -125,6 +125,13 @@ class CausalLMTask:
             return str(error)
         return None
 
+    def export_pretrained(self, model: torch.nn.Module, staging: Any, final: Any,
+                          merge: bool) -> str:  # fmt: skip
+        """``campaign export``: folders transformers and PEFT load (see its module)."""
+        from campaign.tasks.causal_lm.export import export_pretrained
+
+        return export_pretrained(self, model, staging, final, merge)
+
     @property
     def trainable_only(self) -> bool:
         """Checkpoints and the final artifact hold only the adapter (the loop reads this)."""
