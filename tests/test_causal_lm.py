@@ -251,8 +251,11 @@ def test_a_bad_data_line_is_one_line_at_plan(sqlite_url: str, tmp_path: Path,
     last = spec.read_text()  # a typo in a task key runs another experiment: refused
     for typo, said in (('"task.lora_rnak" = 16', "hold.\"task.lora_rnak\": unknown key of this "
                         "task (did you mean 'lora_rank'?)"),
-                       ('"task.lora_modules_to_save" = ["lm_head"]',
-                        'hold."task.lora_modules_to_save": unknown key of this task')):
+                       ('"task.lora_targets" = "all-lin"',  # a union: both types named
+                        'hold."task.lora_targets": expected a valid list or \'all-linear\', '
+                        "got 'all-lin'"),
+                       ('"task.lora_init" = "pisa"', "hold.\"task.lora_init\": expected a valid "
+                        "boolean or 'gaussian', 'pissa' or 'olora', got 'pisa'")):
         spec.write_text(last.replace('"task.model_config.hidden_size" = "abc"', typo))
         done = CliRunner().invoke(main, ["--ledger", sqlite_url, "plan", str(spec), "--dry-run"])
         assert done.exit_code == 2 and said in done.stderr, done.output
@@ -337,7 +340,9 @@ def test_the_memory_projection_is_exact_for_states_and_close_for_activations(
 
     bigger = {"hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 3,
               "num_attention_heads": 4, "num_key_value_heads": 4}  # fmt: skip
-    for adapter in ({}, {"adapter": "lora", "lora_rank": 4, "lora_targets": ["q_proj", "o_proj"]}):
+    for adapter in ({}, {"adapter": "lora", "lora_rank": 4, "lora_targets": ["q_proj", "o_proj"]},
+                    {"adapter": "lora", "lora_rank": 2, "lora_targets": "all-linear",
+                     "lora_modules_to_save": ["lm_head"]}):  # fmt: skip
         small = {"task": _options(data, **adapter), "optimizer": {"name": "adamw"}, "loop": {}}
         found, _, _ = measured(small)
         assert found["saved_in_blocks_bytes"] > 0 and found["vocab_size"] > 0
@@ -481,3 +486,32 @@ def test_an_export_loads_in_transformers_and_peft_with_the_campaign_logits(
                                            str(tmp_path / "nothing"), "--merge"])  # fmt: skip
     assert merge_full.exit_code != 0 and "no adapter to merge" in merge_full.stderr
     assert not (tmp_path / "nothing").exists() and not list(tmp_path.glob(".nothing.*"))
+
+
+def test_the_lora_options_reach_peft_and_are_checked_at_plan(data: dict[str, Path]) -> None:
+    """``all-linear``, ``modules_to_save``, rsLoRA, the initialisation and the bias reach PEFT's
+    config; the adapter's settings and where its initialisation came from are recorded with
+    the base; a module to save that names nothing is refused by the plan-time check."""
+    from campaign.loop.model_state import base_record
+
+    options = _options(data, adapter="lora", lora_rank=2, lora_targets="all-linear",
+                       lora_modules_to_save=["lm_head"], lora_use_rslora=True,
+                       lora_init="gaussian", lora_bias="lora_only")  # fmt: skip
+    task = CausalLMTask({"task": options, "loop": {}, "seed": 3})
+    assert task.plan_problem() is None
+    model = task.model()
+    config = model.peft_config["default"]
+    adapted = {name.rsplit(".", 1)[-1] for name in config.target_modules}
+    assert adapted == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                       "down_proj"}  # every linear layer but the output head  # fmt: skip
+    assert config.use_rslora and config.init_lora_weights == "gaussian"
+    assert config.bias == "lora_only" and "lm_head" in config.modules_to_save
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert any("lm_head.modules_to_save" in n for n in trainable)
+    assert any(n.endswith("lora_A.default.weight") and "gate_proj" in n for n in trainable)
+    recorded = base_record(model, task)
+    assert recorded["lora"]["lora_targets"] == "all-linear" and recorded["lora"]["lora_rank"] == 2
+    assert recorded["adapter_init"].endswith("the run's seed 3 before the model is built")
+    wrong = CausalLMTask({"task": {**options, "lora_modules_to_save": ["head"]}, "loop": {}})
+    assert wrong.plan_problem().startswith(
+        "task.lora_modules_to_save: no module named 'head' in the model")

@@ -41,7 +41,9 @@ def base_record(model: torch.nn.Module, task: Any) -> dict[str, Any] | None:
     if not trainable_only(task):
         return None
     identity = getattr(task, "base_identity", None)
-    return {**(identity() if callable(identity) else {}), "sha256": frozen_sha256(model)}
+    facts = getattr(task, "adapter_facts", None)  # recorded, never compared on load
+    return {**(facts() if callable(facts) else {}),
+            **(identity() if callable(identity) else {}), "sha256": frozen_sha256(model)}
 
 
 def as_text(base: Mapping[str, Any]) -> str:

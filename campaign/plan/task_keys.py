@@ -40,9 +40,25 @@ def task_keys_problem(reference: str, configs: Sequence[Mapping[str, Any]]) -> l
         except ValidationError as error:
             errors = error.errors()
             first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
+            members = _union_members(errors, first)
+            if len(members) > 1:  # a value of none of a union's types: say every one
+                wanted = " or ".join(_message(e, schema).split(", got ")[0].removeprefix(
+                    "expected ") for e in members)  # fmt: skip
+                return [str(first["loc"][0]), f"expected {wanted}, got {first.get('input')!r}"]
             key = ".".join(str(part) for part in first["loc"])
             return [key, _message(first, schema)]
     return None
+
+
+def _union_members(errors: Sequence[Mapping[str, Any]],
+                   first: Mapping[str, Any]) -> list[Mapping[str, Any]]:  # fmt: skip
+    """The errors of ``first``'s field that pydantic gives per member of a union type (their
+    location's second part names the member: ``list[str]``, ``literal['all-linear']``)."""
+    loc = first["loc"]
+    if len(loc) != 2 or isinstance(loc[1], int):
+        return [first]
+    return [e for e in errors if len(e["loc"]) == 2 and e["loc"][0] == loc[0]
+            and not isinstance(e["loc"][1], int)]  # fmt: skip
 
 
 def _message(error: Mapping[str, Any], schema: type[BaseModel]) -> str:

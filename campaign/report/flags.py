@@ -36,6 +36,7 @@ KINDS = ("replay_differs", "determinism_differs", "pilot_skipped", "ungated", "s
          "held_deviation", "changes_variant_key", "budget_not_reached",
          "budget_exceeded", "base_differs")  # fmt: skip
 COLUMNS = ("run_id", "kind", "detail")
+ADAPTER_FACTS = {"lora", "adapter_init"}  # in a base_model event, of the adapter: per seed
 
 
 def integrity_flags(
@@ -115,8 +116,9 @@ def base_flags(runs: pd.DataFrame, events: pd.DataFrame) -> list[dict[str, Any]]
             reference[row.variant] = (row.run_id, mine)
             continue
         origin, theirs = reference[row.variant]
+        keys = sorted((set(mine) | set(theirs)) - ADAPTER_FACTS)  # the base, not the adapter
         apart = [f"{key}: {mine.get(key)!r} here, {theirs.get(key)!r} for run {origin}"
-                 for key in sorted(set(mine) | set(theirs)) if mine.get(key) != theirs.get(key)]
+                 for key in keys if mine.get(key) != theirs.get(key)]
         if apart:
             found.append(_flag(row.run_id, "base_differs", "; ".join(apart)))
     return found

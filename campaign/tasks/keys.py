@@ -42,7 +42,11 @@ class CausalLMKeys(_Keys):
     lora_rank: int | None = Field(None, ge=1)
     lora_alpha: float | None = Field(None, gt=0)
     lora_dropout: float | None = Field(None, ge=0, lt=1)
-    lora_targets: list[str] | str | None = None
+    lora_targets: list[str] | Literal["all-linear"] | None = None
+    lora_modules_to_save: list[str] | None = None  # trained in full beside the adapter
+    lora_use_rslora: bool | None = None  # scale alpha / sqrt(rank), not alpha / rank
+    lora_init: bool | Literal["gaussian", "pissa", "olora"] | None = None
+    lora_bias: Literal["none", "all", "lora_only"] | None = None
     data: dict[str, str] | None = None
     tokenizer_path: str | None = None
     vocab_size: int | None = Field(None, ge=16)

@@ -7,8 +7,13 @@ architecture name and its sizes (``{ architecture = "llama", hidden_size =
 ``task.base_seed`` whatever the run's seed, so every run, variant and fresh
 process starts from the same base weights (what LoRA adapts must not differ
 between the runs compared). ``task.adapter = "lora"`` wraps the base with
-PEFT: ``lora_rank``, ``lora_alpha``, ``lora_dropout``, ``lora_targets``;
-only the adapter trains, and checkpoints hold only its weights.
+PEFT: ``lora_rank``, ``lora_alpha``, ``lora_dropout``, ``lora_targets`` (module names, or
+``"all-linear"``), ``lora_modules_to_save`` (modules trained in full beside it),
+``lora_use_rslora``, ``lora_init`` (PEFT's ``init_lora_weights``: true, false, "gaussian",
+"pissa", "olora") and ``lora_bias``; only the adapter trains, and checkpoints hold only its
+weights. The adapter's own initialisation draws from torch's global generator, which the
+run seeds with its ``seed`` before the model is built: seeds differ in their adapters, a
+resume or a replay rebuilds the same one (and loads the saved weights over it anyway).
 """
 
 from __future__ import annotations
@@ -140,29 +145,48 @@ def with_adapter(base: torch.nn.Module, options: Mapping[str, Any]) -> torch.nn.
     """``base`` wrapped with LoRA adapters (PEFT), the base frozen."""
     from peft import LoraConfig, get_peft_model
 
-    targets = lora_targets(base, options)
     config = LoraConfig(r=int(options.get("lora_rank", 8)),
                         lora_alpha=float(options.get("lora_alpha", 16)),
                         lora_dropout=float(options.get("lora_dropout", 0.0)),
-                        target_modules=list(targets), bias="none",
+                        target_modules=lora_targets(base, options),
+                        modules_to_save=modules_to_save(base, options),
+                        use_rslora=bool(options.get("lora_use_rslora", False)),
+                        init_lora_weights=options.get("lora_init", True),
+                        bias=str(options.get("lora_bias", "none")),
                         task_type="CAUSAL_LM")  # fmt: skip
     with warnings.catch_warnings():  # PEFT asks through a name transformers 5 deprecates
         warnings.simplefilter("ignore", FutureWarning)
         return get_peft_model(base, config)
 
 
-def lora_targets(base: torch.nn.Module, options: Mapping[str, Any]) -> list[str]:
-    """``task.lora_targets`` (or the defaults), each naming a module of ``base``; a
-    ValueError names the first that names none (PEFT would adapt nothing, silently)."""
+def lora_targets(base: torch.nn.Module, options: Mapping[str, Any]) -> list[str] | str:
+    """``task.lora_targets`` (or the defaults), each naming a module of ``base``, or PEFT's
+    ``"all-linear"`` (every linear layer but the output head); a ValueError names the first
+    that names none (PEFT would adapt nothing, silently)."""
     targets = options.get("lora_targets") or list(DEFAULT_TARGETS)
-    if isinstance(targets, str) or not all(isinstance(t, str) and t for t in targets):
-        raise ValueError(f"task.lora_targets: a list of module names, got {targets!r}")
-    names = [name for name, _ in base.named_modules()]
-    missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
+    if targets == "all-linear":
+        if not _weight_names(base):
+            raise ValueError("task.lora_targets: 'all-linear', but the model has no linear layer")
+        return "all-linear"
+    return _named_modules(base, targets, "task.lora_targets")
+
+
+def modules_to_save(base: torch.nn.Module, options: Mapping[str, Any]) -> list[str] | None:
+    """``task.lora_modules_to_save``: modules trained in full beside the adapter (an output
+    head, an embedding), each naming a module of ``base``."""
+    names = options.get("lora_modules_to_save")
+    return None if not names else _named_modules(base, names, "task.lora_modules_to_save")
+
+
+def _named_modules(base: torch.nn.Module, names: Any, key: str) -> list[str]:
+    if isinstance(names, str) or not all(isinstance(t, str) and t for t in names):
+        raise ValueError(f"{key}: a list of module names, got {names!r}")
+    present = [name for name, _ in base.named_modules()]
+    missing = [t for t in names if not any(n == t or n.endswith("." + t) for n in present)]
     if missing:
-        raise ValueError(f"task.lora_targets: no module named {missing[0]!r} in the model "
+        raise ValueError(f"{key}: no module named {missing[0]!r} in the model "
                          f"(its weight layers: {', '.join(sorted(_weight_names(base)))})")
-    return list(targets)
+    return list(names)
 
 
 def base_on_meta(settings: Mapping[str, Any], vocab_size: int) -> torch.nn.Module:

@@ -96,15 +96,22 @@ def count(config: Any, options: Mapping[str, Any]) -> dict[str, int]:
         return {"parameters": parameters, "trainable": parameters,
                 "tensors": len(list(model.parameters()))}  # fmt: skip
     rank = int(options.get("lora_rank", 8))
-    targets = set(options.get("lora_targets") or lm.DEFAULT_TARGETS)
+    chosen = options.get("lora_targets") or lm.DEFAULT_TARGETS
     # what PEFT wraps: modules named by a target (or ending in ".target") with a 2-D weight
-    # (Linear, GPT-2's Conv1D, Embedding); rank x (rows + columns) either way round
+    # (Linear, GPT-2's Conv1D, Embedding), or "all-linear": every Linear but the output
+    # head; rank x (rows + columns) either way round
     adapted = [m for n, m in model.named_modules()
-               if any(n == t or n.endswith("." + t) for t in targets)
+               if (isinstance(m, torch.nn.Linear) and not n.endswith("lm_head")
+                   if chosen == "all-linear" else
+                   any(n == t or n.endswith("." + t) for t in chosen))
                and isinstance(getattr(m, "weight", None), torch.Tensor) and m.weight.dim() == 2]
     trainable = sum(rank * sum(m.weight.shape) for m in adapted)
-    return {"parameters": parameters + trainable, "trainable": trainable,
-            "tensors": 2 * len(adapted)}  # fmt: skip
+    saved = [p for n, m in model.named_modules()  # modules_to_save: trained in full, a copy
+             if any(n == t or n.endswith("." + t) for t in options.get("lora_modules_to_save")
+                    or ()) for p in m.parameters()]  # fmt: skip
+    copies = sum(p.numel() for p in saved)
+    return {"parameters": parameters + trainable + copies, "trainable": trainable + copies,
+            "tensors": 2 * len(adapted) + len(saved)}  # fmt: skip
 
 
 def footprint(config: Any, run_config: Mapping[str, Any]) -> dict[str, int | None]:

@@ -119,8 +119,9 @@ class CausalLMTask:
                     return (f"task.tokenizer_path: the tokenizer has {len(self.tokenizer)} "
                             f"tokens, the model's embedding {rows} rows")  # fmt: skip
             if self.settings["adapter"] == "lora":  # (a tokenizer to train is not trained here)
-                size = int(self.options.get("vocab_size", 512))
-                lm.lora_targets(lm.base_on_meta(self.settings, size), self.options)
+                meta = lm.base_on_meta(self.settings, int(self.options.get("vocab_size", 512)))
+                lm.lora_targets(meta, self.options)
+                lm.modules_to_save(meta, self.options)
         except ValueError as error:
             return str(error)
         return None
@@ -146,6 +147,15 @@ class CausalLMTask:
         _ = self.tokenizer  # the identity below is set when the tokenizer is loaded
         return {"base": source, "tokenizer": self.tokenizer_identity,
                 "adapter": self.settings["adapter"]}  # fmt: skip
+
+    def adapter_facts(self) -> dict[str, Any]:
+        """What the ``base_model`` event records about the adapter beside the base: its
+        settings as PEFT took them and where its initialisation came from."""
+        keys = ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets",
+                "lora_modules_to_save", "lora_use_rslora", "lora_init", "lora_bias")  # fmt: skip
+        return {"lora": {k: self.options.get(k) for k in keys if k in self.options},
+                "adapter_init": f"torch's global generator, seeded with the run's seed "
+                                f"{self.config.get('seed')} before the model is built"}
 
     def enable_activation_checkpointing(self, model: torch.nn.Module) -> None:
         """``loop.activation_checkpointing``: the model's own gradient checkpointing."""
