@@ -47,6 +47,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("campaign.cli.launch:status", "Where a campaign stands: done, running, left, ETA."),
     "run": ("campaign.cli.run:run", "Execute one planned run in this process (what a worker calls)."),
     "resume": ("campaign.cli.run:resume", "Continue an interrupted or lost run from its last verified checkpoint."),
+    "curve": ("campaign.cli.show:curve", "One run's curves update by update (train/loss and the validation metric, or --key)."),
     "order": ("campaign.cli.run:order", "Which example ids each update of a run used, microbatch by microbatch."),
     "replay": ("campaign.cli.run:replay", "Reload a run's final artifact and replay the control inputs."),
     "export": ("campaign.cli.export:export", "A run's model as a folder transformers/PEFT (or safetensors) load, with a model card."),

@@ -27,6 +27,7 @@ def _execute(
     expect: str,
     skip: str | None = None,
     grace_s: float = 30.0,
+    replay: bool = True,
 ) -> None:
     """Run or resume ``run_id`` in this process; exit 1 unless it completed or stopped.
     A planned run starts only through the pilot gate of its class (or a recorded skip)."""
@@ -47,7 +48,8 @@ def _execute(
             _gate(ledger, record.campaign, run_id, skip)
         from campaign.launch.worker import WorkerOptions, execute_one
 
-        options = WorkerOptions(record.campaign, artifacts, device, grace_s=grace_s)
+        options = WorkerOptions(record.campaign, artifacts, device, grace_s=grace_s,
+                                replay_in_subprocess=replay)  # fmt: skip
         outcome = execute_one(ledger, run_id, options)
         _warn_about_flags(ledger, run_id)
     click.echo(
@@ -87,9 +89,11 @@ def _warn_about_flags(ledger: Ledger, run_id: str) -> None:
 @click.option("--skip-pilot", is_flag=True,
               help="Run without a passing pilot of its gate class (needs --reason; recorded).")
 @click.option("--reason", default=None, help="Why the pilot is skipped (recorded).")
+@click.option("--no-replay-check", is_flag=True,
+              help="Skip replaying the final artifact in a fresh process before the run ends.")
 @click.pass_obj
 def run(source: LedgerSource, run_id: str, artifacts: Path, device: str, stop_grace_s: float,
-        skip_pilot: bool, reason: str | None) -> None:  # fmt: skip
+        skip_pilot: bool, reason: str | None, no_replay_check: bool) -> None:  # fmt: skip
     """Execute one planned run in this process (what a worker calls).
 
     The run's gate class needs a passing pilot (`campaign pilot`), or --skip-pilot
@@ -100,7 +104,8 @@ def run(source: LedgerSource, run_id: str, artifacts: Path, device: str, stop_gr
     Example: campaign run 01jd8x3m5k2q9w7c4v6b1n0r8t --device cpu
     """
     _execute(source, run_id, artifacts, device, expect="planned",
-             skip=skip_reason(skip_pilot, reason), grace_s=stop_grace_s)  # fmt: skip
+             skip=skip_reason(skip_pilot, reason), grace_s=stop_grace_s,
+             replay=not no_replay_check)  # fmt: skip
 
 
 @click.command()
@@ -108,14 +113,17 @@ def run(source: LedgerSource, run_id: str, artifacts: Path, device: str, stop_gr
 @artifacts_option
 @device_option
 @stop_grace_option
+@click.option("--no-replay-check", is_flag=True,
+              help="Skip replaying the final artifact in a fresh process before the run ends.")
 @click.pass_obj
 def resume(source: LedgerSource, run_id: str, artifacts: Path, device: str,
-           stop_grace_s: float) -> None:  # fmt: skip
+           stop_grace_s: float, no_replay_check: bool) -> None:  # fmt: skip
     """Continue an interrupted or lost run from its last verified checkpoint (same id, new segment).
 
     Example: campaign resume 01jd8x3m5k2q9w7c4v6b1n0r8t
     """
-    _execute(source, run_id, artifacts, device, expect="resumable", grace_s=stop_grace_s)
+    _execute(source, run_id, artifacts, device, expect="resumable", grace_s=stop_grace_s,
+             replay=not no_replay_check)
 
 
 @click.command()

@@ -124,3 +124,44 @@ def _show_campaign(record: Any, frame: Any, note_count: int, output_format: str)
         click.echo("")
     shown = [{**v, "control": "yes" if v["control"] else ""} for v in variants]
     click.echo(render_rows(shown, output_format))
+
+
+@click.command()
+@click.argument("run_id")
+@click.option("--key", "keys", multiple=True, metavar="KEY",
+              help="A metric to show (repeat for several; default train/loss and the "
+                   "campaign's validation metric).")
+@output_options
+@click.pass_obj
+def curve(source: LedgerSource, run_id: str, keys: tuple[str, ...], output_format: str) -> None:
+    """One run's curves, update by update: a column per metric (the latest segment's value
+    where a resume replayed steps), with the examples seen.
+
+    Example: campaign curve 01jd8x3m5k2q9w7c4v6b1n0r8t --key train/loss --key val/accuracy
+    """
+    from campaign.cli.errors import BadInput
+
+    with source.open() as ledger:
+        record = ledger.run(run_id)
+        spec = ledger.campaign(record.campaign).spec_document
+        wanted = list(keys) or ["train/loss", (spec.get("validation") or {}).get("metric",
+                                                                                 "val/loss")]
+        points = ledger.metrics(runs=[run_id])
+    known = sorted(set(points["key"]))
+    missing = [k for k in dict.fromkeys(wanted) if k not in known]
+    if missing and (keys or not known):
+        raise BadInput(f"--key {missing[0]}: run {run_id} recorded no such metric (it has "
+                       f"{', '.join(known) or 'none'})")  # fmt: skip
+    chosen = points[points["key"].isin(wanted)]
+    table = chosen.drop_duplicates(["step", "key"], keep="last").pivot(
+        index="step", columns="key", values="value")  # a NaN (a diverged step) is kept
+    seen = chosen.groupby("step")["examples_seen"].max()
+    table = table.reindex(columns=[k for k in dict.fromkeys(wanted) if k in table.columns])
+    rows = [{"step": int(step), "examples_seen": None if seen[step] != seen[step]
+             else int(seen[step]),
+             **{k: (None if v != v else float(v)) for k, v in values.items()}}
+            for step, values in table.iterrows()]  # fmt: skip
+    if output_format == "json":
+        click.echo(json.dumps({"run_id": run_id, "keys": list(table.columns), "points": rows}))
+        return
+    click.echo(render_rows(rows, output_format))

@@ -15,11 +15,9 @@ adds what makes it a recorded run. Features and their trade-offs:
   stop, written atomically; a resume continues the same run id in a new
   segment and compares the steps it replays with the values first logged.
 - SIGTERM/SIGINT: finish the current update, checkpoint, end ``interrupted``.
-- Leases: every write carries the lease of the claim that started this
-  segment; when the heartbeat finds the lease gone, the loop stops after the
-  current update and writes nothing more (:class:`LeaseLost` propagates to
-  whoever placed the run). Files of later segments carry their ordinal, so a
-  stale worker never overwrites its successor's files.
+- Leases: every write carries the lease of the claim that started this segment; a lease
+  gone stops the loop after the update, writing nothing more (:class:`LeaseLost`). Files of
+  later segments carry their ordinal: a stale worker never overwrites its successor's.
 """
 
 from __future__ import annotations
@@ -291,6 +289,7 @@ class RunLoop:
     def _update(self) -> StopDecision | None:
         """One update, top to bottom: batches, forward-backward, stop check, step, log."""
         trainer, measure, next_step = self._trainer, self._measured(), self.step + 1
+        began = time.perf_counter()  # train/update_s: data to optimizer step, this update
         self.phase, self._batches = "data", []
         with self.probe.phase("data", measure=measure) as record:
             count, self._batches, waited = trainer.next_update()
@@ -316,8 +315,9 @@ class RunLoop:
             trainer.step()
         self.step, self.examples_seen = next_step, self.examples_seen + count
         values = {"train/loss": loss, "train/grad_norm": grad_norm, "train/units": float(units),
-                  "train/data_wait_s": waited}  # fmt: skip
-        self.metrics.log_dict(self.step, {**values, "train/lr": used_lr}, self.examples_seen)
+                  "train/data_wait_s": waited, "train/lr": used_lr,  # the rate it stepped with
+                  "train/update_s": time.perf_counter() - began}  # fmt: skip
+        self.metrics.log_dict(self.step, values, self.examples_seen)
         self._write_phases(every_rank=True)
         return None
 
