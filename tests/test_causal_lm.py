@@ -376,7 +376,7 @@ def test_bf16_lora_with_checkpointing_runs_and_replays(
 
 
 def test_a_local_model_folder_is_used_as_it_is_and_its_config_is_part_of_the_base(
-    data: dict[str, Path], tmp_path: Path
+    data: dict[str, Path], tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     made = CausalLMTask({"task": _options(data), "loop": {}})
     model = made.model()
@@ -386,7 +386,9 @@ def test_a_local_model_folder_is_used_as_it_is_and_its_config_is_part_of_the_bas
     local = CausalLMTask({"task": {**_options(data), "model_config": None,
                                    "model_path": str(folder), "adapter": "lora"},
                           "loop": {}})  # fmt: skip
+    capfd.readouterr()
     adapted = local.model()
+    assert "Loading weights" not in capfd.readouterr().err  # no progress bar in run output
     assert local.tokenizer("sort the words: a b")["input_ids"] == made.tokenizer(
         "sort the words: a b")["input_ids"]
     frozen = {n.removeprefix("base_model.model.").replace(".base_layer", ""): p

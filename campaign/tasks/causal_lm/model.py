@@ -18,8 +18,9 @@ resume or a replay rebuilds the same one (and loads the saved weights over it an
 
 from __future__ import annotations
 
+import contextlib
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +125,21 @@ def config_for(model_type: str, where: str, **values: Any) -> Any:
         raise ValueError(f"{where}: {' '.join(str(error).split())}") from None
 
 
+@contextlib.contextmanager
+def quiet_loading() -> Iterator[None]:
+    """transformers' "Loading weights" progress bar off while a local base loads: it filled
+    the pilot's and the run's output with bars (a run's log keeps what the task prints)."""
+    from transformers.utils import logging as hf_logging
+
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()
+
+
 def build_base(settings: Mapping[str, Any], vocab_size: int, base_seed: int) -> torch.nn.Module:
     """The base model in float32 (autocast gives bf16 where configured)."""
     from transformers import AutoModelForCausalLM
@@ -131,8 +147,9 @@ def build_base(settings: Mapping[str, Any], vocab_size: int, base_seed: int) -> 
     if settings["path"]:
         path = settings["path"]
         try:
-            return AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True,
-                                                        dtype=torch.float32)  # fmt: skip
+            with quiet_loading():
+                return AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True,
+                                                            dtype=torch.float32)  # fmt: skip
         except (OSError, ValueError) as error:
             raise ValueError(f"task.model_path: no causal LM in {path} ({error})") from None
     config = architecture_config(settings, vocab_size)
