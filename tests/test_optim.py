@@ -158,3 +158,30 @@ def test_weight_decay_goes_to_the_chosen_parameters() -> None:
     assert [g["weight_decay"] for g in optimizer.param_groups] == [0.1, 0.0]
     assert optimizer.param_groups[0]["betas"] == (0.8, 0.95)
     assert optimizer.param_groups[0]["eps"] == 1e-6
+
+
+def test_the_hugging_face_schedules_give_the_trainer_rates() -> None:
+    """``hf_linear`` and ``hf_cosine``: update u has the rate transformers' own
+    ``get_*_schedule_with_warmup`` gives at the scheduler's step u - 1 (as its Trainer steps
+    it: the first warm-up update at 0), over a whole run; the campaign's own ``cosine``
+    differs exactly where the docs say (update 1 at lr / W, not 0)."""
+    from tests.conftest import require
+
+    require("transformers", "hf")
+    from transformers import get_cosine_schedule_with_warmup, get_linear_schedule_with_warmup
+
+    updates, warmup = 20, 4
+    for name, theirs in (("hf_linear", get_linear_schedule_with_warmup),
+                         ("hf_cosine", get_cosine_schedule_with_warmup)):  # fmt: skip
+        optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=LR)
+        reference = theirs(optimizer, warmup, updates)
+        expected = []
+        for _ in range(updates):  # the Trainer: the step's rate, then optimizer and scheduler
+            expected.append(optimizer.param_groups[0]["lr"])
+            optimizer.step()
+            reference.step()
+        ours = [LR * lr_factor(u, {"name": name, "warmup": warmup}, updates, LR)
+                for u in range(1, updates + 1)]  # fmt: skip
+        assert ours == pytest.approx(expected, rel=1e-12, abs=1e-15), name
+        assert ours[0] == 0.0 and ours[warmup] == pytest.approx(LR)
+    assert lr_factor(1, {"name": "cosine", "warmup": warmup}, updates, LR) == 1 / warmup

@@ -32,6 +32,26 @@ rate ``lr``, floor ``min_lr``, ``W`` = ``scheduler.warmup`` and horizon
   ``linear``: ``min_lr + (lr - min_lr) * (1 - p)``;
   ``step``: ``lr * gamma ** floor((u - W) / step_every)``, never below ``min_lr``.
 
+**Hugging Face's conventions** (``hf_linear``, ``hf_cosine``): the rates of
+``transformers``' ``get_linear_schedule_with_warmup`` and
+``get_cosine_schedule_with_warmup`` as its ``Trainer`` steps them (update ``u`` uses the
+scheduler's step ``u - 1``): the first warm-up update uses 0, not ``lr / W``, update
+``W + 1`` the full rate, and the decay reaches ``min_lr`` (0 in transformers) only one
+update after ``H`` (and stays there: transformers' own cosine would rise again past a
+horizon shorter than the run). Side by side, with ``W = 2``, ``H = 6``:
+
+======== =============================== ===============================
+update    ``cosine`` / ``linear``         ``hf_cosine`` / ``hf_linear``
+======== =============================== ===============================
+1         lr / 2                           0
+2         lr                               lr / 2
+3         decaying from lr                 lr
+6         min_lr                           decaying, not yet 0
+======== =============================== ===============================
+
+To match a Trainer run exactly, also set ``optimizer.decay = "no_bias_norm"``: the Trainer
+decays neither biases nor normalisation weights (``decay = "all"`` here decays RMSNorm's).
+
 ``train/lr`` is logged at the update that used it.
 """
 
@@ -45,7 +65,7 @@ from typing import Any
 
 import torch
 
-SCHEDULES = ("constant", "linear_warmup", "cosine", "linear", "step")
+SCHEDULES = ("constant", "linear_warmup", "cosine", "linear", "step", "hf_linear", "hf_cosine")
 DECAY_RULES = ("all", "matrices", "no_bias_norm")
 OWN_KEYS = ("params", "lr", "weight_decay", "momentum", "betas")  # set by their own config keys
 NORMS = (torch.nn.modules.batchnorm._NormBase, torch.nn.LayerNorm, torch.nn.GroupNorm)
@@ -175,6 +195,8 @@ def lr_factor(update: int, scheduler: Mapping[str, Any], updates: int, lr: float
     """The rate of update ``update`` (1-based) as a factor of the peak ``lr``."""
     name = scheduler.get("name", "constant")
     warmup = int(scheduler.get("warmup", 0))
+    if name in ("hf_linear", "hf_cosine"):
+        return _hf_factor(update - 1, name, warmup, scheduler, updates, lr)
     if warmup and update <= warmup:
         return update / warmup
     floor = float(scheduler.get("min_lr", 0.0)) / lr if lr else 0.0
@@ -188,6 +210,21 @@ def lr_factor(update: int, scheduler: Mapping[str, Any], updates: int, lr: float
         steps = (update - warmup) // max(1, int(scheduler.get("step_every", 1)))
         return max(floor, float(scheduler.get("gamma", 0.1)) ** steps)
     return 1.0
+
+
+def _hf_factor(step: int, name: str, warmup: int, scheduler: Mapping[str, Any], updates: int,
+               lr: float) -> float:  # fmt: skip
+    """transformers' lambda at the scheduler's ``step`` (0-based), floored at ``min_lr``."""
+    if step < warmup:
+        return step / max(1, warmup)
+    horizon = int(scheduler.get("decay_updates") or updates)
+    progress = min(1.0, (step - warmup) / max(1, horizon - warmup))  # held past the horizon
+    if name == "hf_linear":
+        decayed = max(0.0, (horizon - step) / max(1, horizon - warmup))
+    else:
+        decayed = max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
+    floor = float(scheduler.get("min_lr", 0.0)) / lr if lr else 0.0
+    return floor + (1 - floor) * decayed
 
 
 def build_scheduler(

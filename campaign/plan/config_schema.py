@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adamw", "sgd")
-SCHEDULERS = ("constant", "linear_warmup", "cosine", "linear", "step")
+SCHEDULERS = ("constant", "linear_warmup", "cosine", "linear", "step", "hf_linear", "hf_cosine")
 
 
 class _Strict(BaseModel):
@@ -79,7 +79,8 @@ class OptimizerConfig(_Strict):
 class SchedulerConfig(_Strict):
     """The learning-rate schedule; formulas in ``campaign.loop.optim`` and docs/spec.md."""
 
-    name: Literal["constant", "linear_warmup", "cosine", "linear", "step"] = "constant"
+    name: Literal["constant", "linear_warmup", "cosine", "linear", "step", "hf_linear",
+                  "hf_cosine"] = "constant"
     warmup: int = Field(0, ge=0)
     min_lr: float = Field(0.0, ge=0)
     decay_updates: int | None = Field(None, ge=1)
