@@ -120,6 +120,7 @@ def ledger(request: pytest.FixtureRequest, ledger_url: str) -> Iterator[Ledger]:
 SLOWEST_FIRST = (
     "tests/test_causal_lm.py::test_the_llm_demo_compares_full_and_lora_with_conclusions",
     "tests/test_causal_lm.py::test_lora_trains_and_saves_only_its_adapter",
+    "tests/test_hf_parity.py::",
     "tests/test_ray_executor.py::",
     "tests/test_lazy_data.py::test_ten_million_lazy_examples",
     "tests/test_launch.py::test_workers_execute_every_run_exactly_once",
