@@ -49,11 +49,17 @@ def export(source: LedgerSource, run_id: str, target: Path, merge: bool,
         task = ledger.campaign(record.campaign).task
         card = model_card(ledger, run_id)
         url = ledger.engine.url.render_as_string(hide_password=False)
-    if target.is_dir():
+    emptied = target.is_dir()
+    if emptied:
         target.rmdir()  # empty: the export renames its finished folder into this place
-    done = calls.call("campaign.loop.export:export_run", url, run_id, str(target), merge, card,
-                      task=task, preload=("campaign.loop.export",),
-                      what=f"exporting run {run_id}", timeout_s=EXPORT_TIMEOUT_S)  # fmt: skip
+    try:
+        done = calls.call("campaign.loop.export:export_run", url, run_id, str(target), merge,
+                          card, task=task, preload=("campaign.loop.export",),
+                          what=f"exporting run {run_id}", timeout_s=EXPORT_TIMEOUT_S)  # fmt: skip
+    except BaseException:
+        if emptied:
+            target.mkdir(exist_ok=True)  # the user's empty folder, as it was
+        raise
     with source.open() as ledger:  # the lineage: which folder came from which artifact
         ledger.add_event(record.campaign, "exported",
                          f"run {run_id} -> {done['to']} ({done['format']}; final artifact "
