@@ -42,3 +42,14 @@ def test_a_run_without_its_replay_check_and_its_curve(sqlite_url: str, tmp_path:
     wrong = CliRunner().invoke(main, ["--ledger", sqlite_url, "curve", run_id, "--key", "nope"])
     assert wrong.exit_code == 2 and "recorded no such metric (it has " in wrong.stderr
     assert "train/update_s" in wrong.stderr and wrong.stderr.count("\n") == 1
+
+    # The replay runs on the training device where this machine has it, else on the CPU.
+    import torch
+
+    replayed = CliRunner().invoke(main, ["--ledger", sqlite_url, "replay", run_id, "--device",
+                                         "cuda:0"])  # fmt: skip
+    assert replayed.exit_code == 0, replayed.output
+    with Ledger.open(sqlite_url) as ledger:
+        detail = ledger.events("loop").query("kind == 'replay'")["detail"].iloc[-1]
+    where = "cuda:0" if torch.cuda.is_available() else "cpu"
+    assert f" on {where}: 4 control inputs, outputs identical" in detail, detail

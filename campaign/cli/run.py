@@ -128,10 +128,12 @@ def resume(source: LedgerSource, run_id: str, artifacts: Path, device: str,
 
 @click.command()
 @click.argument("run_id")
+@device_option
 @output_options
 @click.pass_obj
-def replay(source: LedgerSource, run_id: str, output_format: str) -> None:
-    """Reload a run's final artifact in this process and replay the task's control inputs.
+def replay(source: LedgerSource, run_id: str, device: str, output_format: str) -> None:
+    """Reload a run's final artifact in a fresh process and replay the task's control inputs
+    (on --device when this machine has it, else the CPU).
 
     Exit code 0 when the outputs are identical to those recorded at export, 1 otherwise.
 
@@ -143,7 +145,7 @@ def replay(source: LedgerSource, run_id: str, output_format: str) -> None:
         record = ledger.run(run_id)
         task = ledger.campaign(record.campaign).task
         url = ledger.engine.url.render_as_string(hide_password=False)
-    result = calls.call("campaign.loop.replay:replay_recorded", url, run_id, task=task,
+    result = calls.call("campaign.loop.replay:replay_recorded", url, run_id, device, task=task,
                         preload=("campaign.loop.replay",),
                         what=f"replaying run {run_id}", timeout_s=REPLAY_TIMEOUT_S)  # fmt: skip
     if output_format == "json":

@@ -71,15 +71,17 @@ class Trainer:
         # Any sized, indexable dataset (a list, a Sequence, a torch Dataset): never materialised.
         self.train_set: Sequence[Example] = data["train"]
         self.val_set: Sequence[Example] = data["val"]
-        self.model = task.model().to(device)
+        built = task.model()
+        # An adapter on a frozen base saves only what trains; the base is named and hashed as
+        # built, before any device move (a replay on the CPU hashes the same bytes).
+        self.base = model_state.base_record(built, task)
+        self.model = built.to(device)
         if loop["activation_checkpointing"]:  # the model's own (a task says how), or ours
             own = getattr(task, "enable_activation_checkpointing", None)
             if callable(own):
                 own(self.model)
             else:
                 checkpoint_blocks(self.model, loop.get("checkpoint_modules") or "blocks")
-        # An adapter on a frozen base saves only what trains; the base is named and hashed.
-        self.base = model_state.base_record(self.model, task)
         self.trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = build_optimizer(self.model, config["optimizer"])
         self.scheduler = build_scheduler(self.optimizer, config)

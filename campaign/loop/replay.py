@@ -50,16 +50,20 @@ RUN_LIFETIME_S = 365 * 24 * 3600.0  # an early replay child waits as long as its
 BASE_KEY = "base_model"  # metadata: the frozen base an adapter-only artifact needs
 
 
-def replay(ledger: Ledger, run_id: str) -> dict[str, Any]:
-    """Reload the run's final artifact (hash verified), replay control inputs, record the result."""
+def replay(ledger: Ledger, run_id: str, device: str = "cpu") -> dict[str, Any]:
+    """Reload the run's final artifact (hash verified), replay control inputs on ``device`` (the
+    training device when it is here: the outputs recorded at export were computed there; else
+    the CPU), record the result."""
     record = ledger.run(run_id)
     row, path = verified_final(ledger, run_id)
     # the artifacts folder the run wrote into (ARTIFACTS/RUN_ID/final.safetensors): task code
     # that caches there (a trained tokenizer) finds its files
     with artifacts_environment(path.absolute().parent.parent):
-        identical, outputs, expected = replay_artifact(path, ledger.campaign(record.campaign).task)
+        identical, outputs, expected = replay_artifact(path, ledger.campaign(record.campaign).task,
+                                                       replay_device(device))
     detail = (
-        f"final artifact {int(row['id'])} reloaded in process {os.getpid()}: "
+        f"final artifact {int(row['id'])} reloaded in process {os.getpid()} on "
+        f"{replay_device(device)}: "
         f"{len(outputs)} control inputs, outputs {'identical' if identical else 'DIFFERENT'}"
     )
     if record.status in TERMINAL_STATUSES:  # an ended run takes no more rows: the campaign's
@@ -99,13 +103,24 @@ def load_final_model(path: Path, task_reference: str) -> tuple[Any, torch.nn.Mod
     return task, model, metadata
 
 
-def replay_artifact(path: Path, task_reference: str) -> tuple[bool, list[Any], list[Any]]:
-    """Load weights and recorded control outputs from ``path``; replay; compare."""
+def replay_device(device: str) -> str:
+    """``device`` when this process can use it, else the CPU."""
+    parsed = torch.device(device)
+    if parsed.type == "cuda" and not (torch.cuda.is_available()
+                                      and (parsed.index or 0) < torch.cuda.device_count()):
+        return "cpu"
+    return device if parsed.type in ("cpu", "cuda") else "cpu"
+
+
+def replay_artifact(path: Path, task_reference: str,
+                    device: str = "cpu") -> tuple[bool, list[Any], list[Any]]:  # fmt: skip
+    """Load weights and recorded control outputs from ``path``; replay on ``device``; compare."""
     task, model, metadata = load_final_model(path, task_reference)
     expected = json.loads(metadata["control_outputs"])
-    model.eval()
+    model.to(device).eval()
     with torch.no_grad():
-        outputs = task.predict(model, task.collate(list(task.control_inputs())))
+        batch = to_device(task.collate(list(task.control_inputs())), torch.device(device))
+        outputs = task.predict(model, batch)
     outputs = json_values(outputs)
     return outputs == expected, outputs, expected
 
@@ -162,14 +177,15 @@ def replay_file_in_subprocess(path: Path, task_reference: str) -> dict[str, Any]
         return {"identical": False, "error": str(error)}
 
 
-def replay_recorded(url: str, run_id: str) -> dict[str, Any]:
+def replay_recorded(url: str, run_id: str, device: str = "cpu") -> dict[str, Any]:
     """:func:`replay` on the ledger at ``url``: what ``campaign replay`` and a run's own replay
     check run in a fresh child of the task host (the URL travels on the host's channel)."""
     with Ledger.open(url) as ledger:
-        return replay(ledger, run_id)
+        return replay(ledger, run_id, device)
 
 
-def replay_when_told(url: str, run_id: str, task_reference: str, go: str) -> dict[str, Any]:
+def replay_when_told(url: str, run_id: str, task_reference: str, go: str,
+                     device: str = "cpu") -> dict[str, Any]:  # fmt: skip
     """The replay's fresh child, started as its run starts: it imports the task's module (the
     slow part: a user's module and what it imports, seconds) while the run trains, waits for
     ``go`` (the final artifact is written), then replays it (:func:`replay_recorded`). It is a
@@ -178,7 +194,7 @@ def replay_when_told(url: str, run_id: str, task_reference: str, go: str) -> dic
         load_factory(task_reference)
     while not Path(go).exists():
         time.sleep(0.02)
-    return replay_recorded(url, run_id)
+    return replay_recorded(url, run_id, device)
 
 
 class EarlyReplay:
@@ -186,7 +202,8 @@ class EarlyReplay:
     and told to replay once the final artifact is recorded; cancelled if the run ends
     otherwise."""
 
-    def __init__(self, ledger: Ledger, run_id: str, task_reference: str) -> None:
+    def __init__(self, ledger: Ledger, run_id: str, task_reference: str,
+                 device: str = "cpu") -> None:  # fmt: skip
         url = ledger.engine.url
         self.why_not: str | None = None
         self.pending: Pending | None = None
@@ -196,7 +213,7 @@ class EarlyReplay:
         self.folder = tempfile.TemporaryDirectory(prefix="campaign-replay-")
         self.go = Path(self.folder.name) / "go"
         self.pending = begin(replay_when_told, url.render_as_string(hide_password=False),
-                             run_id, task_reference, str(self.go), task=task_reference,
+                             run_id, task_reference, str(self.go), device, task=task_reference,
                              what=f"replaying run {run_id}", timeout_s=RUN_LIFETIME_S)  # fmt: skip
 
     def result(self) -> str | None:

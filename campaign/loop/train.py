@@ -97,8 +97,7 @@ class RunLoop:
         if claim is not None and (claim.run_id != run_id or self.record.status != "running"):
             raise LoopError(f"run {run_id}: the claim given does not hold this run")
         self.lease: str | None = claim.lease if claim is not None else None
-        self._claim = claim
-        self._resume = resume  # the checkpoint a supervisor verified before it claimed the run
+        self._claim, self._resume = claim, resume  # resume: the checkpoint a supervisor verified
         self.artifacts = Path(artifacts)
         self.log = log  # the supervised process's output, recorded just before the end
         self.segment_id: int | None = None
@@ -129,7 +128,8 @@ class RunLoop:
             self._prepare(shared["resume_from"])
             return
         if self.replay_in_subprocess:  # its fresh child imports the task while this one trains
-            self.replay = EarlyReplay(self.ledger, self.run_id, self.task_reference)
+            self.replay = EarlyReplay(self.ledger, self.run_id, self.task_reference,
+                                      str(self.device))  # on the training device, if here
         point = self._resume or ResumePoint(None)
         if self._claim is None and self.record.status in ("interrupted", "lost"):
             # Chosen and verified before the run leaves its status: a bad checkpoint changes
