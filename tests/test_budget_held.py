@@ -29,6 +29,17 @@ def _curve(ledger: Ledger, key: str = "train/loss") -> tuple[list[int], int]:
     return list(points["step"]), int(points["examples_seen"].max())
 
 
+def _killed_in_its_replay(url: str, run_id: str, artifacts: Path, marker: Path,
+                          reason: str) -> None:  # fmt: skip
+    """``campaign run`` of a ``sigkill_in_replay`` run: its supervisor dies in the replay."""
+    died = subprocess.run(
+        [sys.executable, "-m", "campaign", "run", run_id, "--artifacts", str(artifacts),
+         "--skip-pilot", "--reason", reason],
+        cwd=ROOT, env={**os.environ, "CAMPAIGN_LEDGER": url}, capture_output=True,
+    )  # fmt: skip
+    assert died.returncode == -9 and marker.exists(), died.stderr
+
+
 def test_a_signal_in_the_last_update_never_goes_past_the_budget(
     sqlite_url: str, tmp_path: Path
 ) -> None:
@@ -64,12 +75,7 @@ def test_a_machine_lost_in_the_final_replay_completes_from_its_final_artifact(
     with Ledger.open(sqlite_url, create=True) as ledger:
         run_id = plan_loop(ledger, task=FAULTY, config={
             "task.fault": "sigkill_in_replay", "task.marker": str(marker)})[0]  # fmt: skip
-    died = subprocess.run(
-        [sys.executable, "-m", "campaign", "run", run_id, "--artifacts", str(tmp_path / "a"),
-         "--skip-pilot", "--reason", "a machine lost in the replay"],
-        cwd=ROOT, env={**os.environ, "CAMPAIGN_LEDGER": sqlite_url}, capture_output=True,
-    )  # fmt: skip
-    assert died.returncode == -9 and marker.exists(), died.stderr
+    _killed_in_its_replay(sqlite_url, run_id, tmp_path / "a", marker, "lost in the replay")
     with Ledger.open(sqlite_url) as ledger:
         assert ledger.run(run_id).status == "running"  # nobody said anything
         finals = ledger.artifacts("loop").query("kind == 'final'")
@@ -100,12 +106,7 @@ def test_a_run_stopped_early_and_lost_while_ending_resumes_at_its_stop(
         run_id = plan_loop(ledger, task=FAULTY, stop={"patience": 1},
                            validation={"every": 2, "metric": "val/loss"}, config={
             "task.fault": "sigkill_in_replay", "task.marker": str(marker)})[0]  # fmt: skip
-    died = subprocess.run(
-        [sys.executable, "-m", "campaign", "run", run_id, "--artifacts", str(tmp_path / "a"),
-         "--skip-pilot", "--reason", "a machine lost while ending"],
-        cwd=ROOT, env={**os.environ, "CAMPAIGN_LEDGER": sqlite_url}, capture_output=True,
-    )  # fmt: skip
-    assert died.returncode == -9 and marker.exists(), died.stderr
+    _killed_in_its_replay(sqlite_url, run_id, tmp_path / "a", marker, "a machine lost while ending")
     with Ledger.open(sqlite_url) as ledger:
         decided = ledger.events("loop", run_id=run_id).query("kind == 'stop_decided'")
         assert len(decided) == 1 and '"cause": "early_stop"' in decided["detail"].iloc[0]

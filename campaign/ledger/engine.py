@@ -249,20 +249,34 @@ def run_in_transaction(
     again only on a :func:`patient` engine (a run's process). Everything else is translated
     once.
     """
-    attempt, locked = 1, 0
+    retries = Retries(engine)
     while True:
         try:
             with write_connection(engine) if write else engine.connect() as conn, conn.begin():
                 return work(conn)
         except exc.DBAPIError as error:
-            if attempt < MAX_ATTEMPTS and is_retryable(error):
-                time.sleep(random.uniform(0.01, 0.05) * attempt)
-                attempt += 1
-                continue
-            locked += is_locked(error)
-            if is_locked(error) and locked < lock_attempts(engine):
-                continue  # a patient engine: the busy timeout waited once more, that is all
-            raise translate_error(error, engine.url, what) from error
+            if not retries.again(error):
+                raise translate_error(error, engine.url, what) from error
+
+
+class Retries:
+    """One transaction's retry budget (:func:`run_in_transaction`, the metric writer's flush):
+    PostgreSQL races get up to ``MAX_ATTEMPTS`` jittered attempts; a SQLite lock held past
+    the busy timeout is waited out again only on a :func:`patient` engine."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine, self.attempt, self.locked = engine, 1, 0
+
+    def again(self, error: exc.DBAPIError) -> bool:
+        """Whether to try once more after ``error`` (sleeping first for a race)."""
+        if self.attempt < MAX_ATTEMPTS and is_retryable(error):
+            time.sleep(random.uniform(0.01, 0.05) * self.attempt)
+            self.attempt += 1
+            return True
+        if is_locked(error):  # the busy timeout has waited already: no sleep of our own
+            self.locked += 1
+            return self.locked < lock_attempts(self.engine)
+        return False
 
 
 def patient(engine: Engine, attempts: int = RUN_LOCK_ATTEMPTS) -> Engine:

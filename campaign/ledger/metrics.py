@@ -17,7 +17,6 @@ run was declared lost or reclaimed, the flush raises :class:`LeaseLost`.
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -33,12 +32,9 @@ from campaign.ledger.dialects import (
     share_lock,
 )
 from campaign.ledger.engine import (
-    MAX_ATTEMPTS,
     REFUSAL_PREFIX,
+    Retries,
     bulk_metric_connection,
-    is_locked,
-    is_retryable,
-    lock_attempts,
     translate_error,
 )
 from campaign.ledger.errors import LeaseLost, RefusedWrite
@@ -130,7 +126,7 @@ class MetricWriter(Closing):
         self._last_flush = time.time()
         if not rows:
             return 0
-        attempt, locked = 1, 0
+        retries = Retries(self._engine)
         while True:
             try:
                 self._write(rows)
@@ -145,13 +141,8 @@ class MetricWriter(Closing):
                     wrapped = exc.DBAPIError(self._sql, None, error)
                 else:
                     raise
-                if attempt < MAX_ATTEMPTS and is_retryable(wrapped):
-                    time.sleep(random.uniform(0.01, 0.05) * attempt)
-                    attempt += 1
+                if retries.again(wrapped):
                     continue
-                locked += is_locked(wrapped)
-                if is_locked(wrapped) and locked < lock_attempts(self._engine):
-                    continue  # a run's patient engine waits the busy timeout out again
                 raise translate_error(wrapped, self._engine.url, "writing metrics") from error
         self._buffer = []
         self.points_written += len(rows)

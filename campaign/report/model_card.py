@@ -14,10 +14,11 @@ from typing import Any
 
 from campaign.ledger.reads import LedgerReader
 from campaign.report.balance import balance_sheet
+from campaign.report.markdown import text
 
 
 def model_card(ledger: LedgerReader, run_id: str) -> str:
-    """The card of ``run_id`` (Markdown; user text as text, in code spans where it is a name)."""
+    """The card of ``run_id`` (Markdown; user text escaped as the Markdown report escapes it)."""
     record = ledger.run(run_id)
     campaign = ledger.campaign(record.campaign)
     sheet = balance_sheet(ledger, record.campaign)
@@ -28,19 +29,19 @@ def model_card(ledger: LedgerReader, run_id: str) -> str:
     events = ledger.events(record.campaign, run_id=run_id)
     bases = events[events["kind"] == "base_model"]["detail"].tolist()
     lines = [
-        f"# `{record.campaign}` / `{record.variant}` / seed {record.seed}",
+        f"# {text(record.campaign)} / {text(record.variant)} / seed {record.seed}",
         "",
         f"Exported by `campaign export` from run `{run_id}`.",
         "",
         "## The question and the campaign's answer",
         "",
-        f"> {_text(campaign.question)}",
+        f"> {text(campaign.question)}",
         "",
-        _text(sheet.conclusion),
+        text(sheet.conclusion),
         "",
         "## This run",
         "",
-        f"- campaign `{record.campaign}`, variant `{record.variant}`"
+        f"- campaign {text(record.campaign)}, variant {text(record.variant)}"
         f"{' (the control)' if record.variant == _control(sheet) else ''}, seed {record.seed}",
         f"- run id `{run_id}`: {record.status} ({record.stop_cause}) at update "
         f"{record.stop_step}",
@@ -53,7 +54,7 @@ def model_card(ledger: LedgerReader, run_id: str) -> str:
     if bases:  # an adapter: the frozen base it was trained on
         base = json.loads(bases[0])
         lines.append(f"- frozen base: SHA-256 `{base.get('sha256', '?')}`, tokenizer "
-                     f"`{_text(base.get('tokenizer', '?'))}`")  # fmt: skip
+                     f"{text(base.get('tokenizer', '?'))}")  # fmt: skip
     lines += ["", "The resolved config of the run is in the ledger (`campaign show RUN_ID`).", "",
               ""]
     return "\n".join(lines)
@@ -63,8 +64,3 @@ def _control(sheet: Any) -> str | None:
     controls = sheet.variants[sheet.variants["is_control"]]["variant"].tolist()
     return controls[0] if controls else None
 
-
-def _text(value: Any) -> str:
-    """User text on one Markdown line: no heading, no HTML, no line break of its own."""
-    return (str(value).replace("\r", " ").replace("\n", " ").replace("<", "&lt;")
-            .replace(">", "&gt;"))  # fmt: skip
