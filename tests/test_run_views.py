@@ -15,7 +15,9 @@ from tests.loop_helpers import plan_loop
 
 def test_a_run_without_its_replay_check_and_its_curve(sqlite_url: str, tmp_path: Path) -> None:
     with Ledger.open(sqlite_url, create=True) as ledger:
-        run_id = plan_loop(ledger)[0]
+        run_id, waiting = plan_loop(ledger, seeds=[0, 1])
+    empty = CliRunner().invoke(main, ["--ledger", sqlite_url, "curve", waiting])
+    assert empty.exit_code == 2 and "has recorded no metric yet (it is planned)" in empty.stderr
     done = CliRunner().invoke(main, ["--ledger", sqlite_url, "run", run_id, "--artifacts",
                                      str(tmp_path / "a"), "--skip-pilot", "--reason", "views",
                                      "--no-replay-check"])  # fmt: skip

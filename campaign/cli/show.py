@@ -148,8 +148,10 @@ def curve(source: LedgerSource, run_id: str, keys: tuple[str, ...], output_forma
                                                                                  "val/loss")]
         points = ledger.metrics(runs=[run_id])
     known = sorted(set(points["key"]))
+    if not known:
+        raise BadInput(f"run {run_id} has recorded no metric yet (it is {record.status})")
     missing = [k for k in dict.fromkeys(wanted) if k not in known]
-    if missing and (keys or not known):
+    if missing and keys:
         raise BadInput(f"--key {missing[0]}: run {run_id} recorded no such metric (it has "
                        f"{', '.join(known) or 'none'})")  # fmt: skip
     chosen = points[points["key"].isin(wanted)]
