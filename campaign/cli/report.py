@@ -63,21 +63,27 @@ def report(source: LedgerSource, campaign: str, output_format: str, output: Path
 @click.argument("campaign")
 @click.option("--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="The .tar.gz to write (default CAMPAIGN-archive.tar.gz here).")  # fmt: skip
+@click.option("--data-limit", "data_limit", default="256M", show_default=True, metavar="SIZE",
+              help="Pack at most SIZE of the runs' data (bytes, or with K, M, G); the rest is "
+                   "listed by SHA-256 and size only.")  # fmt: skip
 @click.pass_obj
-def archive(source: LedgerSource, campaign: str, output: Path | None) -> None:
+def archive(source: LedgerSource, campaign: str, output: Path | None, data_limit: str) -> None:
     """Pack everything the campaign leaves into one .tar.gz with a manifest of SHA-256s.
 
-    Spec, configs, environments, raw metrics, events, predictions, logs, final artifacts,
-    pilot phases, notes, the HTML report and a README on reloading and replaying.
+    Spec, configs, environments (every installed distribution, the git state with its
+    diff), raw metrics, events, predictions, logs, final artifacts, pilot phases, notes,
+    the HTML report, the task's own source, the data its runs read (inputs.json) and a
+    README on reloading and replaying.
 
     Example: campaign archive digits-lr --output digits-lr.tar.gz
     """
     from campaign.report.archive import ArchiveError, write_archive
 
     path = output or Path(f"{campaign}-archive.tar.gz")
+    limit = _size(data_limit)
     with source.open() as ledger:
         try:
-            written = write_archive(ledger, campaign, path)
+            written = write_archive(ledger, campaign, path, data_limit=limit)
         except ArchiveError as error:
             click.echo(f"campaign: {printable(str(error))}", err=True)
             raise click.exceptions.Exit(1) from None
@@ -86,6 +92,21 @@ def archive(source: LedgerSource, campaign: str, output: Path | None) -> None:
             raise BadInput(f"cannot write the archive to {path}: {reason}") from None
     click.echo(f"campaign: {campaign} archived to {written} ({written.stat().st_size:,} bytes)",
                err=True)  # fmt: skip
+
+
+def _size(text: str) -> int:
+    """``--data-limit``: bytes, or a number with K, M or G (powers of 1024)."""
+    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    number, unit = text.strip().upper().rstrip("IB"), ""
+    if number[-1:] in units:
+        number, unit = number[:-1], number[-1]
+    try:
+        value = float(number) * units[unit]
+    except ValueError:
+        raise BadInput(f"--data-limit: expected a size such as 256M, got {text!r}") from None
+    if not value >= 0 or value != value or value == float("inf"):
+        raise BadInput(f"--data-limit: expected a size of 0 or more, got {text!r}")
+    return int(value)
 
 
 @click.command("verify-archive")

@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from campaign.gates import provenance
+
 # What must match between the pilot's machine and a launching one for the pilot to speak for it.
 STACK_KEYS = ("torch", "cuda", "cudnn", "devices", "python")
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
@@ -42,6 +44,10 @@ def environment(task_reference: str | None) -> dict[str, Any]:
     if task_reference is not None:
         stack["task"] = task_reference
         stack["git_revision"] = git_revision(task_reference)
+        stack["git"] = provenance.git_state(task_reference)
+        stack["task_source"] = provenance.task_source(task_reference)
+    stack["working_directory"] = provenance.working_directory()
+    stack["distributions"] = provenance.distributions()
     return stack
 
 

@@ -2,7 +2,8 @@
 
 ``campaign archive`` writes a gzipped tar with the frozen spec, every run's
 resolved config and environment, the raw metrics (every segment) and the
-events as Parquet, the validation predictions, output logs, tracebacks and
+events as Parquet, the task's source and the data its runs read (``inputs.json``,
+:mod:`campaign.report.archive_inputs`), the validation predictions, output logs, tracebacks and
 final artifacts (safetensors) of every run, the pilot's phase table, the notes, the HTML
 report, a README on how to reload and replay, and ``MANIFEST.json``: the
 SHA-256 and size of every other member. Artifacts are verified against the
@@ -26,6 +27,7 @@ from typing import Any
 import pandas as pd
 
 from campaign.ledger import Ledger
+from campaign.report.archive_inputs import DATA_LIMIT, InputsChanged, pack_inputs
 from campaign.report.atomic import check_target, write_atomically
 from campaign.report.balance import balance_sheet
 from campaign.report.inputs import campaign_inputs
@@ -41,8 +43,10 @@ class ArchiveError(Exception):
     """An archive that cannot be written or does not verify; the message names the member."""
 
 
-def write_archive(ledger: Ledger, campaign: str, output: Path) -> Path:
-    """Pack ``campaign`` into ``output`` (a .tar.gz), atomically."""
+def write_archive(ledger: Ledger, campaign: str, output: Path,
+                  data_limit: int = DATA_LIMIT) -> Path:  # fmt: skip
+    """Pack ``campaign`` into ``output`` (a .tar.gz), atomically; at most ``data_limit`` bytes
+    of the data its runs read are packed, the rest listed by hash (``inputs.json``)."""
     inputs = campaign_inputs(ledger, campaign)
     check_target(output, inputs)  # an unusable path is said before minutes of packing
     record = ledger.campaign(campaign)
@@ -80,6 +84,13 @@ def write_archive(ledger: Ledger, campaign: str, output: Path) -> Path:
                                "no longer matches the ledger's SHA-256: refused")  # fmt: skip
         folder = FOLDERS[artifact.kind]
         add(f"{folder}/{artifact.run_id}/{Path(artifact.path).name}", data)
+    try:
+        inputs_document = pack_inputs(runs, list(packed["path"]), add, data_limit)
+    except InputsChanged as error:
+        raise ArchiveError(str(error)) from None
+    except OSError as error:
+        raise ArchiveError(f"cannot read an input of the campaign's runs ({error})") from None
+    add("inputs.json", _json(inputs_document))
     add("README.md", _readme(record.name, record.task).encode())
     manifest = {
         "campaign": record.name, "spec_sha256": record.spec_sha256,
@@ -129,6 +140,13 @@ Everything the campaign left, checked by `campaign verify-archive THIS.tar.gz`
   segment wrote it): weights, config, environment and control
   outputs of every run that finished (no pickle anywhere).
 - `pilot-phases.parquet`, `notes.json`, `report.html` (open in a browser).
+- `inputs.json`: what the runs read. `source/DIGEST/`: the task's own source, as
+  each run hashed it when it started; `inputs/`: the data files and folders the
+  runs' `task.*` settings name, laid out as they were under the run's working
+  directory (a file over the `--data-limit` is listed by SHA-256 and size only);
+  `tokenizers/KEY/tokenizer.json`: a tokenizer the task trained.
+- `runs/RUN_ID/environment.json` also holds every installed distribution and
+  the git revision of the task's code with a dirty flag and its diff.
 
 Reload and replay a final artifact (outputs for the task's control inputs are
 compared with those recorded at the end of training):

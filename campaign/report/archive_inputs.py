@@ -1,0 +1,126 @@
+"""What a run read, packed into its campaign's archive: the task's source, its data, a trained
+tokenizer, and ``inputs.json`` saying where each came from.
+
+The task's source is the one each run recorded (``environment.task_source``: the module file
+or package folder, hashed when the run started); a source that no longer hashes as a run
+recorded is refused, as a changed artifact is. Data are the files and folders a run's
+``task.*`` strings name, read from the run's recorded working directory (``task.data.train =
+"train.jsonl"``, ``task.model_path = "base"``, a user's own ``task.csv``): each is hashed here
+and packed up to ``data_limit`` bytes in all, the rest listed with its SHA-256 and size only.
+A tokenizer the causal-LM task trained (``CAMPAIGN_ARTIFACTS/tokenizers/KEY/``) is packed
+under the same key, so a reproduction reads it rather than training its own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterator
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import pandas as pd
+
+from campaign.gates.provenance import files_digest
+
+DATA_LIMIT = 256 << 20  # bytes of data packed at most, by default (the rest: hashes only)
+
+
+class InputsChanged(Exception):
+    """The task's source no longer hashes as a run recorded it; the message names the run."""
+
+
+def pack_inputs(runs: pd.DataFrame, artifact_paths: list[str],
+                add: Callable[[str, bytes], None], data_limit: int = DATA_LIMIT) -> dict[str, Any]:
+    """Add every input of ``runs`` through ``add(name, bytes)``; return ``inputs.json``."""
+    sources = _pack_sources(runs, add)
+    data, packed_bytes = [], 0
+    for entry in _data_entries(runs):
+        files = _files(entry.pop("resolved_path"))
+        member_files = []
+        for path, relative in files:
+            content = path.read_bytes()
+            digest = hashlib.sha256(content).hexdigest()
+            member = None
+            if packed_bytes + len(content) <= data_limit:
+                member = f"inputs/{entry['member_root']}/{relative}".rstrip("/")
+                add(member, content)
+                packed_bytes += len(content)
+            member_files.append({"file": relative, "sha256": digest, "bytes": len(content),
+                                 "member": member})  # fmt: skip
+        data.append({**entry, "files": member_files})
+    tokenizers = []
+    for root in sorted({Path(p).absolute().parent.parent / "tokenizers" for p in artifact_paths}):
+        for path in sorted(root.glob("*/tokenizer.json")):
+            member = f"tokenizers/{path.parent.name}/tokenizer.json"
+            content = path.read_bytes()
+            add(member, content)
+            tokenizers.append({"member": member, "sha256": hashlib.sha256(content).hexdigest()})
+    return {"task_sources": sources, "data": data, "data_limit": data_limit,
+            "data_packed_bytes": packed_bytes, "tokenizers": tokenizers}  # fmt: skip
+
+
+def _pack_sources(runs: pd.DataFrame, add: Callable[[str, bytes], None]) -> list[dict[str, Any]]:
+    """Each distinct recorded task source, checked against its files now and packed once."""
+    sources: dict[str, dict[str, Any]] = {}
+    for run in runs.itertuples():
+        recorded = (run.environment or {}).get("task_source")
+        if not recorded:
+            continue  # a run from before sources were recorded, or not started
+        entry = sources.setdefault(recorded["sha256"], {**recorded, "run_ids": []})
+        entry["run_ids"].append(run.run_id)
+    for digest, entry in sources.items():
+        root = Path(entry["root"])
+        files = [root / name for name in entry["files"]]
+        missing = [f for f in files if not f.is_file()]
+        first = entry["run_ids"][0]
+        if missing:
+            raise InputsChanged(f"run {first}: its task source {missing[0]} is missing")
+        if files_digest(root, files) != digest:
+            raise InputsChanged(f"run {first}: its task source under {root} changed since the "
+                                "run recorded it: refused (commit or restore it)")  # fmt: skip
+        for name, path in zip(entry["files"], files, strict=True):
+            add(f"source/{digest[:16]}/{name}", path.read_bytes())
+        entry["member_root"] = f"source/{digest[:16]}"
+    return list(sources.values())
+
+
+def _data_entries(runs: pd.DataFrame) -> Iterator[dict[str, Any]]:
+    """One entry per distinct existing path a run's task strings name."""
+    seen: dict[str, dict[str, Any]] = {}
+    for run in runs.itertuples():
+        environment = run.environment or {}
+        folder = environment.get("working_directory")
+        if folder is None:
+            continue
+        for key, value in _strings((run.config or {}).get("task") or {}, "task"):
+            path = Path(value).expanduser()
+            resolved = path if path.is_absolute() else Path(folder) / path
+            if not (resolved.is_file() or resolved.is_dir()) or not value.strip():
+                continue
+            root = (PurePosixPath(value).as_posix() if not path.is_absolute()
+                    and ".." not in path.parts else f"_absolute{resolved.resolve()}")
+            entry = seen.setdefault(str(resolved.resolve()), {
+                "key": key, "value": value, "working_directory": folder, "member_root": root,
+                "kind": "folder" if resolved.is_dir() else "file", "run_ids": [],
+                "resolved_path": resolved})  # fmt: skip
+            entry["run_ids"].append(run.run_id)
+    yield from seen.values()
+
+
+def _strings(document: Any, where: str) -> Iterator[tuple[str, str]]:
+    if isinstance(document, dict):
+        for key, value in document.items():
+            yield from _strings(value, f"{where}.{key}")
+    elif isinstance(document, list):
+        for index, value in enumerate(document):
+            yield from _strings(value, f"{where}[{index}]")
+    elif isinstance(document, str) and len(document) < 4096:
+        yield where, document
+
+
+def _files(path: Path) -> list[tuple[Path, str]]:
+    """(file, name relative to the input) for a file ("") or every file under a folder."""
+    if path.is_file():
+        return [(path, "")]
+    return [(p, p.relative_to(path).as_posix()) for p in sorted(path.rglob("*"))
+            if p.is_file() and not p.is_symlink() and "__pycache__" not in p.parts]

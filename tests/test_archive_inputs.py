@@ -1,0 +1,142 @@
+"""An archive carries what a run read (issue 27, item 4): the task's own source as the run hashed
+it, the data files its ``task.*`` settings name (or their hashes past ``--data-limit``), and a
+run environment with every installed distribution and the git state with a dirty flag and its
+diff. A source edited after the run is refused by name. One real run of the ``campaign init``
+skeleton, in a git repository with an uncommitted change."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from tests.launch_helpers import ROOT
+
+NAME = "study"
+
+
+def _cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["campaign", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+
+
+def _git(cwd: Path, *args: str) -> None:
+    subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *args], cwd=cwd,
+                   check=True, capture_output=True)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """A study folder with one completed run that names a data file, its source dirty in git."""
+    folder = tmp_path_factory.mktemp("inputs") / NAME
+    assert _cli(folder.parent, "init", NAME).returncode == 0
+    (folder / "data").mkdir()
+    (folder / "data" / "labels.csv").write_text("id,label\nflower-0,0\n")
+    spec = (folder / "spec.toml").read_text()
+    labels = '"task.hidden" = 16\n"task.labels" = "data/labels.csv"'
+    spec = spec.replace('"task.hidden" = 16', labels)
+    spec = spec.replace('"budget.updates" = 100', '"budget.updates" = 10')
+    (folder / "spec.toml").write_text(spec.replace("seeds = [0, 1, 2]", "seeds = [0]"))
+    _git(folder, "init", "-q")
+    _git(folder, "add", "study_task.py")
+    _git(folder, "commit", "-q", "-m", "task")
+    task = folder / "study_task.py"
+    task.write_text(task.read_text() + "\n# an uncommitted edit\n")
+    assert _cli(folder, "plan", "spec.toml").returncode == 0
+    run_id = json.loads(_cli(folder, "runs", NAME, "--format", "json").stdout)[0]["run_id"]
+    done = _cli(folder, "run", run_id, "--skip-pilot", "--reason", "archive inputs test")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return folder, run_id
+
+
+def _members(archive: Path) -> dict[str, bytes]:
+    with tarfile.open(archive) as tar:
+        return {m.name.split("/", 1)[1]: tar.extractfile(m).read() for m in tar  # type: ignore[union-attr]
+                if m.isfile()}  # fmt: skip
+
+
+def test_the_archive_holds_the_task_source_the_data_and_the_full_environment(
+    study: tuple[Path, str], tmp_path: Path
+) -> None:
+    folder, run_id = study
+    archive = tmp_path / "a.tar.gz"
+    done = _cli(folder, "archive", NAME, "--output", str(archive))
+    assert done.returncode == 0, done.stderr
+    assert _cli(folder, "verify-archive", str(archive)).returncode == 0
+    members = _members(archive)
+    inputs = json.loads(members["inputs.json"])
+    (source,) = inputs["task_sources"]
+    task_bytes = (folder / "study_task.py").read_bytes()
+    assert members[f"{source['member_root']}/study_task.py"] == task_bytes
+    assert source["run_ids"] == [run_id] and source["files"] == ["study_task.py"]
+    digest = hashlib.sha256(b"study_task.py\0" + hashlib.sha256(task_bytes).digest())
+    assert source["sha256"] == digest.hexdigest()
+    (data,) = inputs["data"]
+    assert data["key"] == "task.labels" and data["value"] == "data/labels.csv"
+    labels = (folder / "data" / "labels.csv").read_bytes()
+    assert members["inputs/data/labels.csv"] == labels
+    assert data["files"] == [{"file": "", "member": "inputs/data/labels.csv", "bytes": len(labels),
+                              "sha256": hashlib.sha256(labels).hexdigest()}]  # fmt: skip
+    environment = json.loads(members[f"runs/{run_id}/environment.json"])
+    assert environment["task_source"]["sha256"] == source["sha256"]
+    assert environment["working_directory"] == str(folder)
+    assert environment["distributions"]["torch"] == importlib.metadata.version("torch")
+    assert environment["distributions"]["pandas"] == importlib.metadata.version("pandas")
+    git = environment["git"]
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=folder, capture_output=True,
+                          text=True, check=True).stdout.strip()  # fmt: skip
+    assert git["revision"] == head and git["dirty"] is True
+    assert "+# an uncommitted edit" in git["diff"]
+    assert git["diff_sha256"] == hashlib.sha256(git["diff"].encode()).hexdigest()
+
+
+def test_past_the_data_limit_a_file_is_listed_by_hash_only(study: tuple[Path, str],
+                                                           tmp_path: Path) -> None:  # fmt: skip
+    folder, _ = study
+    archive = tmp_path / "a.tar.gz"
+    done = _cli(folder, "archive", NAME, "--output", str(archive), "--data-limit", "0")
+    assert done.returncode == 0, done.stderr
+    members = _members(archive)
+    (data,) = json.loads(members["inputs.json"])["data"]
+    labels = (folder / "data" / "labels.csv").read_bytes()
+    assert data["files"][0]["member"] is None
+    assert data["files"][0]["sha256"] == hashlib.sha256(labels).hexdigest()
+    assert not any(name.startswith("inputs/") for name in members)
+    bad = _cli(folder, "archive", NAME, "--output", str(archive), "--data-limit", "lots")
+    assert bad.returncode == 2 and "--data-limit" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_a_task_source_edited_after_the_run_is_refused_by_name(study: tuple[Path, str],
+                                                               tmp_path: Path) -> None:  # fmt: skip
+    folder, run_id = study
+    task = folder / "study_task.py"
+    original = task.read_bytes()
+    try:
+        task.write_bytes(original + b"# edited after the run\n")
+        archive = tmp_path / "a.tar.gz"
+        done = _cli(folder, "archive", NAME, "--output", str(archive))
+        assert done.returncode == 1 and not archive.exists()
+        assert f"run {run_id}" in done.stderr and "changed since the run" in done.stderr
+    finally:
+        task.write_bytes(original)
+
+
+def test_the_source_of_a_package_task_is_every_module_of_its_package() -> None:
+    """A built-in task: its own module or its own package folder, not the rest of the tool;
+    a reference that does not import has no source."""
+    from campaign.gates.provenance import task_source
+
+    lm = task_source("campaign.tasks.causal_lm:build")
+    assert lm is not None and "campaign/tasks/causal_lm/model.py" in lm["files"]
+    assert not any(f.startswith("campaign/loop") for f in lm["files"])
+    digits = task_source("campaign.tasks.digits:build")
+    assert digits is not None and digits["files"] == ["campaign/tasks/digits.py"]
+    assert Path(digits["root"]) == ROOT or (Path(digits["root"]) / "campaign").is_dir()
+    assert task_source("no_such_module_here:build") is None
