@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import io
 import json
 import os
 import subprocess
@@ -140,3 +141,78 @@ def test_the_source_of_a_package_task_is_every_module_of_its_package() -> None:
     assert digits is not None and digits["files"] == ["campaign/tasks/digits.py"]
     assert Path(digits["root"]) == ROOT or (Path(digits["root"]) / "campaign").is_dir()
     assert task_source("no_such_module_here:build") is None
+
+
+def _repacked(archive: Path, target: Path, name: str, content: bytes) -> None:
+    """``archive`` with member ``name`` replaced by ``content`` and its manifest line updated
+    to match: a tamper that verify-archive cannot see."""
+    members = _members(archive)
+    members[name] = content
+    manifest = json.loads(members["MANIFEST.json"])
+    root = next(iter(manifest["members"])).split("/", 1)[0]
+    manifest["members"][f"{root}/{name}"] = {"sha256": hashlib.sha256(content).hexdigest(),
+                                             "bytes": len(content)}  # fmt: skip
+    members["MANIFEST.json"] = json.dumps(manifest).encode()
+    with tarfile.open(target, "w:gz") as tar:
+        for member, data in sorted(members.items(), key=lambda kv: kv[0] != "MANIFEST.json"):
+            info = tarfile.TarInfo(f"{root}/{member}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+def test_reproduce_re_executes_the_run_from_the_archive_alone_bit_for_bit(
+    study: tuple[Path, str], tmp_path: Path
+) -> None:
+    """The study folder is moved away first: only the archive is left to read."""
+    folder, run_id = study
+    archive = tmp_path / "a.tar.gz"
+    assert _cli(folder, "archive", NAME, "--output", str(archive)).returncode == 0
+    hidden = folder.with_name("hidden")
+    folder.rename(hidden)
+    try:
+        done = _cli(tmp_path, "reproduce", str(archive), "--run", run_id, "--dir", "again",
+                    "--format", "json")  # fmt: skip
+    finally:
+        hidden.rename(folder)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (row,) = json.loads(done.stdout)["runs"]
+    assert row["run_id"] == run_id and row["status"] == "completed"
+    assert row["metrics"] == "identical" and row["weights"] == "identical"
+    assert row["points"] > 10 * 4  # loss, grad norm, lr, units per update and validations
+    assert row["weights_sha256"] == row["reproduced_weights_sha256"]
+    assert (tmp_path / "again" / "work" / "data" / "labels.csv").is_file()
+    again = _cli(tmp_path, "reproduce", str(archive), "--dir", "again")
+    assert again.returncode == 2 and "exists" in again.stderr
+
+
+def test_reproduce_names_a_tampered_member(study: tuple[Path, str], tmp_path: Path) -> None:
+    folder, run_id = study
+    archive = tmp_path / "a.tar.gz"
+    assert _cli(folder, "archive", NAME, "--output", str(archive)).returncode == 0
+    members = _members(archive)
+    (source,) = json.loads(members["inputs.json"])["task_sources"]
+    name = f"{source['member_root']}/study_task.py"
+    tampered = tmp_path / "tampered.tar.gz"
+    _repacked(archive, tampered, name, members[name].replace(b"hidden", b"hiddem"))
+    assert _cli(tmp_path, "verify-archive", str(tampered)).returncode == 0  # the manifest agrees
+    done = _cli(tmp_path, "reproduce", str(tampered), "--dir", "t1")
+    assert done.returncode == 1
+    assert "task source study_task.py does not hash as run" in done.stderr
+    assert run_id in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    labels = "inputs/data/labels.csv"
+    _repacked(archive, tampered, labels, b"id,label\nflower-0,1\n")
+    done = _cli(tmp_path, "reproduce", str(tampered), "--dir", "t2")
+    assert done.returncode == 1 and "task.labels (data/labels.csv)" in done.stderr
+    with tarfile.open(archive) as tar:  # a byte flipped without the manifest: verify names it
+        data = {m.name: tar.extractfile(m).read() for m in tar if m.isfile()}  # type: ignore[union-attr]
+    broken = tmp_path / "broken.tar.gz"
+    with tarfile.open(broken, "w:gz") as tar:
+        for member, content in data.items():
+            if member.endswith("/spec.json"):
+                content = content.replace(b'"study"', b'"stuDy"')
+            info = tarfile.TarInfo(member)
+            info.size = len(content)
+            tar.addfile(info, io.BytesIO(content))
+    done = _cli(tmp_path, "reproduce", str(broken), "--dir", "t3")
+    assert done.returncode == 1 and "spec.json does not match its SHA-256" in done.stderr
+    assert not (tmp_path / "t3").exists()

@@ -53,6 +53,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export": ("campaign.cli.export:export", "A run's model as a folder transformers/PEFT (or safetensors) load, with a model card."),
     "report": ("campaign.cli.report:report", "The balance sheet: conclusion, flags, variants, every run on its line."),
     "archive": ("campaign.cli.report:archive", "Pack everything the campaign leaves into one .tar.gz with SHA-256s."),
+    "reproduce": ("campaign.cli.reproduce:reproduce", "Re-execute a run from its campaign's archive alone and compare it bit for bit."),
     "verify-archive": ("campaign.cli.report:verify_archive_command", "Check every member of an archive against its manifest."),
     "init": ("campaign.cli.init:init", "Write a task skeleton and a spec (DIR/study_task.py, DIR/spec.toml) to start from."),
     "demo": ("campaign.cli.demo:demo", "The main job on the embedded SQLite ledger: plan, pilot, launch, report."),
@@ -62,7 +63,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "db": ("campaign.cli.ledger:db", "Ledger schema: show the revision, upgrade an older ledger."),
 }  # fmt: skip
 # Commands that never open the ledger: they do not take --ledger after their name.
-WITHOUT_LEDGER = frozenset({"demo", "verify-archive", "init"})
+WITHOUT_LEDGER = frozenset({"demo", "verify-archive", "init", "reproduce"})
 
 
 class LazyGroup(click.Group):

@@ -77,7 +77,10 @@ def load_spec(path: str | Path, *, check_task: bool = True,
             data = handle.read(MAX_SPEC_BYTES + 1)
         if len(data) > MAX_SPEC_BYTES:
             raise SpecError(f"{where}: larger than {MAX_SPEC_BYTES >> 20} MiB: not a spec")
-        document = tomllib.loads(data.decode("utf-8"))
+        if Path(path).suffix == ".json":  # the frozen form a ledger and an archive hold
+            document = _json_spec(data, where)
+        else:
+            document = tomllib.loads(data.decode("utf-8"))
         return resolve_spec(document, where, check_task=check_task, optimizers=optimizers)
     except FileNotFoundError:
         raise SpecError(f"{where}: no such spec file") from None
@@ -88,6 +91,18 @@ def load_spec(path: str | Path, *, check_task: bool = True,
     except RecursionError:
         raise SpecError(f"{where}: nested too deeply (tables or arrays inside each other "
                         "hundreds of levels deep): not a spec") from None  # fmt: skip
+
+
+def _json_spec(data: bytes, where: str) -> dict[str, Any]:
+    import json
+
+    try:
+        document = json.loads(data.decode("utf-8"))
+    except ValueError as error:
+        raise SpecError(f"{where}: not valid JSON ({error})") from None
+    if not isinstance(document, dict):
+        raise SpecError(f"{where}: a spec is a JSON object, got {type(document).__name__}")
+    return document
 
 
 def resolve_spec(

@@ -1,0 +1,1 @@
+"""``campaign reproduce``: a run re-executed from its campaign's archive alone, and compared."""

@@ -1,0 +1,133 @@
+"""``campaign reproduce ARCHIVE``: a run re-executed from its archive alone, and compared.
+
+The archive is verified, unpacked (:mod:`campaign.reproduce.unpack`), its frozen spec planned
+into a fresh SQLite ledger in the new folder, and each chosen run (the same variant and seed)
+executed on the CPU from the unpacked working folder, through the same ``plan`` and ``run``
+commands a user types (one task host for both). Then every recorded metric but the timings is
+compared bit for bit with the archive's (the highest segment per update, as the ledger reads),
+and the final artifact's tensors by SHA-256 (the file's own bytes name the run id and the
+times, so they differ by construction). Bit-for-bit equality is what the CPU promises for a
+run that trained on the CPU with the same thread count; a run trained on a GPU is compared
+and its differences reported, not expected to vanish.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from campaign.ledger import Ledger
+from campaign.reproduce.unpack import ReproduceError, Unpacked, unpack
+
+TIMINGS = ("_s",)  # train/update_s, train/data_wait_s: wall clock, never reproducible
+
+
+@dataclass(frozen=True)
+class Comparison:
+    original: str
+    reproduced: str
+    status: str
+    points: int
+    differing: list[str]  # "key at update N: a != b", first few
+    weights_original: str | None
+    weights_reproduced: str | None
+
+    @property
+    def identical(self) -> bool:
+        return (self.status in ("completed", "stopped") and not self.differing
+                and self.weights_original == self.weights_reproduced)  # fmt: skip
+
+
+def reproduce(archive: Path, folder: Path, run_id: str | None,
+              invoke: Callable[..., None]) -> list[Comparison]:  # fmt: skip
+    """Re-execute ``run_id`` (else every completed or stopped run) of ``archive`` in ``folder``;
+    ``invoke(arguments, quiet=False)`` runs a ``campaign`` command line in this process (the
+    command line's own, passed down: this package sits below it)."""
+    unpacked = unpack(archive, folder)
+    runs = pd.read_parquet(unpacked.members / "runs.parquet")
+    chosen = _chosen(runs, run_id)
+    spec = unpacked.work / "spec.json"
+    spec.write_bytes((unpacked.members / "spec.json").read_bytes())
+    url = f"sqlite:///{(folder / 'ledger.db').absolute()}"
+    comparisons = []
+    with _inside(unpacked.work):
+        invoke(["--ledger", url, "plan", str(spec)], quiet=True)
+        with Ledger.open(url) as ledger:
+            name = json.loads((unpacked.members / "campaign.json").read_text())["name"]
+            fresh = ledger.runs(name)
+        for original in chosen.itertuples():
+            match = fresh[(fresh["variant"] == original.variant) & (fresh["seed"] == original.seed)]
+            new_id = str(match["run_id"].iloc[0])
+            invoke(["--ledger", url, "run", new_id, "--device", "cpu", "--skip-pilot",
+                           "--reason", f"reproducing run {original.run_id} from {archive.name}",
+                           "--artifacts", str(unpacked.artifacts)])  # fmt: skip
+            comparisons.append(_compare(unpacked, url, str(original.run_id), new_id))
+    return comparisons
+
+
+def _chosen(runs: pd.DataFrame, run_id: str | None) -> pd.DataFrame:
+    done = runs[runs["status"].isin(["completed", "stopped"])]
+    if run_id is None:
+        if done.empty:
+            raise ReproduceError("the archive holds no completed or stopped run to reproduce")
+        return done
+    if run_id not in set(runs["run_id"]):
+        raise ReproduceError(f"run {run_id} is not in the archive")
+    if run_id not in set(done["run_id"]):
+        status = runs.loc[runs["run_id"] == run_id, "status"].iloc[0]
+        raise ReproduceError(f"run {run_id} is {status}: only a completed or stopped run has a "
+                             "final artifact to reproduce")  # fmt: skip
+    return done[done["run_id"] == run_id]
+
+
+def _compare(unpacked: Unpacked, url: str, original: str, new_id: str) -> Comparison:
+    archived = pd.read_parquet(unpacked.members / "metrics.parquet")
+    archived = archived[archived["run_id"] == original]
+    archived = archived.sort_values("segment_id").drop_duplicates(["key", "step"], keep="last")
+    with Ledger.open(url) as ledger:
+        record = ledger.run(new_id)
+        fresh = ledger.metrics(record.campaign, runs=[new_id])
+        artifacts = ledger.artifacts(record.campaign)
+    merged = archived.merge(fresh, on=["key", "step"], how="outer", suffixes=("_a", "_b"))
+    merged = merged[~merged["key"].str.endswith(TIMINGS)].sort_values(["step", "key"])
+    a, b = merged["value_a"].to_numpy(float), merged["value_b"].to_numpy(float)
+    same = (a == b) | (np.isnan(a) & np.isnan(b))
+    differing = [f"{row.key} at update {row.step}: {row.value_a!r} != {row.value_b!r}"
+                 for row in merged[~same].head(5).itertuples()]  # fmt: skip
+    finals = sorted((unpacked.members / "finals" / original).glob("*.safetensors"))
+    mine = artifacts[(artifacts["run_id"] == new_id) & (artifacts["kind"] == "final")]
+    return Comparison(original, new_id, record.status, len(merged), differing,
+                      tensors_sha256(finals[-1]) if finals else None,
+                      tensors_sha256(Path(mine["path"].iloc[-1])) if len(mine) else None)
+
+
+def tensors_sha256(path: Path) -> str:
+    """SHA-256 over every tensor's name, dtype, shape and bytes, in name order."""
+    from safetensors import safe_open
+
+    digest = hashlib.sha256()
+    with safe_open(str(path), "np") as handle:
+        for key in sorted(handle.keys()):
+            tensor = handle.get_tensor(key)
+            digest.update(f"{key}|{tensor.dtype}|{tensor.shape}".encode())
+            digest.update(np.ascontiguousarray(tensor).tobytes())
+    return digest.hexdigest()
+
+
+@contextlib.contextmanager
+def _inside(folder: Path):  # type: ignore[no-untyped-def]
+    """The working folder of the reproduced runs, as the originals had theirs."""
+    before = os.getcwd()
+    os.chdir(folder)
+    try:
+        yield
+    finally:
+        os.chdir(before)
