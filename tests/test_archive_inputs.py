@@ -216,3 +216,29 @@ def test_reproduce_names_a_tampered_member(study: tuple[Path, str], tmp_path: Pa
     done = _cli(tmp_path, "reproduce", str(broken), "--dir", "t3")
     assert done.returncode == 1 and "spec.json does not match its SHA-256" in done.stderr
     assert not (tmp_path / "t3").exists()
+
+
+def test_a_built_in_task_reproduces_and_its_changed_source_is_named(
+    tmp_path: Path,
+) -> None:
+    """The digits task: its source is this installation's own module, checked, not placed."""
+    spec = (ROOT / "examples" / "digits-lr.toml").read_text()
+    spec = spec.replace("seeds = [0, 1, 2]", "seeds = [0]")
+    spec = spec.replace('"budget.updates" = 200', '"budget.updates" = 20')
+    (tmp_path / "spec.toml").write_text(spec)
+    assert _cli(tmp_path, "plan", "spec.toml").returncode == 0
+    run_id = json.loads(_cli(tmp_path, "runs", "digits-lr", "--format", "json").stdout)[0]["run_id"]
+    assert _cli(tmp_path, "run", run_id, "--skip-pilot", "--reason", "test").returncode == 0
+    assert _cli(tmp_path, "archive", "digits-lr", "--output", "d.tar.gz").returncode == 0
+    done = _cli(tmp_path, "reproduce", "d.tar.gz", "--format", "json")
+    assert done.returncode == 0, done.stderr[-3000:]
+    (row,) = json.loads(done.stdout)["runs"]
+    assert row["metrics"] == "identical" and row["weights"] == "identical"
+    members = _members(tmp_path / "d.tar.gz")
+    (source,) = json.loads(members["inputs.json"])["task_sources"]
+    assert source["files"] == ["campaign/tasks/digits.py"]
+    name = f"{source['member_root']}/campaign/tasks/digits.py"
+    changed = tmp_path / "changed.tar.gz"
+    _repacked(tmp_path / "d.tar.gz", changed, name, members[name] + b"\n# another version\n")
+    done = _cli(tmp_path, "reproduce", str(changed), "--dir", "c1")
+    assert done.returncode == 1 and "does not hash as run" in done.stderr
