@@ -199,6 +199,7 @@ def test_reproduce_names_a_tampered_member(study: tuple[Path, str], tmp_path: Pa
     assert done.returncode == 1
     assert "task source study_task.py does not hash as run" in done.stderr
     assert run_id in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "t1").exists()  # nothing ran: the new folder is gone again
     labels = "inputs/data/labels.csv"
     _repacked(archive, tampered, labels, b"id,label\nflower-0,1\n")
     done = _cli(tmp_path, "reproduce", str(tampered), "--dir", "t2")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -53,7 +54,8 @@ def reproduce(archive: Path, run_id: str | None, folder: Path | None, output_for
     folder.mkdir()
     try:
         comparisons = rerun(archive.absolute(), folder.absolute(), run_id, _invoke)
-    except ReproduceError as error:
+    except ReproduceError as error:  # nothing ran to compare: the new folder goes again
+        shutil.rmtree(folder, ignore_errors=True)
         click.echo(f"campaign: {archive}: {printable(str(error))}", err=True)
         raise click.exceptions.Exit(1) from None
     rows = [{"run_id": c.original, "reproduced_as": c.reproduced, "status": c.status,
