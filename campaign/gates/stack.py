@@ -8,13 +8,10 @@ or compare stacks without training. torch is imported when a stack is described
 from __future__ import annotations
 
 import functools
-import importlib
 import importlib.metadata as metadata
 import platform
 import socket
-import subprocess
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from campaign.gates import provenance
@@ -43,8 +40,9 @@ def environment(task_reference: str | None) -> dict[str, Any]:
     }
     if task_reference is not None:
         stack["task"] = task_reference
-        stack["git_revision"] = git_revision(task_reference)
-        stack["git"] = provenance.git_state(task_reference)
+        git = provenance.git_state(task_reference)
+        stack["git_revision"] = git["revision"] if git else None  # the short form, kept
+        stack["git"] = git
         stack["task_source"] = provenance.task_source(task_reference)
     stack["working_directory"] = provenance.working_directory()
     stack["distributions"] = provenance.distributions()
@@ -70,22 +68,6 @@ def package_version(name: str) -> str | None:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
         return None
-
-
-def git_revision(task_reference: str) -> str | None:
-    """The git revision of the task's code, when it lives in a repository (else None)."""
-    try:
-        module = importlib.import_module(task_reference.partition(":")[0])
-        folder = Path(module.__file__ or ".").resolve().parent
-        done = subprocess.run(
-            ["git", "-C", str(folder), "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-        )
-    except (ImportError, OSError, subprocess.SubprocessError):
-        return None  # no git, no module file: the revision is unknown
-    return (done.stdout.strip() or None) if done.returncode == 0 else None
 
 
 def stack_differences(pilot: Mapping[str, Any] | None, current: Mapping[str, Any]) -> list[str]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,7 +57,7 @@ def reproduce(archive: Path, folder: Path, run_id: str | None,
     spec.write_bytes((unpacked.members / "spec.json").read_bytes())
     url = f"sqlite:///{(folder / 'ledger.db').absolute()}"
     comparisons = []
-    with _inside(unpacked.work):
+    with contextlib.chdir(unpacked.work):  # where the runs' relative paths are read from
         invoke(["--ledger", url, "plan", str(spec)], quiet=True)
         with Ledger.open(url) as ledger:
             name = json.loads((unpacked.members / "campaign.json").read_text())["name"]
@@ -120,14 +119,3 @@ def tensors_sha256(path: Path) -> str:
             digest.update(f"{key}|{tensor.dtype}|{tensor.shape}".encode())
             digest.update(np.ascontiguousarray(tensor).tobytes())
     return digest.hexdigest()
-
-
-@contextlib.contextmanager
-def _inside(folder: Path):  # type: ignore[no-untyped-def]
-    """The working folder of the reproduced runs, as the originals had theirs."""
-    before = os.getcwd()
-    os.chdir(folder)
-    try:
-        yield
-    finally:
-        os.chdir(before)
