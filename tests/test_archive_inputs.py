@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import require
 from tests.launch_helpers import ROOT
 
 NAME = "study"
@@ -243,3 +244,66 @@ def test_a_built_in_task_reproduces_and_its_changed_source_is_named(
     _repacked(tmp_path / "d.tar.gz", changed, name, members[name] + b"\n# another version\n")
     done = _cli(tmp_path, "reproduce", str(changed), "--dir", "c1")
     assert done.returncode == 1 and "does not hash as run" in done.stderr
+
+
+def test_a_lora_run_reproduces_with_its_trained_tokenizer_from_the_archive(
+    tmp_path: Path,
+) -> None:
+    """A causal-LM LoRA run on its own JSONL data with a tokenizer it trained: the data and the
+    tokenizer (cached under the study's artifacts) come from the archive alone, with the
+    study folder moved away, a validation file outside it (an absolute path) included; a
+    tokenizer changed in the archive is named."""
+    require("transformers", "hf")
+    require("peft", "hf")
+    from campaign.tasks.causal_lm.instructions import write_splits
+
+    folder, outside = tmp_path / "lm", tmp_path / "elsewhere.jsonl"
+    write_splits(folder / "data", items=40)
+    (folder / "data" / "val.jsonl").rename(outside)
+    shape = {"architecture": '"llama"', "hidden_size": 32, "intermediate_size": 64,
+             "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 2,
+             "max_position_embeddings": 64}  # fmt: skip
+    lines = "".join(f'"task.model_config.{k}" = {v}\n' for k, v in shape.items())
+    lines += "".join(f'"task.data.{s}" = "data/{s}.jsonl"\n' for s in ("train", "test"))
+    lines += f'"task.data.val" = "{outside}"\n'  # outside the study folder: an absolute path
+    (folder / "spec.toml").write_text(
+        '[campaign]\nname = "lm"\nquestion = "q"\ntask = "campaign.tasks.causal_lm:build"\n'
+        '[hold]\n"budget.updates" = 6\n"loop.microbatch" = 2\n"loop.accumulation" = 2\n'
+        f'"task.vocab_size" = 300\n"task.max_new_tokens" = 4\n{lines}'
+        '[config]\n"optimizer.name" = "adamw"\n"optimizer.lr" = 3e-3\n'
+        '[validation]\nevery = 3\nmetric = "val/exact_match"\nmode = "max"\nsample = 2\n'
+        '[grid]\nseeds = [0]\ncontrol = "lora"\n[[grid.variants]]\nname = "lora"\n'
+        'set = { "task.adapter" = "lora", "task.lora_rank" = 4 }\n')  # fmt: skip
+    assert _cli(folder, "plan", "spec.toml").returncode == 0
+    run_id = json.loads(_cli(folder, "runs", "lm", "--format", "json").stdout)[0]["run_id"]
+    done = _cli(folder, "run", run_id, "--skip-pilot", "--reason", "test")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert _cli(folder, "archive", "lm", "--output", str(tmp_path / "lm.tar.gz")).returncode == 0
+    members = _members(tmp_path / "lm.tar.gz")
+    (tokenizer,) = json.loads(members["inputs.json"])["tokenizers"]
+    trained = (folder / "campaign-artifacts" / tokenizer["member"]).read_bytes()
+    validation = outside.read_bytes()
+    assert members[tokenizer["member"]] == trained
+    hidden = folder.with_name("hidden")
+    folder.rename(hidden)  # the data and the tokenizer's cache go with it, and so does
+    outside.rename(hidden / "val.jsonl")  # the validation file from outside the folder
+    try:
+        done = _cli(tmp_path, "reproduce", "lm.tar.gz", "--dir", "again", "--format", "json")
+        changed = tmp_path / "changed.tar.gz"
+        _repacked(tmp_path / "lm.tar.gz", changed, tokenizer["member"],
+                  trained.replace(b'"unk_token"', b'"unk_tokem"'))  # fmt: skip
+        refused = _cli(tmp_path, "reproduce", str(changed), "--dir", "c1")
+    finally:
+        (hidden / "val.jsonl").rename(outside)
+        hidden.rename(folder)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (row,) = json.loads(done.stdout)["runs"]
+    assert row["run_id"] == run_id and row["status"] == "completed"
+    assert row["metrics"] == "identical" and row["weights"] == "identical"
+    assert row["points"] > 6 * 4
+    assert (tmp_path / "again" / "artifacts" / tokenizer["member"]).read_bytes() == trained
+    assert f"task.data.val = '{outside}' lay outside" in done.stderr
+    placed = list((tmp_path / "again" / "work" / "_outside").rglob("*.jsonl"))
+    assert [p.read_bytes() for p in placed] == [validation]
+    assert refused.returncode == 1 and tokenizer["member"] in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1 and not (tmp_path / "c1").exists()

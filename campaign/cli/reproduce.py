@@ -27,9 +27,10 @@ def reproduce(archive: Path, run_id: str | None, folder: Path | None, output_for
     and compare its metrics bit for bit (timings aside) and its final weights by SHA-256.
 
     The archive is verified first; its task source, data and tokenizer are laid out as the run
-    saw them and checked against the hashes the run recorded. Exit code 0 when every run
-    reproduces exactly, 1 when one differs or a piece is missing or changed (named), 2 for a
-    bad argument.
+    saw them and checked against the hashes the run recorded (data the run read from outside
+    its working folder is placed below the new folder and its setting pointed there). Exit
+    code 0 when every run reproduces exactly, 1 when one differs or a piece is missing or
+    changed (named), 2 for a bad argument.
 
     Example: campaign reproduce digits-lr-archive.tar.gz --run 01jd8x3m5k2q9w7c4v6b1n0r8t
     """
@@ -53,7 +54,7 @@ def reproduce(archive: Path, run_id: str | None, folder: Path | None, output_for
         raise click.exceptions.Exit(1) from None
     folder.mkdir()
     try:
-        comparisons = rerun(archive.absolute(), folder.absolute(), run_id, _invoke)
+        comparisons, moved = rerun(archive.absolute(), folder.absolute(), run_id, _invoke)
     except ReproduceError as error:  # nothing ran to compare: the new folder goes again
         shutil.rmtree(folder, ignore_errors=True)
         click.echo(f"campaign: {archive}: {printable(str(error))}", err=True)
@@ -72,6 +73,9 @@ def reproduce(archive: Path, run_id: str | None, folder: Path | None, output_for
         from campaign.cli.output import render_rows
 
         click.echo(render_rows(rows, output_format))
+    for setting, old, new in moved:
+        click.echo(f"campaign: {setting} = {old!r} lay outside the run's working folder: "
+                   f"placed at {new} and the setting pointed there", err=True)  # fmt: skip
     took = time.perf_counter() - started
     same = sum(c.identical for c in comparisons)
     click.echo(f"campaign: {same} of {len(comparisons)} runs reproduced bit for bit from "

@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from campaign.ledger import Ledger
-from campaign.reproduce.unpack import ReproduceError, Unpacked, unpack
+from campaign.reproduce.unpack import ReproduceError, Unpacked, relocated_spec, unpack
 
 TIMINGS = ("_s",)  # train/update_s, train/data_wait_s: wall clock, never reproducible
 
@@ -45,16 +45,18 @@ class Comparison:
                 and self.weights_original == self.weights_reproduced)  # fmt: skip
 
 
-def reproduce(archive: Path, folder: Path, run_id: str | None,
-              invoke: Callable[..., None]) -> list[Comparison]:  # fmt: skip
+def reproduce(archive: Path, folder: Path, run_id: str | None, invoke: Callable[..., None]
+              ) -> tuple[list[Comparison], tuple[tuple[str, str, str], ...]]:  # fmt: skip
     """Re-execute ``run_id`` (else every completed or stopped run) of ``archive`` in ``folder``;
     ``invoke(arguments, quiet=False)`` runs a ``campaign`` command line in this process (the
-    command line's own, passed down: this package sits below it)."""
+    command line's own, passed down: this package sits below it). Returns the comparisons and
+    the settings pointed at data placed from outside the runs' working folder."""
     unpacked = unpack(archive, folder)
     runs = pd.read_parquet(unpacked.members / "runs.parquet")
     chosen = _chosen(runs, run_id)
     spec = unpacked.work / "spec.json"
-    spec.write_bytes((unpacked.members / "spec.json").read_bytes())
+    frozen = json.loads((unpacked.members / "spec.json").read_text())
+    spec.write_text(json.dumps(relocated_spec(frozen, unpacked.moved), indent=2))
     url = f"sqlite:///{(folder / 'ledger.db').absolute()}"
     comparisons = []
     with contextlib.chdir(unpacked.work):  # where the runs' relative paths are read from
@@ -69,7 +71,7 @@ def reproduce(archive: Path, folder: Path, run_id: str | None,
                            "--reason", f"reproducing run {original.run_id} from {archive.name}",
                            "--artifacts", str(unpacked.artifacts)])  # fmt: skip
             comparisons.append(_compare(unpacked, url, str(original.run_id), new_id))
-    return comparisons
+    return comparisons, unpacked.moved
 
 
 def _chosen(runs: pd.DataFrame, run_id: str | None) -> pd.DataFrame:

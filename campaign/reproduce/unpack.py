@@ -1,7 +1,12 @@
 """An archive laid out as its runs saw their world: the task's source and data under a working
 folder, a trained tokenizer under the artifacts folder, every piece checked against the hash
 the run recorded (not only the manifest's: a member edited together with its manifest line
-still fails here, named)."""
+still fails here, named).
+
+Data a run read from outside its working folder (an absolute ``task.data.train``, a
+``../base`` model folder) is placed under ``work/_outside/N/`` and the setting that named it
+is pointed there (:func:`relocated_spec`): the path is a setting of the run, not an input of
+its arithmetic, so the reproduction differs from the run in that string alone and says so."""
 
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ class Unpacked:
     members: Path  # the archive's members, extracted
     work: Path  # the working folder the runs' relative paths are read from
     artifacts: Path
+    moved: tuple[tuple[str, str, str], ...] = ()  # (setting, its value, where it now lies)
 
 
 def unpack(archive: Path, folder: Path) -> Unpacked:
@@ -48,12 +54,34 @@ def unpack(archive: Path, folder: Path) -> Unpacked:
     work.mkdir()
     for source in inputs.get("task_sources", []):
         _place_source(members, work, source)
-    for entry in inputs.get("data", []):
+    moved = []
+    for index, entry in enumerate(inputs.get("data", [])):
+        if entry["member_root"].startswith("_absolute"):
+            root = f"_outside/{index}/{PurePosixPath(entry['member_root']).name}"
+            moved.append((entry["key"], entry["value"], str((work / root).absolute())))
+            entry = {**entry, "member_root": root, "original": entry["member_root"]}
         _place_data(members, work, entry)
     for tokenizer in inputs.get("tokenizers", []):
         _place(members / tokenizer["member"], artifacts / tokenizer["member"],
                tokenizer["sha256"], f"tokenizer {tokenizer['member']}")
-    return Unpacked(members, work, artifacts)
+    return Unpacked(members, work, artifacts, tuple(moved))
+
+
+def relocated_spec(spec: Any, moved: tuple[tuple[str, str, str], ...], where: str = "") -> Any:
+    """``spec`` (the frozen JSON) with each moved setting's value pointed at its new place,
+    wherever the setting is given (``hold``, ``config``, a variant's ``set``)."""
+    if isinstance(spec, list):
+        return [relocated_spec(item, moved, where) for item in spec]
+    if not isinstance(spec, dict):
+        return spec
+    out = {}
+    for key, value in spec.items():
+        path = f"{where}.{key}" if where else key
+        for setting, old, new in moved:
+            if value == old and (path == setting or path.endswith(f".{setting}")):
+                value = new
+        out[key] = relocated_spec(value, moved, path)
+    return out
 
 
 def _place_source(members: Path, work: Path, source: dict[str, Any]) -> None:
@@ -84,14 +112,13 @@ def _place_source(members: Path, work: Path, source: dict[str, Any]) -> None:
 
 def _place_data(members: Path, work: Path, entry: dict[str, Any]) -> None:
     root = entry["member_root"]
-    if root.startswith("_absolute"):
-        raise ReproduceError(f"{entry['key']} = {entry['value']!r} is outside the run's working "
-                             "folder: reproduce places data only below it")  # fmt: skip
     for file in entry["files"]:
         what = f"{entry['key']} ({entry['value']}{'/' + file['file'] if file['file'] else ''})"
         target = work / root / file["file"] if file["file"] else work / root
         if file["member"] is None:
-            original = Path(entry["working_directory"]) / root / file["file"]
+            original = (Path(entry["original"].removeprefix("_absolute"))
+                        if "original" in entry else Path(entry["working_directory"]) / root)
+            original = original / file["file"] if file["file"] else original
             if not original.is_file():
                 raise ReproduceError(f"{what} is listed by hash only (past --data-limit) and "
                                      f"not at {original}: place it there")  # fmt: skip
