@@ -8,7 +8,10 @@ Interleaved round by round in this one process, CPU, 2 threads. Per-update time 
 median update-to-update gap after the first two updates: for the campaign from the wall
 times of its ``train/loss`` points, for the Trainer from its ``on_step_end``. Both log
 every update (the Trainer with ``logging_steps=1``). Prints each median and the paired
-ratio campaign / Trainer (the median of per-round ratios).
+ratio campaign / Trainer (the median of per-round ratios); then the whole run, split into
+its set-up (to the end of the first update: the model, the data, the optimizer's state),
+its updates, and its ending (after the last update: the campaign's last validation,
+checkpoint, export and replay check; the Trainer has nothing there).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -34,6 +38,10 @@ MODELS = {  # 133k and 3.07M parameters with the 300-token vocabulary, as in the
     "large": {"hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 4,
               "num_attention_heads": 4, "num_key_value_heads": 4},
 }  # fmt: skip
+
+
+KINDS = {"campaign": "campaign loop, in process", "trainer": "transformers.Trainer",
+         "command": "campaign run RUN_ID"}
 
 
 def config(data: dict[str, Path], model: str, adapter: bool) -> dict[str, object]:
@@ -57,6 +65,22 @@ def per_update(stamps: list[float]) -> tuple[float, float]:
     return statistics.median(gaps), statistics.fmean(gaps)
 
 
+def one(key: str, folder: Path, name: str, spec: dict[str, Any], resolved: dict[str, Any]
+        ) -> dict[str, Any]:  # fmt: skip
+    """One run by approach ``key``, in its own new ledger."""
+    if key == "trainer":
+        return trainer_run(resolved, folder / f"hf-{name}")
+    url = f"sqlite:///{folder / f'{name}-{key}.db'}"
+    updates = int(resolved["budget"]["updates"])
+    return campaign_run(url, folder / "artifacts", name, spec, updates, key == "command")[1]
+
+
+def split(run: dict[str, Any]) -> tuple[float, float, float]:
+    """(set-up, updates, ending) seconds of one run, from its stamps and its bounds."""
+    stamps = run["stamps"]
+    return stamps[0] - run["began"], stamps[-1] - stamps[0], run["ended"] - stamps[-1]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--updates", type=int, default=40)
@@ -73,25 +97,40 @@ def main() -> None:
     kinds = [(m, False) for m in args.models.split(",")]
     kinds += [(m, True) for m in args.models.split(",")] if args.lora else []
     for model, adapter in kinds:
-        times: dict[str, list[tuple[float, float]]] = {"campaign": [], "trainer": []}
+        times: dict[str, list[tuple[float, float]]] = {k: [] for k in KINDS}
+        whole: dict[str, list[tuple[float, float, float]]] = {k: [] for k in KINDS}
         parameters = 0
-        for index in range(args.rounds):
-            name = f"{model}-{'lora' if adapter else 'full'}-{index}"
-            url = f"sqlite:///{folder / (name + '.db')}"
-            resolved, ours = campaign_run(url, folder / "artifacts", name,
-                                          config(data, model, adapter), args.updates)  # fmt: skip
-            theirs = trainer_run(resolved, folder / f"hf-{name}")
-            parameters = theirs["parameters"]
-            times["campaign"].append(per_update(ours["stamps"]))
-            times["trainer"].append(per_update(theirs["stamps"]))
+        spec = config(data, model, adapter)
+        warm = f"{model}-{'lora' if adapter else 'full'}"  # trains the tokenizer, fills caches
+        resolved, _ = campaign_run(f"sqlite:///{folder / (warm + '.db')}", folder / "artifacts",
+                                   warm, spec, 3)  # fmt: skip
+        resolved["budget"]["updates"] = args.updates
+        for index in range(args.rounds):  # each approach once a round, in a rotating order
+            name = f"{warm}-{index}"
+            order = list(KINDS)[index % 3 :] + list(KINDS)[: index % 3]
+            for key in order:
+                run = one(key, folder, name, spec, resolved)
+                times[key].append(per_update(run["stamps"]))
+                whole[key].append(split(run))
+                parameters = run.get("parameters", parameters)
         kind = "LoRA r8" if adapter else "full fine-tuning"
         print(f"\n{model}: {parameters:,} parameters, {kind}")
+        theirs_ = times["trainer"]
         for which, label in ((0, "median"), (1, "mean")):
-            ours_, theirs_ = ([r[which] for r in times[k]] for k in ("campaign", "trainer"))
-            ratios = [a / b for a, b in zip(ours_, theirs_, strict=True)]
-            c, t = statistics.median(ours_), statistics.median(theirs_)
-            print(f"  {label:<6} campaign {c * 1e3:7.1f} ms/update, Trainer {t * 1e3:7.1f}: "
-                  f"{statistics.median(ratios):4.2f}x paired ({(c - t) * 1e3:+.1f} ms)")
+            t = statistics.median(r[which] for r in theirs_)
+            print(f"  {label} per update: Trainer {t * 1e3:7.1f} ms")
+            for key in ("campaign", "command"):
+                ours_ = [r[which] for r in times[key]]
+                ratios = [a / b[which] for a, b in zip(ours_, theirs_, strict=True)]
+                c = statistics.median(ours_)
+                print(f"    {KINDS[key]:<28} {c * 1e3:7.1f} ms: {statistics.median(ratios):4.2f}x "
+                      f"paired ({(c - t) * 1e3:+.1f} ms)")
+        parts = {k: [statistics.median(r[i] for r in whole[k]) for i in range(3)] for k in whole}
+        print("  whole run: set-up (to the first update's end) + updates + ending")
+        for key, (setup, updates, ending) in parts.items():
+            total = setup + updates + ending
+            print(f"    {KINDS[key]:<28} {setup:6.2f} s + {updates:6.2f} s + {ending:6.2f} s "
+                  f"= {total:6.2f} s ({total / args.updates * 1e3:.1f} ms/update)")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,8 @@ loss sum, normalised by the effective batch's target count (the Trainer's
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -25,12 +27,16 @@ TASK = "campaign.tasks.causal_lm:build"
 HELD = ("loop.microbatch", "loop.accumulation", "loop.clip_grad_norm")
 
 
-def campaign_run(url: str, artifacts: Path, name: str, config: dict[str, Any],
-                 updates: int) -> tuple[dict[str, Any], dict[str, list[float]]]:  # fmt: skip
-    """Plan and run one causal-LM run (in this process, replay included) for ``updates``.
+def campaign_run(url: str, artifacts: Path, name: str, config: dict[str, Any], updates: int,
+                 command: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:  # fmt: skip
+    """Plan and run one causal-LM run (replay included) for ``updates``: in this process, or
+    with ``command`` through ``campaign run RUN_ID`` as a user types it (its own process, its
+    task host, the run in a forked child, the replay in another).
 
     Returns its resolved config and, per update, ``train/loss``, ``train/grad_norm`` and
-    ``stamps``: the wall time each update's loss point was logged at.
+    ``stamps``: the wall time each update's loss point was logged at; and ``began`` and
+    ``ended``: the wall time around the run (model and data set-up, training, the last
+    validation, checkpoint, export and replay).
     """
     hold = {"budget.updates": updates, **{k: config[k] for k in HELD}}
     with Ledger.open(url, create=True) as ledger:
@@ -38,23 +44,32 @@ def campaign_run(url: str, artifacts: Path, name: str, config: dict[str, Any],
                            config={k: v for k, v in config.items() if k not in HELD},
                            validation={"every": updates, "metric": "val/exact_match",
                                        "sample": 2}, stop={"loss_explosion": None})[0]  # fmt: skip
-        outcome = execute(ledger, run_id, artifacts=artifacts, replay_in_subprocess=False)
-        assert outcome.status == "completed", outcome
+        began = time.time()
+        if command:
+            script = Path(sys.executable).with_name("campaign")  # this environment's
+            subprocess.run([str(script), "--ledger", url, "run", run_id, "--skip-pilot",
+                            "--reason", "timed", "--artifacts", str(artifacts)],
+                           check=True, capture_output=True)  # fmt: skip
+        else:
+            outcome = execute(ledger, run_id, artifacts=artifacts, replay_in_subprocess=False)
+            assert outcome.status == "completed", outcome
+        ended = time.time()
         points = ledger.metrics(name, keys=["train/loss", "train/grad_norm"])
         resolved = ledger.run(run_id).config_document
     series = {key.removeprefix("train/"): points[points["key"] == key].sort_values("step")
               for key in ("train/loss", "train/grad_norm")}  # fmt: skip
     return resolved, {"train/loss": series["loss"]["value"].tolist(),
                       "train/grad_norm": series["grad_norm"]["value"].tolist(),
-                      "stamps": series["loss"]["wall_time"].tolist()}  # fmt: skip
+                      "stamps": series["loss"]["wall_time"].tolist(),
+                      "began": began, "ended": ended}  # fmt: skip
 
 
 def trainer_run(resolved: dict[str, Any], folder: Path) -> dict[str, Any]:
     """Train ``resolved`` (a run's resolved config) with ``transformers.Trainer``.
 
     Returns ``loss`` and ``grad_norm`` per update, and ``stamps``: ``perf_counter`` at the
-    end of every update (the Trainer's ``on_step_end``), for the speed benchmark; and the
-    model's ``parameters`` count.
+    end of every update (the Trainer's ``on_step_end``), for the speed benchmark, ``began``
+    and ``ended`` around ``train()`` (the same clock); and the model's ``parameters`` count.
     """
     from torch.utils.data import Dataset, SequentialSampler
     from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArguments
@@ -112,9 +127,12 @@ def trainer_run(resolved: dict[str, Any], folder: Path) -> dict[str, Any]:
                        data_collator=collate, callbacks=[Stamp()])  # fmt: skip
     trainer.remove_callback(PrinterCallback)  # its log line per update, on stdout
     trainer.model_accepts_loss_kwargs = True  # the loss is normalised already: no / 4 more
+    began = time.perf_counter()
     trainer.train()
+    ended = time.perf_counter()
     norms = [float(e["grad_norm"]) for e in trainer.state.log_history if "grad_norm" in e]
     per_update = [sums[i : i + accumulation] for i in range(0, len(sums), accumulation)]
     losses = [sum(t for t, _ in update) / sum(u for _, u in update) for update in per_update]
     parameters = sum(p.numel() for p in model.parameters())
-    return {"loss": losses, "grad_norm": norms, "stamps": stamps, "parameters": parameters}
+    return {"loss": losses, "grad_norm": norms, "stamps": stamps, "parameters": parameters,
+            "began": began, "ended": ended}  # fmt: skip
