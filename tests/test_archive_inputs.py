@@ -278,6 +278,10 @@ def test_a_lora_run_reproduces_with_its_trained_tokenizer_from_the_archive(
     run_id = json.loads(_cli(folder, "runs", "lm", "--format", "json").stdout)[0]["run_id"]
     done = _cli(folder, "run", run_id, "--skip-pilot", "--reason", "test")
     assert done.returncode == 0, done.stderr[-3000:]
+    assert "leaked semaphore" not in done.stderr and "Loading weights" not in done.stderr
+    other = folder / "campaign-artifacts" / "tokenizers" / "another" / "tokenizer.json"
+    other.parent.mkdir()
+    other.write_text("{}")  # another campaign's, cached beside this one's: not packed
     assert _cli(folder, "archive", "lm", "--output", str(tmp_path / "lm.tar.gz")).returncode == 0
     members = _members(tmp_path / "lm.tar.gz")
     (tokenizer,) = json.loads(members["inputs.json"])["tokenizers"]

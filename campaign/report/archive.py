@@ -66,7 +66,8 @@ def write_archive(ledger: Ledger, campaign: str, output: Path,
         add(f"runs/{run.run_id}/environment.json", _json(run.environment))
     add("runs.parquet", _parquet(runs.drop(columns=["config", "environment"])))
     add("metrics.parquet", _parquet(ledger.metrics(campaign, all_segments=True)))
-    add("events.parquet", _parquet(ledger.events(campaign)))
+    events = ledger.events(campaign)
+    add("events.parquet", _parquet(events))
     add("segments.parquet", _parquet(ledger.segments(campaign)))
     sheet = balance_sheet(ledger, campaign)
     add("pilot-phases.parquet", _parquet(ledger.phases(campaign)))
@@ -85,7 +86,8 @@ def write_archive(ledger: Ledger, campaign: str, output: Path,
         folder = FOLDERS[artifact.kind]
         add(f"{folder}/{artifact.run_id}/{Path(artifact.path).name}", data)
     try:
-        inputs_document = pack_inputs(runs, list(packed["path"]), add, data_limit)
+        inputs_document = pack_inputs(runs, list(packed["path"]), add, data_limit,
+                                      " ".join(events["detail"].astype(str)))  # fmt: skip
     except InputsChanged as error:
         raise ArchiveError(str(error)) from None
     except OSError as error:

@@ -8,7 +8,8 @@ recorded is refused, as a changed artifact is. Data are the files and folders a 
 "train.jsonl"``, ``task.model_path = "base"``, a user's own ``task.csv``): each is hashed here
 and packed up to ``data_limit`` bytes in all, the rest listed with its SHA-256 and size only.
 A tokenizer the causal-LM task trained (``CAMPAIGN_ARTIFACTS/tokenizers/KEY/``) is packed
-under the same key, so a reproduction reads it rather than training its own.
+under the same key, so a reproduction reads it rather than training its own: only one a run
+used (its hash is in the run's ``base_model`` event), not every other campaign's beside it.
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ class InputsChanged(Exception):
     """The task's source no longer hashes as a run recorded it; the message names the run."""
 
 
-def pack_inputs(runs: pd.DataFrame, artifact_paths: list[str],
-                add: Callable[[str, bytes], None], data_limit: int = DATA_LIMIT) -> dict[str, Any]:
-    """Add every input of ``runs`` through ``add(name, bytes)``; return ``inputs.json``."""
+def pack_inputs(runs: pd.DataFrame, artifact_paths: list[str], add: Callable[[str, bytes], None],
+                data_limit: int = DATA_LIMIT, events_text: str = "") -> dict[str, Any]:  # fmt: skip
+    """Add every input of ``runs`` through ``add(name, bytes)``; return ``inputs.json``.
+    ``events_text`` is the runs' event details, where a trained tokenizer's hash is named."""
     sources = _pack_sources(runs, add)
     data, packed_bytes = [], 0
     for entry in _data_entries(runs):
@@ -53,8 +55,11 @@ def pack_inputs(runs: pd.DataFrame, artifact_paths: list[str],
         for path in sorted(root.glob("*/tokenizer.json")):
             member = f"tokenizers/{path.parent.name}/tokenizer.json"
             content = path.read_bytes()
+            digest = hashlib.sha256(content).hexdigest()
+            if f"({digest[:16]})" not in events_text:
+                continue  # another campaign's tokenizer, cached beside this one's
             add(member, content)
-            tokenizers.append({"member": member, "sha256": hashlib.sha256(content).hexdigest()})
+            tokenizers.append({"member": member, "sha256": digest})
     return {"task_sources": sources, "data": data, "data_limit": data_limit,
             "data_packed_bytes": packed_bytes, "tokenizers": tokenizers}  # fmt: skip
 
