@@ -30,31 +30,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 
 from campaign.tasks.causal_lm.instructions import write_splits
-from tests.hf_trainer import campaign_run, trainer_run
+from tests.hf_trainer import campaign_run, parity_config, trainer_run
 
-MODELS = {  # 133k and 3.07M parameters with the 300-token vocabulary, as in the issue
-    "small": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-              "num_attention_heads": 4, "num_key_value_heads": 4},
-    "large": {"hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 4,
-              "num_attention_heads": 4, "num_key_value_heads": 4},
+MODELS = {  # 121k and 3.3M parameters with the 300-token vocabulary, as in the issue
+    "small": {"max_position_embeddings": 128, "hidden_size": 64, "intermediate_size": 128,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4},
+    "large": {"max_position_embeddings": 128, "hidden_size": 256, "intermediate_size": 688,
+              "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 4},
 }  # fmt: skip
 
 
 KINDS = {"campaign": "campaign loop, in process", "trainer": "transformers.Trainer",
          "command": "campaign run RUN_ID"}
-
-
-def config(data: dict[str, Path], model: str, adapter: bool) -> dict[str, object]:
-    flat: dict[str, object] = {f"task.data.{k}": str(v) for k, v in data.items()}
-    shape = {"architecture": "llama", "max_position_embeddings": 128, **MODELS[model]}
-    flat |= {f"task.model_config.{k}": v for k, v in shape.items()}
-    flat |= {"task.vocab_size": 300, "task.max_new_tokens": 4}
-    if adapter:
-        flat |= {"task.adapter": "lora", "task.lora_rank": 8}
-    return {**flat, "optimizer.name": "adamw", "optimizer.lr": 3e-3,
-            "optimizer.weight_decay": 0.01, "optimizer.decay": "no_bias_norm",
-            "scheduler.name": "hf_cosine", "scheduler.warmup": 4, "loop.microbatch": 2,
-            "loop.accumulation": 4, "loop.clip_grad_norm": 1.0}  # fmt: skip
 
 
 def per_update(stamps: list[float]) -> tuple[float, float]:
@@ -100,7 +87,8 @@ def main() -> None:
         times: dict[str, list[tuple[float, float]]] = {k: [] for k in KINDS}
         whole: dict[str, list[tuple[float, float, float]]] = {k: [] for k in KINDS}
         parameters = 0
-        spec = config(data, model, adapter)
+        spec = parity_config(data, MODELS[model],
+                             {"adapter": "lora", "lora_rank": 8} if adapter else {})
         warm = f"{model}-{'lora' if adapter else 'full'}"  # trains the tokenizer, fills caches
         resolved, _ = campaign_run(f"sqlite:///{folder / (warm + '.db')}", folder / "artifacts",
                                    warm, spec, 3)  # fmt: skip

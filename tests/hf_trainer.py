@@ -25,6 +25,23 @@ from tests.loop_helpers import plan_loop
 
 TASK = "campaign.tasks.causal_lm:build"
 HELD = ("loop.microbatch", "loop.accumulation", "loop.clip_grad_norm")
+WARMUP, LR, DECAY, CLIP, MICROBATCH, ACCUMULATION = 4, 3e-3, 0.01, 1.0, 2, 4
+
+
+def parity_config(data: dict[str, Path], shape: dict[str, Any],
+                  adapter: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    """The flat config both sides run: a Llama of ``shape`` on ``data`` with a 300-token
+    trained tokenizer, ``adapter`` (task keys, e.g. LoRA), AdamW with decay on what the
+    Trainer decays (``no_bias_norm``), warm-up then ``hf_cosine``, clipping, microbatch 2 x
+    accumulation 4."""
+    flat = {f"task.data.{k}": str(v) for k, v in data.items()}
+    flat |= {f"task.model_config.{k}": v for k, v in {"architecture": "llama", **shape}.items()}
+    flat |= {f"task.{k}": v for k, v in {"vocab_size": 300, "max_new_tokens": 4, **adapter}.items()}
+    return {**flat, "optimizer.name": "adamw", "optimizer.lr": LR,
+            "optimizer.weight_decay": DECAY, "optimizer.decay": "no_bias_norm",
+            "scheduler.name": "hf_cosine", "scheduler.warmup": WARMUP,
+            "loop.microbatch": MICROBATCH, "loop.accumulation": ACCUMULATION,
+            "loop.clip_grad_norm": CLIP}  # fmt: skip
 
 
 def campaign_run(url: str, artifacts: Path, name: str, config: dict[str, Any], updates: int,

@@ -23,23 +23,12 @@ require("transformers", "hf")
 require("peft", "hf")
 
 from campaign.tasks.causal_lm.instructions import write_splits  # noqa: E402
-from tests.hf_trainer import campaign_run, trainer_run  # noqa: E402
+from tests.hf_trainer import campaign_run, parity_config, trainer_run  # noqa: E402
 
-UPDATES, MICROBATCH, ACCUMULATION, WARMUP, LR, DECAY, CLIP = 20, 2, 4, 4, 3e-3, 0.01, 1.0
-TINY = {"architecture": "llama", "hidden_size": 32, "intermediate_size": 64,
-        "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 2,
+UPDATES = 20
+TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 2, "num_key_value_heads": 2,
         "max_position_embeddings": 64}  # fmt: skip
-
-
-def _config(data: dict[str, Path], adapter: dict[str, Any]) -> dict[str, Any]:
-    flat = {f"task.data.{k}": str(v) for k, v in data.items()}
-    flat |= {f"task.model_config.{k}": v for k, v in TINY.items()}
-    flat |= {f"task.{k}": v for k, v in {"vocab_size": 300, "max_new_tokens": 4, **adapter}.items()}
-    return {**flat, "optimizer.name": "adamw", "optimizer.lr": LR,
-            "optimizer.weight_decay": DECAY, "optimizer.decay": "no_bias_norm",
-            "scheduler.name": "hf_cosine", "scheduler.warmup": WARMUP,
-            "loop.microbatch": MICROBATCH, "loop.accumulation": ACCUMULATION,
-            "loop.clip_grad_norm": CLIP}  # fmt: skip
 
 
 @pytest.mark.parametrize("adapter", [{}, {"adapter": "lora", "lora_rank": 4}],
@@ -49,8 +38,8 @@ def test_the_trainer_and_the_campaign_take_the_same_updates(
 ) -> None:
     monkeypatch.setenv("CAMPAIGN_ARTIFACTS", str(tmp_path / "a"))  # the tokenizer's cache
     data = write_splits(tmp_path / "data", items=60)
-    resolved, ours = campaign_run(sqlite_url, tmp_path / "a", "parity", _config(data, adapter),
-                                  UPDATES)
+    config = parity_config(data, TINY, adapter)
+    resolved, ours = campaign_run(sqlite_url, tmp_path / "a", "parity", config, UPDATES)
     theirs = trainer_run(resolved, tmp_path / "hf")
     losses, norms = theirs["loss"], theirs["grad_norm"]
     assert len(losses) == len(norms) == len(ours["train/loss"]) == UPDATES
