@@ -42,12 +42,20 @@ def invoke(url: str, *args: str, cwd: Path = ROOT,
     own process is not under test: its runs still train in children of this process's task
     host, each as fresh as a new interpreter (docs/processes.md), without a new torch import
     per command. The result reads like a finished process."""
+    return in_process("--ledger", url, *args, cwd=cwd, env=env)
+
+
+def in_process(*args: str, cwd: Path = ROOT,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`campaign ARGS` as typed in ``cwd`` (its default ledger, campaign.db there), run as
+    :func:`invoke` runs it. Only the command's own output is captured: what a run's process
+    prints goes to this process's stderr, so a test of that output starts a real process."""
     from click.testing import CliRunner
 
     from campaign.cli import main
 
     with contextlib.chdir(cwd):
-        result = CliRunner().invoke(main, ["--ledger", url, *args],
+        result = CliRunner().invoke(main, list(args),
                                     env={"OMP_NUM_THREADS": "1", **(env or {})})  # fmt: skip
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         raise result.exception

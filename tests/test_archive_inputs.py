@@ -18,12 +18,19 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import require
-from tests.launch_helpers import ROOT
+from tests.launch_helpers import ROOT, in_process
 
 NAME = "study"
 
 
 def _cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`campaign ARGS` in ``cwd``, in this process: no command's own process is under test
+    here (the runs still train in fresh children of this process's task host)."""
+    return in_process(*args, cwd=cwd)
+
+
+def _process(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`campaign ARGS` as a real process, where what its runs print is under test."""
     return subprocess.run(["campaign", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
 
@@ -276,7 +283,7 @@ def test_a_lora_run_reproduces_with_its_trained_tokenizer_from_the_archive(
         'set = { "task.adapter" = "lora", "task.lora_rank" = 4 }\n')  # fmt: skip
     assert _cli(folder, "plan", "spec.toml").returncode == 0
     run_id = json.loads(_cli(folder, "runs", "lm", "--format", "json").stdout)[0]["run_id"]
-    done = _cli(folder, "run", run_id, "--skip-pilot", "--reason", "test")
+    done = _process(folder, "run", run_id, "--skip-pilot", "--reason", "test")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "leaked semaphore" not in done.stderr and "Loading weights" not in done.stderr
     other = folder / "campaign-artifacts" / "tokenizers" / "another" / "tokenizer.json"

@@ -54,7 +54,7 @@ def export(source: LedgerSource, run_id: str, target: Path, merge: bool,
         target.rmdir()  # empty: the export renames its finished folder into this place
     try:
         done = calls.call("campaign.loop.export:export_run", url, run_id, str(target), merge,
-                          card, task=task, preload=("campaign.loop.export",),
+                          card, task=task, preload=calls.CHECK_PRELOAD,
                           what=f"exporting run {run_id}", timeout_s=EXPORT_TIMEOUT_S)  # fmt: skip
     except BaseException:
         if emptied:

@@ -115,7 +115,7 @@ def pilot(source: LedgerSource, campaign: str, artifacts: Path, device: str,
     # fresh-process checks (no time limit of a plan-time call: it trains).
     pilots = calls.call("campaign.pilot.by_class:pilot_documents", url, campaign,
                         str(artifacts), device, overrides, only, every, task=task,
-                        preload=("campaign.pilot.by_class",),
+                        preload=calls.CHECK_PRELOAD,
                         what=f"piloting {campaign!r}", timeout_s=PILOT_TIMEOUT_S)  # fmt: skip
     if not pilots:
         click.echo(f"campaign: every gate class of {campaign!r} that could run has a passing "

@@ -146,7 +146,7 @@ def replay(source: LedgerSource, run_id: str, device: str, output_format: str) -
         task = ledger.campaign(record.campaign).task
         url = ledger.engine.url.render_as_string(hide_password=False)
     result = calls.call("campaign.loop.replay:replay_recorded", url, run_id, device, task=task,
-                        preload=("campaign.loop.replay",),
+                        preload=calls.CHECK_PRELOAD,
                         what=f"replaying run {run_id}", timeout_s=REPLAY_TIMEOUT_S)  # fmt: skip
     if output_format == "json":
         click.echo(json.dumps(result, default=str))

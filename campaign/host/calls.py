@@ -37,6 +37,9 @@ from campaign.loop.errors import TaskContractError
 RUN_PRELOAD = ("torch._dynamo", "numpy", "pandas", "pyarrow.parquet", "safetensors.torch",
                "campaign.loop.train", "campaign.loop.replay", "campaign.launch.run_body",
                "campaign.launch.run_process")  # fmt: skip
+# What a fresh check (the pilot's resume check, a replay) needs beyond its own module, which the
+# host imports anyway: it builds an optimizer or loads weights.
+CHECK_PRELOAD = ("torch._dynamo", "safetensors.torch")
 TIMEOUT_ENV = "CAMPAIGN_TASK_TIMEOUT_S"
 ANSWER_VARIABLE = "CAMPAIGN_ANSWER_FILE"  # where a fresh child writes its JSON answer
 DEFAULT_TIMEOUT_S = 300.0
@@ -203,7 +206,7 @@ def run_module(
         request = {"kind": "module", "module": arguments[1], "argv": list(arguments[2:]),
                    "cwd": os.getcwd(), "env": environment, "stdout": str(out),
                    "stderr": str(err), "follow": os.getpid(), "task": task,
-                   "preload": list(preload)}  # fmt: skip
+                   "preload": [*CHECK_PRELOAD, *preload]}  # fmt: skip
         child = _started(lambda: client.current().start(request), fresh=True)
         try:
             returncode = child.join(timeout_s)

@@ -116,6 +116,9 @@ def _run_module(request: dict[str, Any]) -> int:
     extra = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
     sys.path[:] = [cwd, *extra, *sys.path[1:]]  # as `python -m` would have it
     sys.argv = [request["module"], *request.get("argv", ())]
+    # The host may have imported the module (its dependencies are what it preloads for); as
+    # `python -m` it runs afresh as __main__, and runpy must not find it imported already.
+    sys.modules.pop(request["module"], None)
     try:
         runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
     except SystemExit as done:

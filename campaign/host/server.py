@@ -110,7 +110,8 @@ class Host:
 
     def _start(self, requester: Connection, request: dict[str, Any]) -> None:
         ref = request.get("ref", 0)
-        for name in [*request.get("preload", ()), *task_preloads(request.get("task"))]:
+        task = task_preloads(request.get("task"))
+        for name in [*request.get("preload", ()), *own_module(request), *task]:
             with contextlib.suppress(Exception):  # once here, inherited by every later child
                 importlib.import_module(name)
         mine, theirs = socket.socketpair()
@@ -152,6 +153,16 @@ class Host:
         pipe is the host's fds 0 and 1, which the child replaces with its own streams)."""
         channels = {fd for c in self.connections.values() for fd in (c.read_fd, c.write_fd)}
         return sorted({self.wake_read, self.wake_write, *channels} - {0, 1, 2})
+
+
+def own_module(request: dict[str, Any]) -> list[str]:
+    """The project's own module a request runs (a call's target, a fresh check's module),
+    imported here once rather than in every child: a pilot's resume check or a run's replay
+    would otherwise import its part of the loop (a second or more) per check. Only
+    ``campaign.`` modules, which do nothing at import; a user's module is never imported here."""
+    name = request.get("module") if request.get("kind") == "module" else \
+        str(request.get("target", "")).partition(":")[0]
+    return [name] if isinstance(name, str) and name.startswith("campaign.") else []
 
 
 def task_preloads(task_reference: str | None) -> list[str]:

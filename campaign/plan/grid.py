@@ -185,8 +185,8 @@ def count_train_examples(task: str, config: Mapping[str, Any], needed: bool) -> 
     from campaign.loop.errors import TaskContractError
 
     try:
-        counted = calls.call(train_size, task, dict(config),
-                               what="counting the task's training examples")  # fmt: skip
+        counted = calls.call(train_size, task, dict(config), task=task,
+                             what="counting the task's training examples")  # fmt: skip
     except TaskContractError as error:  # it hung, exited or killed its process: say so
         raise ValueError(str(error)) from None
     return _size_from(counted, needed)
