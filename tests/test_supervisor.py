@@ -1,5 +1,6 @@
-"""The supervisor ends every run (issue 14): real `campaign run` processes, user code that
-hangs, exits, raises, segfaults, forks or prints, each ending with a recorded cause."""
+"""The supervisor ends every run (issue 14): user code that hangs, exits, raises, segfaults,
+forks or prints, each ending with a recorded cause. Real `campaign run` processes where what
+the command prints is under test; the hangs run the same supervisor in this process."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from click.testing import CliRunner
 from campaign.cli import main
 from campaign.host.processes import process_state
 from campaign.ledger import Ledger
+from tests.launch_helpers import invoke
 from tests.loop_helpers import plan_loop
 
 TASK = "tests.tasks.misbehaving:build"
@@ -44,13 +46,18 @@ def _command(url: str, tmp_path: Path, *args: str) -> list[str]:
             "--artifacts", str(tmp_path / "art")]  # fmt: skip
 
 
-def _run(url: str, tmp_path: Path, run_id: str, *extra: str, timeout: float = 120) -> tuple:
+def _run(url: str, tmp_path: Path, run_id: str, *extra: str, timeout: float = 120,
+         process: bool = True) -> tuple:  # fmt: skip
+    """`campaign run` in a real process (``process``: its own output is under test), else in
+    this one: the supervisor is the same code, the run a child of this process's task host."""
+    arguments = ("run", run_id, "--skip-pilot", "--reason", "supervisor test", "--stop-grace-s",
+                 "2", *extra)  # fmt: skip
     started = time.monotonic()
-    done = subprocess.run(
-        _command(url, tmp_path, "run", run_id, "--skip-pilot", "--reason", "supervisor test",
-                 "--stop-grace-s", "2", *extra),
-        capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
+    if process:
+        done = subprocess.run(_command(url, tmp_path, *arguments), capture_output=True,
+                              text=True, timeout=timeout)  # fmt: skip
+    else:
+        done = invoke(url, *arguments, "--artifacts", str(tmp_path / "art"))
     return done, time.monotonic() - started
 
 
@@ -61,7 +68,7 @@ def _end(ledger: Ledger, run_id: str) -> tuple:
 
 def test_a_hang_ends_at_the_hard_wall_time(ledger: Ledger, sqlite_url: str, tmp_path: Path) -> None:
     run_id = _plan_with_stop(ledger, "wall", {"wall_time": "5s"}, misbehave="hang")
-    done, elapsed = _run(sqlite_url, tmp_path, run_id)
+    done, elapsed = _run(sqlite_url, tmp_path, run_id, process=False)
     assert _end(ledger, run_id) == ("stopped", "wall_time", "forward"), done.stderr
     assert done.returncode == 0 and "Traceback" not in done.stderr
     # It ends (the 120 s subprocess timeout guards a hang) and never before its wall time.
@@ -74,7 +81,7 @@ def test_a_hang_without_progress_is_stalled(
 ) -> None:
     run_id = _plan_with_stop(ledger, "stall", {"wall_time": "10m", "stall": "4s"},
                              misbehave="hang")  # fmt: skip
-    done, elapsed = _run(sqlite_url, tmp_path, run_id)
+    done, elapsed = _run(sqlite_url, tmp_path, run_id, process=False)
     assert _end(ledger, run_id) == ("failed", "stalled", "forward")
     assert done.returncode == 1 and elapsed >= 4  # not before the stall window has passed
     assert "no progress for 4 s in forward after update 0" in str(ledger.run(run_id).stop_detail)
@@ -86,7 +93,7 @@ def test_a_hang_in_backward_is_recorded_in_backward(
 ) -> None:
     run_id = _plan_with_stop(ledger, "stall-backward", {"wall_time": "10m", "stall": "4s"},
                              misbehave="hang_backward")  # fmt: skip
-    done, _ = _run(sqlite_url, tmp_path, run_id)
+    done, _ = _run(sqlite_url, tmp_path, run_id, process=False)
     assert _end(ledger, run_id) == ("failed", "stalled", "backward"), done.stderr
     assert "no progress for 4 s in backward after update 0" in str(ledger.run(run_id).stop_detail)
 
@@ -106,7 +113,8 @@ def test_task_code_that_exits_or_crashes_ends_the_run(
     ledger: Ledger, sqlite_url: str, tmp_path: Path, misbehave: str, detail: str
 ) -> None:
     run_id = _plan_with_stop(ledger, f"x-{misbehave}", {}, misbehave=misbehave)
-    done, _ = _run(sqlite_url, tmp_path, run_id)
+    # The deaths the process sees from outside in a real one; the raised ones in this process.
+    done, _ = _run(sqlite_url, tmp_path, run_id, process=misbehave in ("segv", "os_exit3"))
     status, cause, _ = _end(ledger, run_id)
     assert (status, cause) == ("failed", "exception"), done.stderr
     assert detail in str(ledger.run(run_id).stop_detail)
@@ -118,7 +126,7 @@ def test_a_forked_orphan_dies_with_the_run(ledger: Ledger, sqlite_url: str, tmp_
     pidfile = tmp_path / "orphan.pid"
     run_id = _plan_with_stop(ledger, "orphan", {"stall": "4s"}, misbehave="orphan",
                              pidfile=str(pidfile))  # fmt: skip
-    _run(sqlite_url, tmp_path, run_id)
+    _run(sqlite_url, tmp_path, run_id, process=False)
     assert _end(ledger, run_id)[:2] == ("failed", "stalled"), ledger.run(run_id).stop_detail
     orphan = int(pidfile.read_text())
     time.sleep(0.5)
@@ -132,7 +140,7 @@ def test_a_setsid_daemon_the_task_starts_dies_with_the_run(
     process is its subreaper and ends it when the run completes."""
     pidfile = tmp_path / "daemon.pid"
     run_id = _plan_with_stop(ledger, "daemon", {}, misbehave="daemon", pidfile=str(pidfile))
-    done, _ = _run(sqlite_url, tmp_path, run_id)
+    done, _ = _run(sqlite_url, tmp_path, run_id, process=False)
     assert _end(ledger, run_id)[:2] == ("completed", "budget_reached"), done.stderr
     daemon = int(pidfile.read_text())
     time.sleep(0.5)

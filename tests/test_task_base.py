@@ -4,7 +4,6 @@ README's "Write your own task" steps work as written."""
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import subprocess
@@ -19,7 +18,7 @@ from click.testing import CliRunner
 import campaign
 from campaign.cli import main
 from campaign.ledger import Ledger
-from tests.launch_helpers import ROOT
+from tests.launch_helpers import ROOT, in_process
 
 
 class Tiny(campaign.Task):
@@ -105,13 +104,15 @@ def test_regression_defaults_and_a_missing_part_are_named() -> None:
 
 
 def _cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["campaign", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+    """`campaign ARGS` in ``cwd``, in this process (no command's own process is under test
+    here; the console script is, in test_planning): task code runs in children of this
+    process's task host, and a launch's workers are real processes."""
+    return in_process(*args, cwd=cwd)
 
 
 def test_the_readme_steps_for_your_own_task_work_as_written(tmp_path: Path) -> None:
-    """The bash block under "## Write your own task", each line run as written (the ledger is
-    the default campaign.db in the study's folder)."""
+    """The bash block under "## Write your own task", each line run as written, in the folder
+    it names (the ledger is the default campaign.db in the study's folder)."""
     readme = (ROOT / "README.md").read_text()
     block = readme.split("## Write your own task", 1)[1].split("```bash", 1)[1].split("```")[0]
     commands = [line.strip() for line in block.strip().splitlines()]
