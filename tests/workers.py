@@ -1,4 +1,5 @@
-"""Functions run in separate processes by the concurrency tests (spawned, so importable)."""
+"""Functions run in separate processes by the concurrency tests (module level, so that a
+fork server can import them once)."""
 
 from __future__ import annotations
 
