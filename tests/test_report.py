@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -17,9 +18,11 @@ from campaign.loop.train import execute
 from campaign.plan.grid import make_plan, record_plan
 from campaign.plan.spec import resolve_spec
 from campaign.report.balance import balance_sheet
+from tests.conftest import _at_head
 from tests.helpers import plan_campaign
 
 HOSTILE = "<script>alert(1)</script>"
+Mixed = tuple[str, Ledger, dict[str, str]]  # the mixed campaign's URL, ledger, expected statuses
 FAULTS = {"nan": "diverged", "raise": "failed", "oom": "oom", "sigterm": "interrupted"}
 
 
@@ -59,14 +62,21 @@ def _plan_mixed(ledger: Ledger, tmp_path: Path) -> dict[str, str]:
     return expected
 
 
-@pytest.fixture
-def mixed(sqlite_ledger: Ledger, tmp_path: Path) -> dict[str, str]:
-    return _plan_mixed(sqlite_ledger, tmp_path)
+@pytest.fixture(scope="module")
+def mixed_campaign(request: pytest.FixtureRequest,
+                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mixed]:
+    """The mixed campaign trained once for the tests that only read it: its URL, the open
+    ledger and {run_id: expected status}."""
+    folder = tmp_path_factory.mktemp("mixed")
+    url = _at_head(request, f"sqlite:///{folder / 'ledger.db'}")
+    with Ledger.open(url) as ledger:
+        yield url, ledger, _plan_mixed(ledger, folder)
 
 
 def test_every_run_keeps_its_line_and_counts_add_up(
-    sqlite_ledger: Ledger, mixed: dict[str, str]
+    mixed_campaign: Mixed,
 ) -> None:
+    _, sqlite_ledger, mixed = mixed_campaign
     sheet = balance_sheet(sqlite_ledger, "mixed")
     runs = sheet.runs.set_index("run_id")
     assert sorted(runs.index) == sorted(mixed)
@@ -112,8 +122,9 @@ def test_every_run_keeps_its_line_and_counts_add_up(
 
 
 def test_every_export_format_holds_every_run(
-    sqlite_ledger: Ledger, sqlite_url: str, mixed: dict[str, str], tmp_path: Path
+    mixed_campaign: Mixed, tmp_path: Path
 ) -> None:
+    sqlite_url, _, mixed = mixed_campaign
     outputs = {}
     for fmt in ("html", "md", "csv", "parquet", "json"):
         path = tmp_path / f"report.{fmt}"

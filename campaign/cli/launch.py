@@ -236,7 +236,13 @@ def worker(source: LedgerSource, campaign: str, skip_pilot: bool, reason: str | 
 
     Example: campaign --ledger postgresql://me@db/lab worker digits-lr --device cuda:0
     """
+    from campaign.host.calls import RUN_PRELOAD
     from campaign.host.client import start_early
+
+    # First: its runs fork from it, and torch with the loop's modules import there while this
+    # process imports the ledger's code and reads the gate and the stack (the critical path
+    # to a launch's first update).
+    start_early(RUN_PRELOAD)
     from campaign.launch.worker import run_worker
     from campaign.ledger.locality import check_single_host
 
@@ -245,7 +251,6 @@ def worker(source: LedgerSource, campaign: str, skip_pilot: bool, reason: str | 
         options = replace(options, preempt_signals=(int(signal.SIGUSR2),), resume_preempted=True)
     with source.open() as ledger:
         ledger.campaign(campaign)
-        start_early()  # its runs fork from it: torch imports while the gate and stack are read
         check_single_host(ledger, options.lease_s)
         if not launched or skip_pilot:
             _gate(ledger, campaign, skip_pilot, reason, who="worker")

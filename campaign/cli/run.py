@@ -31,6 +31,7 @@ def _execute(
 ) -> None:
     """Run or resume ``run_id`` in this process; exit 1 unless it completed or stopped.
     A planned run starts only through the pilot gate of its class (or a recorded skip)."""
+    from campaign.host.calls import RUN_PRELOAD
     from campaign.host.client import start_early
 
     with source.open() as ledger:
@@ -43,7 +44,7 @@ def _execute(
             raise click.UsageError(
                 f"run {run_id} is {status}: only interrupted or lost runs resume"
             )
-        start_early()  # the run's process is forked from it: torch imports while the gate reads
+        start_early(RUN_PRELOAD)  # the run forks from it: torch imports while the gate reads
         if expect == "planned":
             _gate(ledger, record.campaign, run_id, skip)
         from campaign.launch.worker import WorkerOptions, execute_one

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from campaign.host.processes import kill_group
@@ -164,8 +165,9 @@ def adopt(fd: int) -> None:
     _adopted[:] = [(os.getpid(), fd)]
 
 
-def current() -> Host:
-    """This process's host: the one that forked it, else its own (spawned on first use)."""
+def current(preload: Sequence[str] = ()) -> Host:
+    """This process's host: the one that forked it, else its own (spawned on first use; it
+    imports ``preload`` right after torch, before any request names them)."""
     pid = os.getpid()
     with _spawn_lock:
         host = _hosts.get(pid)
@@ -175,25 +177,26 @@ def current() -> Host:
             fd = _adopted[0][1]
             host = Host(fd, fd, None)
         else:
-            host = _spawn()
+            host = _spawn(preload)
             atexit.register(host.close)
         _hosts.clear()  # a forked copy of a process never uses its parent's host
         _hosts[pid] = host
         return host
 
 
-def start_early() -> None:
-    """Spawn this process's host now without waiting for it: its imports (torch, seconds) then
-    overlap the caller's own work, and the first child finds it ready."""
-    current()
+def start_early(preload: Sequence[str] = ()) -> None:
+    """Spawn this process's host now without waiting for it: its imports (torch, seconds, and
+    ``preload``: a run's loop) then overlap the caller's own work, and the first child finds
+    it ready."""
+    current(preload)
 
 
-def _spawn() -> Host:
+def _spawn(preload: Sequence[str] = ()) -> Host:
     # Without the thread settings: torch in the host computes its defaults, and each child
     # takes the settings of its own request (campaign.host.child), as a new interpreter would.
     env = {k: v for k, v in os.environ.items() if k not in THREAD_VARIABLES}
     process = subprocess.Popen(
-        [sys.executable, "-m", "campaign.host.server", str(os.getpid())],
+        [sys.executable, "-m", "campaign.host.server", str(os.getpid()), *preload],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=os.getcwd(), close_fds=True, env=env,
     )  # fmt: skip
     assert process.stdin is not None and process.stdout is not None

@@ -21,6 +21,7 @@ import select
 import signal
 import socket
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
@@ -178,7 +179,7 @@ def task_preloads(task_reference: str | None) -> list[str]:
         return []
 
 
-def main(owner: int) -> None:
+def main(owner: int, preload: Sequence[str] = ()) -> None:
     for signum in IGNORED_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
     # Ignored, not blocked: a mask inherited from the owner (a Ray worker blocks SIGINT) would
@@ -191,7 +192,7 @@ def main(owner: int) -> None:
     answers = os.dup(1)
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    for name in PRELOAD:
+    for name in (*PRELOAD, *preload):  # the owner's list: the project's modules only
         with contextlib.suppress(ImportError):
             importlib.import_module(name)
     torch = sys.modules.get("torch")  # reads the setting, starts no thread pool
@@ -199,4 +200,4 @@ def main(owner: int) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]))
+    main(int(sys.argv[1]), sys.argv[2:])  # the rest: what the owner asked to preload
