@@ -8,7 +8,9 @@ order, ``python -c "import torch"`` and the launch, both fresh processes. The la
 figures come from the ledger's clock, counted from the command's start: the first run's
 claim (``started_at``) and its first update (the first ``train/loss`` point's
 ``wall_time``). Medians and the ratio to the yardstick are printed (issue 24's limit for the
-first update: 1.5x ``import torch``).
+first update: 1.5x ``import torch``). ``--compare-with PYTHON`` times another checkout's
+launch in the same rounds (its virtual environment's interpreter), e.g. the code before a
+change.
 """
 
 from __future__ import annotations
@@ -22,13 +24,16 @@ import tempfile
 import time
 from pathlib import Path
 
-from cli_start import _campaign
-
 LIMIT = 1.5
 
 
-def _study(root: Path, env: dict[str, str]) -> tuple[Path, dict[str, str]]:
-    campaign = _campaign()
+def _command(python: str) -> list[str]:
+    """``python``'s own console script (its checkout's code), else ``python -m campaign``."""
+    script = Path(python).parent / "campaign"
+    return [str(script)] if script.exists() else [python, "-m", "campaign"]
+
+
+def _study(root: Path, env: dict[str, str], campaign: list[str]) -> tuple[Path, dict[str, str]]:
     subprocess.run([*campaign, "init", "study"], env=env, cwd=root, check=True,
                    capture_output=True)  # fmt: skip
     folder = root / "study"
@@ -40,12 +45,12 @@ def _study(root: Path, env: dict[str, str]) -> tuple[Path, dict[str, str]]:
     return folder, mine
 
 
-def _launch(folder: Path, env: dict[str, str]) -> tuple[float, float]:
+def _launch(folder: Path, env: dict[str, str], campaign: list[str]) -> tuple[float, float]:
     """Seconds from the command's start to the first claim and to the first update."""
     from campaign.ledger import Ledger
 
     started = time.time()
-    subprocess.run([*_campaign(), "launch", "study", "--workers", "2", "--skip-pilot",
+    subprocess.run([*campaign, "launch", "study", "--workers", "2", "--skip-pilot",
                     "--reason", "benchmark"], env=env, cwd=folder, check=True,
                    capture_output=True)  # fmt: skip
     with Ledger.open(env["CAMPAIGN_LEDGER"]) as ledger:
@@ -58,36 +63,44 @@ def _launch(folder: Path, env: dict[str, str]) -> tuple[float, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--compare-with", metavar="PYTHON",
+                        help="another checkout's interpreter, its launch timed beside")
     args = parser.parse_args()
-    torch_s: list[float] = []
-    claims: list[float] = []
-    firsts: list[float] = []
+    launches = {"this checkout": _command(sys.executable)}
+    if args.compare_with:
+        launches["compared"] = _command(args.compare_with)
+    names = ["import torch", *launches]
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
     with tempfile.TemporaryDirectory() as folder:
-        env = {**os.environ}
         for index in range(args.rounds):
-            root = Path(folder) / f"round-{index}"
-            root.mkdir()
-            study, study_env = _study(root, env)
-            order = ["torch", "launch"] if index % 2 == 0 else ["launch", "torch"]
-            for name in order:
-                if name == "torch":
+            studies = {}
+            for name, campaign in launches.items():
+                root = Path(folder) / f"{index}-{len(studies)}"
+                root.mkdir()
+                studies[name] = _study(root, dict(os.environ), campaign)
+            shift = index % len(names)
+            for name in names[shift:] + names[:shift]:
+                if name == "import torch":
                     begun = time.perf_counter()
                     subprocess.run([sys.executable, "-c", "import torch"], check=True)
-                    torch_s.append(time.perf_counter() - begun)
+                    times[name].append((0.0, time.perf_counter() - begun))
                 else:
-                    claimed, first = _launch(study, study_env)
-                    claims.append(claimed)
-                    firsts.append(first)
-            print(f"round {index + 1}: import torch {torch_s[-1]:.2f} s, launch: first claim "
-                  f"{claims[-1]:.2f} s, first update {firsts[-1]:.2f} s", flush=True)
-    yardstick, first = statistics.median(torch_s), statistics.median(firsts)
-    ratio = first / yardstick
+                    times[name].append(_launch(*studies[name], launches[name]))
+            print(f"round {index + 1}: " + ", ".join(
+                f"{n} {times[n][-1][1]:.2f} s" for n in names), flush=True)
+    yardstick = statistics.median(t for _, t in times["import torch"])
     print(f"\nmedians of {args.rounds} interleaved rounds (fresh processes):")
-    print(f"  python -c 'import torch'              {yardstick * 1000:8.0f} ms")
-    print(f"  launch --workers 2: first claim       {statistics.median(claims) * 1000:8.0f} ms")
-    print(f"  launch --workers 2: first update      {first * 1000:8.0f} ms  {ratio:.2f}x "
-          f"import torch (limit {LIMIT}x: {'ok' if ratio <= LIMIT else 'OVER'})")
-    return 0 if ratio <= LIMIT else 1
+    print(f"  python -c 'import torch'                        {yardstick * 1000:8.0f} ms")
+    failed = False
+    for name in launches:
+        claim = statistics.median(c for c, _ in times[name])
+        first = statistics.median(f for _, f in times[name])
+        ratio = first / yardstick
+        failed |= name == "this checkout" and ratio > LIMIT
+        print(f"  {name}: launch --workers 2, first claim  {claim * 1000:8.0f} ms")
+        print(f"  {name}: launch --workers 2, first update {first * 1000:8.0f} ms  "
+              f"{ratio:.2f}x import torch (limit {LIMIT}x)")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
