@@ -30,10 +30,11 @@ LIMIT = 1.5
 def _command(python: str) -> list[str]:
     """``python``'s own console script (its checkout's code), else ``python -m campaign``."""
     script = Path(python).parent / "campaign"
-    return [str(script)] if script.exists() else [python, "-m", "campaign"]
+    return [str(script)] if script.is_file() else [python, "-m", "campaign"]
 
 
 def _study(root: Path, env: dict[str, str], campaign: list[str]) -> tuple[Path, dict[str, str]]:
+    """The skeleton in ``root/study``, one seed, planned by ``campaign``; its folder and env."""
     subprocess.run([*campaign, "init", "study"], env=env, cwd=root, check=True,
                    capture_output=True)  # fmt: skip
     folder = root / "study"

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -54,13 +55,20 @@ def in_process(*args: str, cwd: Path = ROOT,
 
     from campaign.cli import main
 
-    with contextlib.chdir(cwd):
+    with contextlib.chdir(cwd), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # then a fresh interpreter's defaults in front
+        for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning,
+                         ResourceWarning):  # fmt: skip
+            warnings.filterwarnings("ignore", category=category)
         result = CliRunner().invoke(main, list(args),
                                     env={"OMP_NUM_THREADS": "1", **(env or {})})  # fmt: skip
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         raise result.exception
+    # A warning the command raised is on its stderr, once per place, as a process prints it.
+    shown = dict.fromkeys(warnings.formatwarning(w.message, w.category, w.filename, w.lineno)
+                          for w in caught)  # fmt: skip
     return subprocess.CompletedProcess(["campaign", *args], result.exit_code, result.stdout,
-                                       result.stderr)  # fmt: skip
+                                       result.stderr + "".join(shown))  # fmt: skip
 
 
 def run_interrupt_resume(url: str, artifacts: str, references: tuple[str, ...], cut: str,

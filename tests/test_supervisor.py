@@ -56,8 +56,17 @@ def _run(url: str, tmp_path: Path, run_id: str, *extra: str, timeout: float = 12
     if process:
         done = subprocess.run(_command(url, tmp_path, *arguments), capture_output=True,
                               text=True, timeout=timeout)  # fmt: skip
-    else:
-        done = invoke(url, *arguments, "--artifacts", str(tmp_path / "art"))
+    else:  # the same guard against a hang as the process's timeout
+        def expire(*_: object) -> None:
+            raise TimeoutError(f"campaign run {run_id} did not end within {timeout:g} s")
+
+        previous = signal.signal(signal.SIGALRM, expire)
+        signal.alarm(int(timeout))
+        try:
+            done = invoke(url, *arguments, "--artifacts", str(tmp_path / "art"))
+        finally:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, previous)
     return done, time.monotonic() - started
 
 
@@ -71,7 +80,7 @@ def test_a_hang_ends_at_the_hard_wall_time(ledger: Ledger, sqlite_url: str, tmp_
     done, elapsed = _run(sqlite_url, tmp_path, run_id, process=False)
     assert _end(ledger, run_id) == ("stopped", "wall_time", "forward"), done.stderr
     assert done.returncode == 0 and "Traceback" not in done.stderr
-    # It ends (the 120 s subprocess timeout guards a hang) and never before its wall time.
+    # It ends (the 120 s timeout guards a hang) and never before its wall time.
     assert elapsed >= 5
     assert "hard wall-time limit 5s" in str(ledger.run(run_id).stop_detail)
 

@@ -163,7 +163,9 @@ def own_module(request: dict[str, Any]) -> list[str]:
     ``campaign.`` modules, which do nothing at import; a user's module is never imported here."""
     name = request.get("module") if request.get("kind") == "module" else \
         str(request.get("target", "")).partition(":")[0]
-    return [name] if isinstance(name, str) and name.startswith("campaign.") else []
+    if not isinstance(name, str) or not name.startswith("campaign."):
+        return []
+    return [] if name.rsplit(".", 1)[-1] == "__main__" else [name]  # a __main__ runs a command
 
 
 def task_preloads(task_reference: str | None) -> list[str]:
@@ -192,8 +194,8 @@ def main(owner: int, preload: Sequence[str] = ()) -> None:
     answers = os.dup(1)
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    for name in (*PRELOAD, *preload):  # the owner's list: the project's modules only
-        with contextlib.suppress(ImportError):
+    for name in (*PRELOAD, *preload):  # torch, then what the owner named (a run's modules)
+        with contextlib.suppress(Exception):  # a module that fails here fails in its child
             importlib.import_module(name)
     torch = sys.modules.get("torch")  # reads the setting, starts no thread pool
     Host(owner, answers, torch.get_num_threads() if torch is not None else None).serve()
