@@ -67,6 +67,8 @@ def main() -> int:
     parser.add_argument("--compare-with", metavar="PYTHON",
                         help="another checkout's interpreter, its launch timed beside")
     args = parser.parse_args()
+    if args.compare_with and not os.access(args.compare_with, os.X_OK):
+        parser.error(f"--compare-with {args.compare_with}: not an executable Python")
     launches = {"this checkout": _command(sys.executable)}
     if args.compare_with:
         launches["compared"] = _command(args.compare_with)

@@ -75,6 +75,9 @@ def main() -> int:
     parser.add_argument("files", nargs="+", type=Path)
     parser.add_argument("--top", type=int, default=30)
     args = parser.parse_args()
+    missing = [str(f) for f in args.files if not f.is_file()]
+    if missing:
+        parser.error(f"no such file: {', '.join(missing)} (run the suite with -p suite_cpu)")
     rows = [line.split("\t") for file in args.files for line in file.read_text().splitlines()]
     tests = sorted(((float(c), float(w), n) for c, w, n in rows), reverse=True)
     files: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
