@@ -8,7 +8,12 @@ order, ``python -c "import torch"`` and the launch, both fresh processes. The la
 figures come from the ledger's clock, counted from the command's start: the first run's
 claim (``started_at``) and its first update (the first ``train/loss`` point's
 ``wall_time``). Medians and the ratio to the yardstick are printed (issue 24's limit for the
-first update: 1.5x ``import torch``). ``--compare-with PYTHON`` times another checkout's
+first update: 1.5x ``import torch``). The floor is timed in the same rounds:
+``bare_run.py STUDY 1``, one fresh process that imports torch and the skeleton's task and
+trains one update by hand (AdamW's first step imports ``torch._dynamo``). No launcher reaches
+its first update sooner: its ratio to ``import torch`` is what any launcher spends on this
+machine before it adds anything, and the launch's ratio to it is what the launcher adds.
+``--compare-with PYTHON`` times another checkout's
 launch in the same rounds (its virtual environment's interpreter), e.g. the code before a
 change.
 """
@@ -25,6 +30,11 @@ import time
 from pathlib import Path
 
 LIMIT = 1.5
+BARE_RUN = Path(__file__).with_name("bare_run.py")
+YARDSTICKS = {  # each a fresh process, given the round's study folder
+    "import torch": lambda _folder: [sys.executable, "-c", "import torch"],
+    "bare first update": lambda folder: [sys.executable, str(BARE_RUN), str(folder), "1"],
+}
 
 
 def _command(python: str) -> list[str]:
@@ -72,7 +82,7 @@ def main() -> int:
     launches = {"this checkout": _command(sys.executable)}
     if args.compare_with:
         launches["compared"] = _command(args.compare_with)
-    names = ["import torch", *launches]
+    names = ["import torch", "bare first update", *launches]
     times: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
     with tempfile.TemporaryDirectory() as folder:
         for index in range(args.rounds):
@@ -83,17 +93,20 @@ def main() -> int:
                 studies[name] = _study(root, dict(os.environ), campaign)
             shift = index % len(names)
             for name in names[shift:] + names[:shift]:
-                if name == "import torch":
+                if name in YARDSTICKS:
                     begun = time.perf_counter()
-                    subprocess.run([sys.executable, "-c", "import torch"], check=True)
+                    subprocess.run(YARDSTICKS[name](studies["this checkout"][0]), check=True)
                     times[name].append((0.0, time.perf_counter() - begun))
                 else:
                     times[name].append(_launch(*studies[name], launches[name]))
             print(f"round {index + 1}: " + ", ".join(
                 f"{n} {times[n][-1][1]:.2f} s" for n in names), flush=True)
     yardstick = statistics.median(t for _, t in times["import torch"])
+    floor = statistics.median(t for _, t in times["bare first update"])
     print(f"\nmedians of {args.rounds} interleaved rounds (fresh processes):")
     print(f"  python -c 'import torch'                        {yardstick * 1000:8.0f} ms")
+    print(f"  bare_run.py STUDY 1 (the floor)                 {floor * 1000:8.0f} ms  "
+          f"{floor / yardstick:.2f}x import torch")
     failed = False
     for name in launches:
         claim = statistics.median(c for c, _ in times[name])
@@ -102,7 +115,7 @@ def main() -> int:
         failed |= name == "this checkout" and ratio > LIMIT
         print(f"  {name}: launch --workers 2, first claim  {claim * 1000:8.0f} ms")
         print(f"  {name}: launch --workers 2, first update {first * 1000:8.0f} ms  "
-              f"{ratio:.2f}x import torch (limit {LIMIT}x)")
+              f"{ratio:.2f}x import torch (limit {LIMIT}x), {first / floor:.2f}x the floor")
     return 1 if failed else 0
 
 

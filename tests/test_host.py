@@ -99,6 +99,64 @@ def test_the_host_ignores_the_schedulers_signals_and_dies_with_its_owner(tmp_pat
     assert process_state(host) is None and process_state(child) is None
 
 
+MEMBER = textwrap.dedent("""
+    import os, sys, time
+    from campaign.host import calls, client
+    child = calls.start("time:sleep", [600])
+    print(child.pid, os.environ.get(client.SHARED_HOST, "-"), flush=True)
+    time.sleep(600)
+""")
+
+
+def _ppid(pid: int) -> int:
+    return int((Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def test_members_share_one_host_and_a_killed_members_children_die_with_it() -> None:
+    """A local launch's workers join their launcher's host (``CAMPAIGN_SHARED_HOST``): their
+    children fork from that one host (no interpreter of their own), the variable is gone from
+    what they start, and a member killed with SIGKILL takes its children along, leaving the
+    other member's running."""
+    env = {**os.environ, client.SHARED_HOST: client.share_path()}
+    members = [subprocess.Popen([sys.executable, "-c", MEMBER], env=env, stdout=subprocess.PIPE,
+                                text=True, cwd=ROOT) for _ in range(2)]  # fmt: skip
+    try:
+        answers = [member.stdout.readline().split() for member in members]  # type: ignore[union-attr]
+        children = [int(pid) for pid, _ in answers]
+        assert [seen for _, seen in answers] == ["-", "-"]  # nothing they start joins by mistake
+        host = client.current().process.pid
+        assert [_ppid(child) for child in children] == [host, host]
+        members[0].kill()
+        members[0].wait()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and process_state(children[0]) is not None:
+            time.sleep(0.05)
+        assert process_state(children[0]) is None
+        assert process_state(children[1]) not in (None, "Z", "X")
+        assert process_state(host) not in (None, "Z", "X")
+    finally:
+        for member in members:
+            member.kill()
+            member.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and process_state(children[1]) is not None:
+        time.sleep(0.05)
+    assert process_state(children[1]) is None
+
+
+def test_a_member_whose_host_is_gone_spawns_its_own(tmp_path: Path) -> None:
+    """A stale ``CAMPAIGN_SHARED_HOST`` (its launcher ended) is no error: the process starts
+    a host of its own, as a worker started by hand does."""
+    env = {**os.environ, client.SHARED_HOST: str(tmp_path / "gone.sock")}
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+        from campaign.host import calls, client
+        calls.start("time:sleep", [0]).join()
+        print(client.current().process is not None)  # it spawned this host itself
+    """)], env=env, capture_output=True, text=True, cwd=ROOT, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "True"
+
+
 def _mask(pid: int, field: str = "SigBlk") -> int:
     status = (Path("/proc") / str(pid) / "status").read_text()
     (line,) = [line for line in status.splitlines() if line.startswith(f"{field}:")]

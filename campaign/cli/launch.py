@@ -160,6 +160,11 @@ def launch(source: LedgerSource, campaign: str, workers: int | None, devices: st
 
     Example: campaign launch digits-lr --workers 4 --devices cpu
     """
+    if executor == "local":  # its workers share this host: torch imports while the gate reads
+        from campaign.host.calls import RUN_PRELOAD
+        from campaign.host.client import start_early
+
+        start_early(RUN_PRELOAD)
     from campaign.gates.launch_gate import GateClosed
     from campaign.launch.placement import PlacementError
     from campaign.launch.policy import LaunchRefused, LaunchRequest, launch_campaign

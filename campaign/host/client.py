@@ -1,10 +1,11 @@
 """The asking side of the task host: start it once, ask it for children, learn how they end.
 
 A process gets its host from :func:`current`: a child of a host talks to the
-host that forked it (through the socket it was given), any other process
-spawns its own on first use (``python -m campaign.host.server``), and keeps it
-until it exits. This module imports no torch: the command line and the
-launcher use it and stay light.
+host that forked it (through the socket it was given); a process given a host's
+socket path in ``CAMPAIGN_SHARED_HOST`` (a local launch's workers: their launcher's
+host) joins that one; any other process spawns its own on first use (``python -m
+campaign.host.server``), and keeps it until it exits. This module imports no torch: the
+command line and the launcher use it and stay light.
 """
 
 from __future__ import annotations
@@ -15,9 +16,12 @@ import itertools
 import json
 import os
 import select
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -27,6 +31,7 @@ from campaign.host.processes import kill_group
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")  # what sets torch's intra-op threads
 HOST_GONE = -signal.SIGKILL  # the exit code of a child whose host died (it died with it)
+SHARED_HOST = "CAMPAIGN_SHARED_HOST"  # a host's socket path: a worker joins its launcher's host
 
 
 class HostError(RuntimeError):
@@ -67,8 +72,10 @@ class Host:
     """One connection to a host: the pipe pair of a host this process spawned, or the socket a
     host gave its child."""
 
-    def __init__(self, read_fd: int, write_fd: int, process: subprocess.Popen[bytes] | None):
+    def __init__(self, read_fd: int, write_fd: int, process: subprocess.Popen[bytes] | None,
+                 share_path: str | None = None) -> None:  # fmt: skip
         self.read_fd, self.write_fd, self.process = read_fd, write_fd, process
+        self.share_path = share_path  # where other processes join it (a host this one spawned)
         self.pid = os.getpid()  # the process this connection belongs to
         self._refs = itertools.count(1)
         self._buffer = b""
@@ -142,8 +149,14 @@ class Host:
     def close(self) -> None:
         """End the host this process spawned, at once (its children die with it): a host still
         importing torch would read the closed pipe only seconds later, and the command that
-        owns it must not wait for that at its exit."""
+        owns it must not wait for that at its exit. A forked copy of the owner (its pid is
+        another) closes its copies of the channels only: the host is not its to end."""
         self.gone = True
+        if os.getpid() != self.pid:
+            for fd in {self.read_fd, self.write_fd}:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            return
         with contextlib.suppress(OSError):
             os.close(self.write_fd)
         if self.process is not None:
@@ -152,6 +165,8 @@ class Host:
             self.process.wait()
         with contextlib.suppress(OSError):
             os.close(self.read_fd)
+        if self.share_path is not None:
+            shutil.rmtree(os.path.dirname(self.share_path), ignore_errors=True)
 
 
 _hosts: dict[int, Host] = {}
@@ -177,7 +192,7 @@ def current(preload: Sequence[str] = ()) -> Host:
             fd = _adopted[0][1]
             host = Host(fd, fd, None)
         else:
-            host = _spawn(preload)
+            host = _join(os.environ.pop(SHARED_HOST, "")) or _spawn(preload)
             atexit.register(host.close)
         _hosts.clear()  # a forked copy of a process never uses its parent's host
         _hosts[pid] = host
@@ -191,18 +206,56 @@ def start_early(preload: Sequence[str] = ()) -> None:
     current(preload)
 
 
+def share_path() -> str:
+    """Where another process joins this process's host (spawned now if it has none): the
+    value of ``CAMPAIGN_SHARED_HOST`` for the workers of a local launch, so that N workers
+    import torch once, in one host, and their runs fork from it in milliseconds."""
+    host = current()
+    if host.share_path is None:  # a host's child: its host belongs to another process
+        raise HostError("only a host this process spawned can be shared")
+    return host.share_path
+
+
+def _join(path: str) -> Host | None:
+    """A connection to the host listening at ``path`` (the variable is read once and removed,
+    so that nothing this process starts joins by mistake); None when there is none (its
+    launcher is gone: this process then spawns a host of its own)."""
+    if not path:
+        return None
+    joined = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        joined.connect(path)
+    except OSError:
+        joined.close()
+        return None
+    fd = joined.detach()
+    return Host(fd, fd, None)
+
+
 def _spawn(preload: Sequence[str] = ()) -> Host:
     # Without the thread settings: torch in the host computes its defaults, and each child
     # takes the settings of its own request (campaign.host.child), as a new interpreter would.
     env = {k: v for k, v in os.environ.items() if k not in THREAD_VARIABLES}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "campaign.host.server", str(os.getpid()), *preload],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=os.getcwd(), close_fds=True, env=env,
-    )  # fmt: skip
+    env.pop(SHARED_HOST, None)
+    # Bound here, before the host starts: a member may connect at once and wait in the backlog
+    # while the host imports torch. The folder is this user's alone (0700).
+    path = os.path.join(tempfile.mkdtemp(prefix="campaign-host-"), "host.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(64)
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "campaign.host.server", str(os.getpid()),
+             str(listener.fileno()), *preload],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=os.getcwd(), close_fds=True,
+            env=env, pass_fds=(listener.fileno(),),
+        )  # fmt: skip
+    finally:
+        listener.close()
     assert process.stdin is not None and process.stdout is not None
     read_fd, write_fd = os.dup(process.stdout.fileno()), os.dup(process.stdin.fileno())
     process.stdout.close()
     process.stdin.close()
     os.set_inheritable(read_fd, False)
     os.set_inheritable(write_fd, False)
-    return Host(read_fd, write_fd, process)
+    return Host(read_fd, write_fd, process, path)

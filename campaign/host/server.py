@@ -1,8 +1,9 @@
 """The task host's own process: ``python -m campaign.host.server OWNER_PID``.
 
 It imports what every child needs (``PRELOAD``), then serves requests until
-its owner goes: each request line (JSON, from the owner's pipe or from one of
-its children's sockets) asks for one child, which is forked at once
+its owner goes: each request line (JSON, from the owner's pipe, from one of
+its children's sockets, or from a member that connected to its listening socket:
+a local launch's workers share their launcher's host) asks for one child, which is forked at once
 (:func:`campaign.host.child.become`); the host answers with the child's pid,
 reaps it when it ends and answers with its exit code. It never computes, never
 initialises CUDA, and has no thread, so every fork is safe and starts in
@@ -41,6 +42,7 @@ class Connection:
     read_fd: int
     write_fd: int
     owner: bool = False
+    member: bool = False  # connected to the listening socket: its children die with it
     buffer: bytes = b""
     children: set[int] = field(default_factory=set)
 
@@ -56,8 +58,13 @@ class Connection:
 class Host:
     """The serving loop's state: connections, live children and who asked for each."""
 
-    def __init__(self, owner: int, answers: int, default_threads: int | None = None) -> None:
+    def __init__(self, owner: int, answers: int, default_threads: int | None = None,
+                 listener: socket.socket | None = None) -> None:  # fmt: skip
         self.owner = owner
+        self.listening = listener  # members connect here (a local launch's workers)
+        self.listener = None if listener is None else listener.fileno()
+        if listener is not None:
+            listener.setblocking(False)
         self.default_threads = default_threads  # torch's own choice without OMP_NUM_THREADS
         self.connections: dict[int, Connection] = {0: Connection(0, answers, owner=True)}
         self.children: dict[int, tuple[Connection, int]] = {}  # pid -> (requester, ref)
@@ -70,7 +77,11 @@ class Host:
 
     def serve(self) -> None:
         while 0 in self.connections and os.getppid() == self.owner:
-            ready, _, _ = select.select([*self.connections, self.wake_read], [], [], OWNER_POLL_S)
+            listening = [] if self.listener is None else [self.listener]
+            ready, _, _ = select.select([*self.connections, self.wake_read, *listening], [], [],
+                                        OWNER_POLL_S)  # fmt: skip
+            if self.listener in ready:
+                self._accept()
             if self.wake_read in ready:
                 with contextlib.suppress(BlockingIOError):
                     while os.read(self.wake_read, 512):
@@ -102,7 +113,24 @@ class Host:
             if line.strip():
                 self._start(connection, json.loads(line))
 
+    def _accept(self) -> None:
+        """A member joins (a worker of the launch that owns this host): it asks for children
+        as the owner does, and when it goes (its exit, a kill -9) its children go with it, as
+        they would with a host of its own."""
+        assert self.listening is not None
+        try:
+            joined, _ = self.listening.accept()
+        except OSError:  # it went away before it was accepted
+            return
+        joined.setblocking(True)
+        fd = joined.detach()  # not inheritable (accept's default): no child keeps it
+        self.connections[fd] = Connection(fd, fd, member=True)
+
     def _drop(self, connection: Connection) -> None:
+        if connection.member:  # a member that went: nothing it started may write on
+            for pid, (requester, _) in list(self.children.items()):
+                if requester is connection:
+                    kill_group(pid)
         del self.connections[connection.read_fd]
         if not connection.owner:
             with contextlib.suppress(OSError):
@@ -153,7 +181,8 @@ class Host:
         """What a child must close: every requester's channel and the wake-up pipe (the owner's
         pipe is the host's fds 0 and 1, which the child replaces with its own streams)."""
         channels = {fd for c in self.connections.values() for fd in (c.read_fd, c.write_fd)}
-        return sorted({self.wake_read, self.wake_write, *channels} - {0, 1, 2})
+        listening = set() if self.listener is None else {self.listener}
+        return sorted({self.wake_read, self.wake_write, *channels, *listening} - {0, 1, 2})
 
 
 def own_module(request: dict[str, Any]) -> list[str]:
@@ -181,7 +210,9 @@ def task_preloads(task_reference: str | None) -> list[str]:
         return []
 
 
-def main(owner: int, preload: Sequence[str] = ()) -> None:
+def main(owner: int, preload: Sequence[str] = (), listener: int | None = None) -> None:
+    """Serve ``owner`` (and the members that join through the socket ``listener``, an fd the
+    owner bound and passed) after importing ``PRELOAD`` and ``preload``."""
     for signum in IGNORED_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
     # Ignored, not blocked: a mask inherited from the owner (a Ray worker blocks SIGINT) would
@@ -198,8 +229,12 @@ def main(owner: int, preload: Sequence[str] = ()) -> None:
         with contextlib.suppress(Exception):  # a module that fails here fails in its child
             importlib.import_module(name)
     torch = sys.modules.get("torch")  # reads the setting, starts no thread pool
-    Host(owner, answers, torch.get_num_threads() if torch is not None else None).serve()
+    listening = None if listener is None else socket.socket(fileno=listener)
+    Host(owner, answers, torch.get_num_threads() if torch is not None else None,
+         listening).serve()  # fmt: skip
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), sys.argv[2:])  # the rest: what the owner asked to preload
+    # OWNER_PID LISTENING_FD [MODULE ...]: the socket members join by (the owner bound it, so
+    # a member may connect while this process still imports), then what the owner named
+    main(int(sys.argv[1]), sys.argv[3:], int(sys.argv[2]))

@@ -1,8 +1,11 @@
 """The local executor: one worker process per device slot, watched until the work is done.
 
 Each slot is a ``campaign worker`` process (the same command a user starts
-by hand on another machine), so a worker that dies takes nothing else with
-it, and ``kill -9`` of one is an ordinary event: the launcher reaps it,
+by hand on another machine). The workers share the launcher's task host
+(``CAMPAIGN_SHARED_HOST``): torch and the loop import once, not once per
+worker, and every run forks from that host. A worker that dies takes
+nothing else with it (its runs die with it, the host kills them as it would
+its own), and ``kill -9`` of one is an ordinary event: the launcher reaps it,
 declares its run ``lost`` at once (it saw the process end), and starts a
 replacement while planned work remains. CUDA slots get
 ``CUDA_VISIBLE_DEVICES`` pinned to their device; CPU slots divide the
@@ -25,6 +28,7 @@ from typing import Any
 
 from campaign.gates.stack_gate import cuda_device_count
 from campaign.host.calls import with_torch
+from campaign.host.client import SHARED_HOST, share_path
 from campaign.launch.live_table import ProgressDisplay, Snapshot, take_snapshot
 from campaign.launch.worker import WorkerOptions, worker_name
 from campaign.launch.worker_command import worker_command
@@ -132,7 +136,8 @@ class LocalLauncher:
 
     def _spawn(self, slot: Slot, respawns: int = 0) -> _Worker:
         # The ledger URL travels in the environment: a password never appears on a command line.
-        env = {**os.environ, **slot.env, ENV_VAR: self.url}
+        # The workers join this process's task host: torch imports once for all of them.
+        env = {**os.environ, **slot.env, ENV_VAR: self.url, SHARED_HOST: share_path()}
         process = subprocess.Popen(self.command(slot), env=env)
         return _Worker(slot, process, respawns)
 
