@@ -144,15 +144,67 @@ def test_members_share_one_host_and_a_killed_members_children_die_with_it() -> N
     assert process_state(children[1]) is None
 
 
-def test_a_member_whose_host_is_gone_spawns_its_own(tmp_path: Path) -> None:
+OWN_HOST = textwrap.dedent("""
+    from campaign.host import calls, client
+    calls.start("time:sleep", [0]).join()
+    print(client.current().process is not None)  # it spawned this host itself
+""")
+OWNER = textwrap.dedent("""
+    import time
+    from campaign.host import calls, client
+    child = calls.start("time:sleep", [600])
+    print(client.share_path(), client.current().process.pid, child.pid, flush=True)
+    time.sleep(600)
+""")
+
+
+def _gone(pid: int, within_s: float = 10) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline and process_state(pid) not in (None, "Z", "X"):
+        time.sleep(0.05)
+    return process_state(pid) in (None, "Z", "X")
+
+
+def test_a_shared_host_outlives_its_killed_owner_while_a_member_is_left() -> None:
+    """A launcher killed with SIGKILL leaves its workers' runs running: the shared host kills
+    the owner's own children, takes no new member, and serves its members until the last
+    one goes, then ends with what is left."""
+    owner = subprocess.Popen([sys.executable, "-c", OWNER], stdout=subprocess.PIPE, text=True,
+                             cwd=ROOT)  # fmt: skip
+    member = None
+    try:
+        address, host, owners_child = owner.stdout.readline().split()  # type: ignore[union-attr]
+        env = {**os.environ, client.SHARED_HOST: address}
+        member = subprocess.Popen([sys.executable, "-c", MEMBER], env=env,
+                                  stdout=subprocess.PIPE, text=True, cwd=ROOT)  # fmt: skip
+        members_child = int(member.stdout.readline().split()[0])  # type: ignore[union-attr]
+        assert _ppid(members_child) == int(host)
+        owner.kill()
+        owner.wait()
+        assert _gone(int(owners_child))
+        time.sleep(1.5)  # three of the host's owner polls
+        assert process_state(members_child) not in (None, "Z", "X")
+        assert process_state(int(host)) not in (None, "Z", "X")
+        late = subprocess.run([sys.executable, "-c", OWN_HOST], env=env, capture_output=True,
+                              text=True, cwd=ROOT, timeout=120)  # fmt: skip
+        assert late.returncode == 0, late.stderr
+        assert late.stdout.strip() == "True"  # no member joins once the owner is gone
+        member.kill()
+        member.wait()
+        assert _gone(members_child) and _gone(int(host))
+    finally:
+        for process in (owner, member):
+            if process is not None:
+                process.kill()
+                process.wait()
+
+
+def test_a_member_whose_host_is_gone_spawns_its_own() -> None:
     """A stale ``CAMPAIGN_SHARED_HOST`` (its launcher ended) is no error: the process starts
     a host of its own, as a worker started by hand does."""
-    env = {**os.environ, client.SHARED_HOST: str(tmp_path / "gone.sock")}
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent("""
-        from campaign.host import calls, client
-        calls.start("time:sleep", [0]).join()
-        print(client.current().process is not None)  # it spawned this host itself
-    """)], env=env, capture_output=True, text=True, cwd=ROOT, timeout=120)  # fmt: skip
+    env = {**os.environ, client.SHARED_HOST: "@campaign-host-0-gone"}
+    done = subprocess.run([sys.executable, "-c", OWN_HOST], env=env, capture_output=True,
+                          text=True, cwd=ROOT, timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "True"
 

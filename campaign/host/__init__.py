@@ -1,4 +1,4 @@
-"""The task host: one interpreter per process that runs task code or places runs.
+"""The task host: at most one interpreter per process that runs task code or places runs.
 
 Every command, ``campaign worker``, SLURM array task or Ray worker task that needs
 torch spawns at most one host (:mod:`campaign.host.server`): it imports torch,
@@ -9,5 +9,7 @@ replay of a final artifact (:mod:`campaign.host.calls`). The process that asks
 (:mod:`campaign.host.client`) imports no torch. The host ignores the
 scheduler's signals (SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2): only the
 supervisor decides what a signal means for a run. It dies with its owner, and
-its children die with it.
+its children die with it. A local launch's workers join their launcher's host
+(``CAMPAIGN_SHARED_HOST``) instead of spawning their own: it serves them until the
+last one goes, and a worker's children die with that worker.
 """

@@ -2,9 +2,11 @@
 
 A process gets its host from :func:`current`: a child of a host talks to the
 host that forked it (through the socket it was given); a process given a host's
-socket path in ``CAMPAIGN_SHARED_HOST`` (a local launch's workers: their launcher's
-host) joins that one; any other process spawns its own on first use (``python -m
-campaign.host.server``), and keeps it until it exits. This module imports no torch: the
+address in ``CAMPAIGN_SHARED_HOST`` (a local launch's workers: their launcher's host)
+joins that one; any other process spawns its own on first use (``python -m
+campaign.host.server``), and keeps it until it exits. Every spawned host listens on
+an abstract unix socket (no file to leave behind) that accepts only this user's
+processes. This module imports no torch: the
 command line and the launcher use it and stay light.
 """
 
@@ -15,13 +17,12 @@ import contextlib
 import itertools
 import json
 import os
+import secrets
 import select
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -31,7 +32,7 @@ from campaign.host.processes import kill_group
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")  # what sets torch's intra-op threads
 HOST_GONE = -signal.SIGKILL  # the exit code of a child whose host died (it died with it)
-SHARED_HOST = "CAMPAIGN_SHARED_HOST"  # a host's socket path: a worker joins its launcher's host
+SHARED_HOST = "CAMPAIGN_SHARED_HOST"  # a host's address: a local worker joins its launcher's
 
 
 class HostError(RuntimeError):
@@ -76,6 +77,7 @@ class Host:
                  share_path: str | None = None) -> None:  # fmt: skip
         self.read_fd, self.write_fd, self.process = read_fd, write_fd, process
         self.share_path = share_path  # where other processes join it (a host this one spawned)
+        self.shared = False  # its address was handed out: members may be using it
         self.pid = os.getpid()  # the process this connection belongs to
         self._refs = itertools.count(1)
         self._buffer = b""
@@ -91,6 +93,9 @@ class Host:
             if self.gone:
                 raise HostError("the task host has exited")
             ref = next(self._refs)
+            if SHARED_HOST in request.get("env", {}):  # a child never joins its parent's host
+                request = {**request, "env": {k: v for k, v in request["env"].items()
+                                              if k != SHARED_HOST}}  # fmt: skip
             data = (json.dumps({**request, "ref": ref}) + "\n").encode()
             try:
                 while data:
@@ -149,24 +154,18 @@ class Host:
     def close(self) -> None:
         """End the host this process spawned, at once (its children die with it): a host still
         importing torch would read the closed pipe only seconds later, and the command that
-        owns it must not wait for that at its exit. A forked copy of the owner (its pid is
-        another) closes its copies of the channels only: the host is not its to end."""
+        owns it must not wait for that at its exit. A shared host is left to end by itself
+        when its last member goes (a launcher that ends or is killed leaves its workers' runs
+        running); a forked copy of the owner (its pid is another) closes its copies of the
+        channels only: neither host is its to end."""
         self.gone = True
-        if os.getpid() != self.pid:
-            for fd in {self.read_fd, self.write_fd}:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-            return
-        with contextlib.suppress(OSError):
-            os.close(self.write_fd)
-        if self.process is not None:
+        for fd in dict.fromkeys((self.write_fd, self.read_fd)):  # a joined host's: one fd
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        if os.getpid() == self.pid and not self.shared and self.process is not None:
             with contextlib.suppress(ProcessLookupError):
                 self.process.kill()
             self.process.wait()
-        with contextlib.suppress(OSError):
-            os.close(self.read_fd)
-        if self.share_path is not None:
-            shutil.rmtree(os.path.dirname(self.share_path), ignore_errors=True)
 
 
 _hosts: dict[int, Host] = {}
@@ -206,25 +205,29 @@ def start_early(preload: Sequence[str] = ()) -> None:
     current(preload)
 
 
-def share_path() -> str:
+def share_path() -> str | None:
     """Where another process joins this process's host (spawned now if it has none): the
     value of ``CAMPAIGN_SHARED_HOST`` for the workers of a local launch, so that N workers
-    import torch once, in one host, and their runs fork from it in milliseconds."""
+    import torch once, in one host, and their runs fork from it in milliseconds. None when
+    the host is not this process's own (a host's child, a member): its workers then start
+    hosts of their own."""
     host = current()
-    if host.share_path is None:  # a host's child: its host belongs to another process
-        raise HostError("only a host this process spawned can be shared")
+    if host.share_path is None or host.gone:
+        return None
+    host.shared = True
     return host.share_path
 
 
-def _join(path: str) -> Host | None:
-    """A connection to the host listening at ``path`` (the variable is read once and removed,
-    so that nothing this process starts joins by mistake); None when there is none (its
-    launcher is gone: this process then spawns a host of its own)."""
-    if not path:
+def _join(address: str) -> Host | None:
+    """A connection to the host listening at ``address`` (the variable is read once and
+    removed, and never passed on in a request, so that nothing this process starts joins by
+    mistake); None when there is none (its launcher's host is gone: this process then spawns
+    a host of its own)."""
+    if not address.startswith("@"):
         return None
     joined = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        joined.connect(path)
+        joined.connect("\0" + address[1:])
     except OSError:
         joined.close()
         return None
@@ -238,11 +241,12 @@ def _spawn(preload: Sequence[str] = ()) -> Host:
     env = {k: v for k, v in os.environ.items() if k not in THREAD_VARIABLES}
     env.pop(SHARED_HOST, None)
     # Bound here, before the host starts: a member may connect at once and wait in the backlog
-    # while the host imports torch. The folder is this user's alone (0700).
-    path = os.path.join(tempfile.mkdtemp(prefix="campaign-host-"), "host.sock")
+    # while the host imports torch. Abstract (Linux): no file to remove, whatever ends this
+    # process; the host accepts only processes of this user (SO_PEERCRED).
+    name = f"campaign-host-{os.getpid()}-{secrets.token_hex(8)}"
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
-    listener.listen(64)
+    listener.bind("\0" + name)
+    listener.listen(128)
     try:
         process = subprocess.Popen(
             [sys.executable, "-m", "campaign.host.server", str(os.getpid()),
@@ -258,4 +262,4 @@ def _spawn(preload: Sequence[str] = ()) -> Host:
     process.stdin.close()
     os.set_inheritable(read_fd, False)
     os.set_inheritable(write_fd, False)
-    return Host(read_fd, write_fd, process, path)
+    return Host(read_fd, write_fd, process, "@" + name)

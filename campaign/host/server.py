@@ -1,4 +1,5 @@
-"""The task host's own process: ``python -m campaign.host.server OWNER_PID``.
+"""The task host's own process: ``python -m campaign.host.server OWNER_PID LISTENING_FD
+[MODULE ...]``.
 
 It imports what every child needs (``PRELOAD``), then serves requests until
 its owner goes: each request line (JSON, from the owner's pipe, from one of
@@ -21,6 +22,7 @@ import os
 import select
 import signal
 import socket
+import struct
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -37,7 +39,8 @@ OWNER_POLL_S = 0.5
 
 @dataclass
 class Connection:
-    """One requester: the owner (its pipe) or a child (a socket pair made at its fork)."""
+    """One requester: the owner (its pipe), a member (a connection to the listening socket)
+    or a child (a socket pair made at its fork)."""
 
     read_fd: int
     write_fd: int
@@ -76,11 +79,12 @@ class Host:
         self.wake_write = wake_write
 
     def serve(self) -> None:
-        while 0 in self.connections and os.getppid() == self.owner:
-            listening = [] if self.listener is None else [self.listener]
-            ready, _, _ = select.select([*self.connections, self.wake_read, *listening], [], [],
-                                        OWNER_POLL_S)  # fmt: skip
-            if self.listener in ready:
+        while self._wanted():
+            watched = select.poll()  # not select(): a shared host may hold over 1024 fds
+            for fd in [*self.connections, self.wake_read, *self._listening()]:
+                watched.register(fd, select.POLLIN)
+            ready = [fd for fd, _ in watched.poll(OWNER_POLL_S * 1000)]
+            if self.listener is not None and self.listener in ready:
                 self._accept()
             if self.wake_read in ready:
                 with contextlib.suppress(BlockingIOError):
@@ -91,6 +95,23 @@ class Host:
                 if fd in self.connections:
                     self._read(self.connections[fd])
         self._end()
+
+    def _listening(self) -> list[int]:
+        return [] if self.listener is None else [self.listener]
+
+    def _wanted(self) -> bool:
+        """Serving while the owner lives; once it is gone, while a member still is (a
+        launcher killed with SIGKILL leaves its workers' runs running: only they end them).
+        The owner's own children go with it at once, and no member joins any more."""
+        if 0 in self.connections and os.getppid() == self.owner:
+            return True
+        owner = self.connections.get(0)
+        if owner is not None:
+            self._drop(owner)
+        if self.listening is not None:
+            self.listening.close()
+            self.listening = self.listener = None
+        return any(connection.member for connection in self.connections.values())
 
     def _end(self) -> NoReturn:
         """The owner is gone: so are its children, at once (a run must not write another
@@ -104,7 +125,8 @@ class Host:
             chunk = os.read(connection.read_fd, 65536)
         except OSError:
             chunk = b""
-        if not chunk:  # the requester is gone: its children are not (they follow theirs)
+        if not chunk:  # the requester is gone (a child's go with it if it was the owner or a
+            # member; a child's own children follow it, `follow`)
             self._drop(connection)
             return
         connection.buffer += chunk
@@ -122,12 +144,18 @@ class Host:
             joined, _ = self.listening.accept()
         except OSError:  # it went away before it was accepted
             return
+        credentials = joined.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                        struct.calcsize("3i"))  # fmt: skip
+        _, uid, _ = struct.unpack("3i", credentials)
+        if uid != os.getuid():  # an abstract socket has no file mode: only this user joins
+            joined.close()
+            return
         joined.setblocking(True)
-        fd = joined.detach()  # not inheritable (accept's default): no child keeps it
+        fd = joined.detach()  # every child closes it (_descriptors)
         self.connections[fd] = Connection(fd, fd, member=True)
 
     def _drop(self, connection: Connection) -> None:
-        if connection.member:  # a member that went: nothing it started may write on
+        if connection.member or connection.owner:  # gone: nothing it started may write on
             for pid, (requester, _) in list(self.children.items()):
                 if requester is connection:
                     kill_group(pid)

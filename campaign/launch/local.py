@@ -137,7 +137,10 @@ class LocalLauncher:
     def _spawn(self, slot: Slot, respawns: int = 0) -> _Worker:
         # The ledger URL travels in the environment: a password never appears on a command line.
         # The workers join this process's task host: torch imports once for all of them.
-        env = {**os.environ, **slot.env, ENV_VAR: self.url, SHARED_HOST: share_path()}
+        env = {**os.environ, **slot.env, ENV_VAR: self.url}
+        shared = share_path()  # None: this process's host is not its own to share
+        if shared is not None:
+            env[SHARED_HOST] = shared
         process = subprocess.Popen(self.command(slot), env=env)
         return _Worker(slot, process, respawns)
 

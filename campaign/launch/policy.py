@@ -49,7 +49,7 @@ class LaunchOutcome:
     gate: GateDecision
     snapshot: Snapshot
     interrupted: bool
-    # What the workers' own stack checks refused (each worker checks in its task host).
+    # What the workers' own stack checks refused (each worker checks in a host child).
     refusals: tuple[str, ...] = ()
 
     @property
@@ -100,8 +100,8 @@ def launch_campaign(
             local_slots = plan_slots(request.devices, request.workers)
         except DeviceError as error:
             raise LaunchRefused(str(error)) from None
-        # The stack and device are checked by each worker in its own task host before it
-        # claims (the launcher imports no torch: one torch import per worker, none here).
+        # The stack and device are checked by each worker in a child of the task host before
+        # it claims (the launcher imports no torch; its workers share its one host).
     if request.executor == "slurm":
         _check_slurm_request(request)
     who = f"launch --executor {request.executor}"
