@@ -220,15 +220,31 @@ def _sqlite_on_begin(connection: Connection) -> None:
 
 
 def enable_wal(engine: Engine) -> None:
-    """Switch a SQLite ledger to WAL (persistent in the file; a no-op if already)."""
+    """Switch a SQLite ledger to WAL (persistent in the file; a no-op if already).
+
+    The switch needs the file to itself, and SQLite may answer "database is locked" at once,
+    without waiting out the busy timeout, while another process that opens the same fresh
+    ledger holds a lock (eight workers starting on a new file did): it is tried again with
+    jittered backoff for up to the busy timeout, re-reading the mode each time (another
+    process may have switched it meanwhile)."""
     if engine.dialect.name != "sqlite" or sqlite_path(engine.url) is None:
         return
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_S
+    pause = 0.01
     with engine.connect() as conn:
         raw = conn.connection.dbapi_connection
         assert raw is not None
-        mode = raw.execute("PRAGMA journal_mode").fetchone()[0]
-        if mode.lower() != "wal":
-            raw.execute("PRAGMA journal_mode = WAL")
+        while True:
+            try:
+                mode = raw.execute("PRAGMA journal_mode").fetchone()[0]
+                if mode.lower() != "wal":
+                    raw.execute("PRAGMA journal_mode = WAL")
+                return
+            except sqlite3.OperationalError as error:
+                if "locked" not in str(error) or time.monotonic() > deadline:
+                    raise
+            time.sleep(pause * (0.5 + random.random()))
+            pause = min(pause * 2, 0.5)
 
 
 @contextmanager
