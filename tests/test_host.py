@@ -112,6 +112,18 @@ def _ppid(pid: int) -> int:
     return int((Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
+def _alive(pid: int) -> bool:
+    return process_state(pid) not in (None, "Z", "X")
+
+
+def _gone(pid: int, within_s: float = 10) -> bool:
+    """Whether ``pid`` is gone (ended and reaped) within ``within_s`` seconds."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline and process_state(pid) is not None:
+        time.sleep(0.05)
+    return process_state(pid) is None
+
+
 def test_members_share_one_host_and_a_killed_members_children_die_with_it() -> None:
     """A local launch's workers join their launcher's host (``CAMPAIGN_SHARED_HOST``): their
     children fork from that one host (no interpreter of their own), the variable is gone from
@@ -128,20 +140,13 @@ def test_members_share_one_host_and_a_killed_members_children_die_with_it() -> N
         assert [_ppid(child) for child in children] == [host, host]
         members[0].kill()
         members[0].wait()
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and process_state(children[0]) is not None:
-            time.sleep(0.05)
-        assert process_state(children[0]) is None
-        assert process_state(children[1]) not in (None, "Z", "X")
-        assert process_state(host) not in (None, "Z", "X")
+        assert _gone(children[0])
+        assert _alive(children[1]) and _alive(host)
     finally:
         for member in members:
             member.kill()
             member.wait()
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and process_state(children[1]) is not None:
-        time.sleep(0.05)
-    assert process_state(children[1]) is None
+    assert _gone(children[1])
 
 
 OWN_HOST = textwrap.dedent("""
@@ -156,13 +161,6 @@ OWNER = textwrap.dedent("""
     print(client.share_path(), client.current().process.pid, child.pid, flush=True)
     time.sleep(600)
 """)
-
-
-def _gone(pid: int, within_s: float = 10) -> bool:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline and process_state(pid) not in (None, "Z", "X"):
-        time.sleep(0.05)
-    return process_state(pid) in (None, "Z", "X")
 
 
 def test_a_shared_host_outlives_its_killed_owner_while_a_member_is_left() -> None:
@@ -183,8 +181,7 @@ def test_a_shared_host_outlives_its_killed_owner_while_a_member_is_left() -> Non
         owner.wait()
         assert _gone(int(owners_child))
         time.sleep(1.5)  # three of the host's owner polls
-        assert process_state(members_child) not in (None, "Z", "X")
-        assert process_state(int(host)) not in (None, "Z", "X")
+        assert _alive(members_child) and _alive(int(host))
         late = subprocess.run([sys.executable, "-c", OWN_HOST], env=env, capture_output=True,
                               text=True, cwd=ROOT, timeout=120)  # fmt: skip
         assert late.returncode == 0, late.stderr

@@ -239,7 +239,6 @@ def _spawn(preload: Sequence[str] = ()) -> Host:
     # Without the thread settings: torch in the host computes its defaults, and each child
     # takes the settings of its own request (campaign.host.child), as a new interpreter would.
     env = {k: v for k, v in os.environ.items() if k not in THREAD_VARIABLES}
-    env.pop(SHARED_HOST, None)
     # Bound here, before the host starts: a member may connect at once and wait in the backlog
     # while the host imports torch. Abstract (Linux): no file to remove, whatever ends this
     # process; the host accepts only processes of this user (SO_PEERCRED).

@@ -25,7 +25,7 @@ import socket
 import struct
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from campaign.host.processes import kill_group
@@ -47,7 +47,6 @@ class Connection:
     owner: bool = False
     member: bool = False  # connected to the listening socket: its children die with it
     buffer: bytes = b""
-    children: set[int] = field(default_factory=set)
 
     def send(self, message: dict[str, Any]) -> None:
         if self.write_fd < 0:  # gone: its fd number may belong to a newer connection now
@@ -65,7 +64,6 @@ class Host:
                  listener: socket.socket | None = None) -> None:  # fmt: skip
         self.owner = owner
         self.listening = listener  # members connect here (a local launch's workers)
-        self.listener = None if listener is None else listener.fileno()
         if listener is not None:
             listener.setblocking(False)
         self.default_threads = default_threads  # torch's own choice without OMP_NUM_THREADS
@@ -84,7 +82,7 @@ class Host:
             for fd in [*self.connections, self.wake_read, *self._listening()]:
                 watched.register(fd, select.POLLIN)
             ready = [fd for fd, _ in watched.poll(OWNER_POLL_S * 1000)]
-            if self.listener is not None and self.listener in ready:
+            if set(self._listening()) & set(ready):
                 self._accept()
             if self.wake_read in ready:
                 with contextlib.suppress(BlockingIOError):
@@ -97,7 +95,8 @@ class Host:
         self._end()
 
     def _listening(self) -> list[int]:
-        return [] if self.listener is None else [self.listener]
+        """The listening socket's fd, while members may still join."""
+        return [] if self.listening is None else [self.listening.fileno()]
 
     def _wanted(self) -> bool:
         """Serving while the owner lives; once it is gone, while a member still is (a
@@ -110,7 +109,7 @@ class Host:
             self._drop(owner)
         if self.listening is not None:
             self.listening.close()
-            self.listening = self.listener = None
+            self.listening = None
         return any(connection.member for connection in self.connections.values())
 
     def _end(self) -> NoReturn:
@@ -125,8 +124,8 @@ class Host:
             chunk = os.read(connection.read_fd, 65536)
         except OSError:
             chunk = b""
-        if not chunk:  # the requester is gone (a child's go with it if it was the owner or a
-            # member; a child's own children follow it, `follow`)
+        if not chunk:  # the requester is gone: an owner's or a member's children go with it
+            # (_drop); a child's own children follow that child (`follow`)
             self._drop(connection)
             return
         connection.buffer += chunk
@@ -209,8 +208,8 @@ class Host:
         """What a child must close: every requester's channel and the wake-up pipe (the owner's
         pipe is the host's fds 0 and 1, which the child replaces with its own streams)."""
         channels = {fd for c in self.connections.values() for fd in (c.read_fd, c.write_fd)}
-        listening = set() if self.listener is None else {self.listener}
-        return sorted({self.wake_read, self.wake_write, *channels, *listening} - {0, 1, 2})
+        return sorted({self.wake_read, self.wake_write, *channels, *self._listening()}
+                      - {0, 1, 2})  # fmt: skip
 
 
 def own_module(request: dict[str, Any]) -> list[str]:
