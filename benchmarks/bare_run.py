@@ -6,6 +6,9 @@ of the ``campaign init`` skeleton, and nothing more.
 It imports torch and the skeleton's task, builds the same model, trains 100 updates of 2 x 8
 examples with AdamW, saves the weights with safetensors, and compares the reloaded model's
 outputs on the validation examples in a forked child (the replay a campaign run also does).
+The child is forked before any computation, as a campaign run's replay forks from a host that
+never computed: forked after torch has run its OpenMP thread pool, a child can hang in its
+first parallel region (GNU OpenMP does not survive a fork; seen here with two threads).
 ``UPDATES`` 1 is the floor of a launch's first update (``launch_start.py``): the same process
 stops after its first update, with nothing saved or replayed.
 """
@@ -21,10 +24,32 @@ from safetensors.torch import load_file, save_file
 sys.path.insert(0, sys.argv[1])
 import study_task
 
+CONFIG = {"task": {"hidden": 16}, "seed": 0}
+
+
+def _replay(folder: str, saved: int) -> int:
+    """Wait for the parent's weights and outputs, reload the weights into a new model, and
+    compare its outputs on the validation examples: 0 when they are equal bit for bit."""
+    if not os.read(saved, 1):
+        return 2  # the parent ended without saving
+    task = study_task.build(CONFIG)
+    replayed = task.model()
+    replayed.load_state_dict(load_file(os.path.join(folder, "bare-final.safetensors")))
+    expected = load_file(os.path.join(folder, "bare-outputs.safetensors"))["outputs"]
+    with torch.no_grad():
+        return 0 if torch.equal(task.outputs(replayed, task.collate(task.splits()["val"])),
+                                expected) else 1  # fmt: skip
+
 
 def main(folder: str, updates: int = 100) -> int:
+    saved, signal_saved = os.pipe()
+    child = os.fork() if updates > 1 else -1
+    if child == 0:  # the replay, forked before anything is computed
+        os.close(signal_saved)
+        os._exit(_replay(folder, saved))
+    os.close(saved)
     torch.manual_seed(0)
-    task = study_task.build({"task": {"hidden": 16}, "seed": 0})
+    task = study_task.build(CONFIG)
     model = task.model()
     splits = task.splits()
     train, val = splits["train"], splits["val"]
@@ -45,16 +70,11 @@ def main(folder: str, updates: int = 100) -> int:
         optimizer.step()
     if updates == 1:
         return 0
-    path = os.path.join(folder, "bare-final.safetensors")
-    save_file(model.state_dict(), path)
+    save_file(model.state_dict(), os.path.join(folder, "bare-final.safetensors"))
     with torch.no_grad():
         expected = task.outputs(model, task.collate(val))
-    child = os.fork()
-    if child == 0:  # the replay: reload from disk in a forked child and compare
-        replayed = task.model()
-        replayed.load_state_dict(load_file(path))
-        with torch.no_grad():
-            os._exit(0 if torch.equal(task.outputs(replayed, task.collate(val)), expected) else 1)
+    save_file({"outputs": expected}, os.path.join(folder, "bare-outputs.safetensors"))
+    os.write(signal_saved, b"1")
     _, status = os.waitpid(child, 0)
     return os.waitstatus_to_exitcode(status)
 
