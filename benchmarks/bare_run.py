@@ -8,7 +8,8 @@ examples with AdamW, saves the weights with safetensors, and compares the reload
 outputs on the validation examples in a forked child (the replay a campaign run also does).
 The child is forked before any computation, as a campaign run's replay forks from a host that
 never computed: forked after torch has run its OpenMP thread pool, a child can hang in its
-first parallel region (GNU OpenMP does not survive a fork; seen here with two threads).
+first parallel region (GNU OpenMP does not survive a fork; seen here with two threads). The
+child builds the task while the parent trains, as a campaign run's replay child does.
 ``UPDATES`` 1 is the floor of a launch's first update (``launch_start.py``): the same process
 stops after its first update, with nothing saved or replayed.
 """
@@ -28,12 +29,13 @@ CONFIG = {"task": {"hidden": 16}, "seed": 0}
 
 
 def _replay(folder: str, saved: int) -> int:
-    """Wait for the parent's weights and outputs, reload the weights into a new model, and
-    compare its outputs on the validation examples: 0 when they are equal bit for bit."""
-    if not os.read(saved, 1):
-        return 2  # the parent ended without saving
+    """Build the task and a new model while the parent trains (a campaign run's replay child
+    does the same), wait for the parent's weights and outputs, reload the weights, and compare
+    the outputs on the validation examples: 0 when they are equal bit for bit."""
     task = study_task.build(CONFIG)
     replayed = task.model()
+    if not os.read(saved, 1):
+        return 2  # the parent ended without saving
     replayed.load_state_dict(load_file(os.path.join(folder, "bare-final.safetensors")))
     expected = load_file(os.path.join(folder, "bare-outputs.safetensors"))["outputs"]
     with torch.no_grad():
@@ -41,13 +43,19 @@ def _replay(folder: str, saved: int) -> int:
                                 expected) else 1  # fmt: skip
 
 
-def main(folder: str, updates: int = 100) -> int:
-    saved, signal_saved = os.pipe()
-    child = os.fork() if updates > 1 else -1
-    if child == 0:  # the replay, forked before anything is computed
-        os.close(signal_saved)
+def _start_replay(folder: str) -> tuple[int, int]:
+    """Fork the replay before anything is computed: its pid and the pipe that says saved."""
+    saved, say_saved = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.close(say_saved)
         os._exit(_replay(folder, saved))
     os.close(saved)
+    return child, say_saved
+
+
+def main(folder: str, updates: int = 100) -> int:
+    replay = _start_replay(folder) if updates > 1 else None
     torch.manual_seed(0)
     task = study_task.build(CONFIG)
     model = task.model()
@@ -68,13 +76,14 @@ def main(folder: str, updates: int = 100) -> int:
             if p.grad is not None:
                 p.grad /= units
         optimizer.step()
-    if updates == 1:
+    if replay is None:
         return 0
+    child, say_saved = replay
     save_file(model.state_dict(), os.path.join(folder, "bare-final.safetensors"))
     with torch.no_grad():
         expected = task.outputs(model, task.collate(val))
     save_file({"outputs": expected}, os.path.join(folder, "bare-outputs.safetensors"))
-    os.write(signal_saved, b"1")
+    os.write(say_saved, b"1")
     _, status = os.waitpid(child, 0)
     return os.waitstatus_to_exitcode(status)
 
