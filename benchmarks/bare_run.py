@@ -22,6 +22,8 @@ import sys
 import torch
 from safetensors.torch import load_file, save_file
 
+if len(sys.argv) < 2 or not os.path.isfile(os.path.join(sys.argv[1], "study_task.py")):
+    sys.exit("bare_run.py: give the folder of a `campaign init study` skeleton (study_task.py)")
 sys.path.insert(0, sys.argv[1])
 import study_task
 
