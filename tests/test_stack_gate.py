@@ -71,3 +71,31 @@ def test_a_device_that_does_not_exist_is_refused_before_anything_is_written(
                                   "--skip-pilot", "--reason", "x", "--artifacts", str(tmp_path)])
     assert worker.exit_code == 1 and "refuses to claim" in worker.stderr
     assert sqlite_ledger.run(run_id).status == "planned"
+
+
+def test_a_launched_worker_records_how_its_stack_differs_from_the_pilots(
+    sqlite_ledger: Ledger, sqlite_url: str, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A pilot that passed on another stack (Python 2.7.0): the launch warns, and its worker
+    (a real process without torch or pandas) compares its own stack in the child of its task
+    host that checks the stack's fitness, records the difference once, and runs the run."""
+    from campaign.gates.classes import run_classes
+    from campaign.gates.stack import environment
+    from tests.launch_helpers import invoke
+    from tests.loop_helpers import plan_quick
+
+    run_id = plan_quick(sqlite_ledger, "stacked", runs=1, updates=2)[0]
+    record, [class_id] = sqlite_ledger.campaign("stacked"), run_classes(sqlite_ledger, "stacked")
+    stack = {**environment(record.task), "python": "2.7.0"}
+    pilot = sqlite_ledger.create_pilot("stacked", record.spec_sha256, stack, class_id)
+    sqlite_ledger.set_pilot_verdict(pilot, "pass")
+    done = invoke(sqlite_url, "launch", "stacked", "--workers", "1", "--no-replay-check",
+                  "--artifacts", str(tmp_path / "artifacts"))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    said = capfd.readouterr().err  # the worker's own stderr (a process: not the runner's)
+    assert said.count("warning: stack differs from the pilot's: python: pilot '2.7.0'") == 1
+    events = sqlite_ledger.events("stacked")
+    differences = events[events["kind"] == "stack_difference"]["detail"].tolist()
+    worker = [d for d in differences if d.startswith("launch worker on a stack unlike")]
+    assert len(worker) == 1 and "python: pilot '2.7.0', now " in worker[0], differences
+    assert sqlite_ledger.run(run_id).status == "completed"

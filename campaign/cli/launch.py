@@ -64,7 +64,11 @@ def _options(campaign: str, artifacts: Path, **kw: Any) -> Any:
 
 def _say_gate(decision: Any) -> None:
     for warning in decision.stack_warnings:
-        click.echo(f"campaign: warning: stack differs from the pilot's: {warning}", err=True)
+        _say_stack_warning(warning)
+
+
+def _say_stack_warning(warning: str) -> None:
+    click.echo(f"campaign: warning: stack differs from the pilot's: {warning}", err=True)
 
 
 def _gate(ledger: Any, campaign: str, skip_pilot: bool, reason: str | None, who: str) -> None:
@@ -259,12 +263,9 @@ def worker(source: LedgerSource, campaign: str, skip_pilot: bool, reason: str | 
         check_single_host(ledger, options.lease_s)
         if not launched or skip_pilot:
             _gate(ledger, campaign, skip_pilot, reason, who="worker")
-        else:  # the launcher checked the gate; the stack is this worker's to compare
-            from campaign.gates.launch_gate import stack_warnings
-
-            for warning in stack_warnings(ledger, campaign, None, who="launch worker"):
-                click.echo(f"campaign: warning: stack differs from the pilot's: {warning}",
-                           err=True)  # fmt: skip
+        else:  # the launcher checked the gate; the stack is this worker's to compare (in the
+            # child of its host that checks the stack's fitness, before the first claim)
+            options = replace(options, compare_stack_as="launch worker")
 
         def tell(outcome: Any) -> None:
             click.echo(
@@ -273,7 +274,8 @@ def worker(source: LedgerSource, campaign: str, skip_pilot: bool, reason: str | 
                 err=True,
             )
 
-        report = run_worker(ledger, options, on_outcome=None if launched else tell)
+        report = run_worker(ledger, options, on_outcome=None if launched else tell,
+                            on_warning=_say_stack_warning)  # fmt: skip
         left = slurm_task and report.preempted and _work_left(ledger, campaign)
     if left:
         _requeue(max_requeues)

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from campaign.gates.launch_gate import stack_warnings
 from campaign.gates.stack_gate import unfit_problems
 from campaign.host import calls
 from campaign.launch.defaults import DEFAULT_HEARTBEAT_S, DEFAULT_LEASE_S
@@ -60,6 +61,9 @@ class WorkerOptions:
     # Each run executes in a supervised child process (campaign/launch/supervisor.py);
     # ``grace_s``: between a graceful signal to it (wall time, SIGTERM) and the kill.
     grace_s: float = 30.0
+    # A launched worker (the launcher opened the gate): who it is in the record of how its
+    # stack differs from the passing pilots' (``"launch worker"``); None compares nothing.
+    compare_stack_as: str | None = None
 
     def __post_init__(self) -> None:
         if not (self.heartbeat_s >= 0.1 and self.lease_s >= 3 * self.heartbeat_s):
@@ -95,30 +99,58 @@ class StackRefused(RunSetupFailed):
 
 
 def refuse_unfit_stack(ledger: Ledger, campaign: str, device: str, *,
-                       meanwhile: Callable[[], None] | None = None) -> None:  # fmt: skip
+                       meanwhile: Callable[[], None] | None = None,
+                       compare_as: str | None = None) -> list[str]:  # fmt: skip
     """Raise :class:`StackRefused` naming what this stack misses, before any claim.
     ``meanwhile``: work done while the check's child of the task host runs (a worker's host
-    imports the run's modules while that child imports the task's)."""
+    imports the run's modules while that child imports the task's). ``compare_as`` (a
+    launched worker, ``"launch worker"``): also compare this stack with the passing pilots'
+    and return the differences, recorded once each (``stack_difference`` events).
+
+    Both are read and asked in one child of the task host, which has torch and pandas
+    imported: this process imports neither, and the task is imported once before the claim
+    (it was twice, one child each: 2.2 s of the skeleton's scikit-learn on a launch's path to
+    its first update)."""
     task = ledger.campaign(campaign).task
-    runs = ledger.runs(campaign)
-    waiting = runs[runs["status"].isin(("planned", "interrupted", "lost"))]
-    precisions = sorted({c["loop"]["precision"] for c in waiting["config"] if "loop" in c})
     what = "checking the software stack and the device"
     if "torch" in sys.modules:  # this process can ask torch itself
-        problems = unfit_problems(task, device, precisions)
+        found = stack_check(ledger, campaign, device, compare_as)
         if meanwhile is not None:
             meanwhile()
     else:
-        checking = calls.begin(unfit_problems, task, device, precisions, task=task, what=what)
+        url = ledger.engine.url.render_as_string(hide_password=False)
+        checking = calls.begin(stack_check_at, url, campaign, device, compare_as, task=task,
+                               what=what)  # fmt: skip
         try:
             if meanwhile is not None:
                 meanwhile()
-            problems = checking.result()
+            found = checking.result()
         finally:
             checking.cancel()
-    if problems:
+    if found["problems"]:
         raise StackRefused(f"worker on {device} refuses to claim runs of {campaign!r}: "
-                           + "; ".join(problems))  # fmt: skip
+                           + "; ".join(found["problems"]))  # fmt: skip
+    return list(found["warnings"])
+
+
+def stack_check(ledger: Ledger, campaign: str, device: str,
+                compare_as: str | None) -> dict[str, list[str]]:  # fmt: skip
+    """What :func:`refuse_unfit_stack` asks, where torch is: this stack's problems for the
+    waiting runs' precisions, and (``compare_as``) its differences from the pilots'."""
+    runs = ledger.runs(campaign)
+    waiting = runs[runs["status"].isin(("planned", "interrupted", "lost"))]
+    precisions = sorted({c["loop"]["precision"] for c in waiting["config"] if "loop" in c})
+    warnings = [] if compare_as is None else list(
+        stack_warnings(ledger, campaign, None, who=compare_as))
+    return {"problems": unfit_problems(ledger.campaign(campaign).task, device, precisions),
+            "warnings": warnings}  # fmt: skip
+
+
+def stack_check_at(url: str, campaign: str, device: str,
+                   compare_as: str | None) -> dict[str, list[str]]:  # fmt: skip
+    """:func:`stack_check` on the ledger at ``url``, in a child of the task host."""
+    with Ledger.open(url) as ledger:
+        return stack_check(ledger, campaign, device, compare_as)
 
 
 def run_worker(
@@ -126,17 +158,23 @@ def run_worker(
     options: WorkerOptions,
     *,
     on_outcome: Callable[[RunOutcome], None] | None = None,
+    on_warning: Callable[[str], None] | None = None,
 ) -> WorkerReport:
     """Claim and execute runs of ``options.campaign`` until none is left (or a signal).
 
     A worker whose stack misses what the task declares, or whose device cannot run a
-    precision the campaign's runs use, refuses to claim (:class:`StackRefused`).
+    precision the campaign's runs use, refuses to claim (:class:`StackRefused`). With
+    ``options.compare_stack_as``, each difference from the pilots' stack goes to
+    ``on_warning`` before the first claim.
     """
     report = WorkerReport(worker_name(options.device, options.name))
     task = ledger.campaign(options.campaign).task
     try:
-        refuse_unfit_stack(ledger, options.campaign, options.device,
-                           meanwhile=lambda: warm_up(task))  # fmt: skip
+        warnings = refuse_unfit_stack(ledger, options.campaign, options.device,
+                                      meanwhile=lambda: warm_up(task),
+                                      compare_as=options.compare_stack_as)  # fmt: skip
+        for warning in warnings if on_warning is not None else ():
+            on_warning(warning)
     except StackRefused as refused:  # recorded: a launcher that placed it says why
         ledger.add_event(options.campaign, "stack_refused", f"{report.worker}: {refused}")
         raise

@@ -16,8 +16,6 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
 from campaign.ledger import Ledger
 from campaign.loop.checkpoint_file import file_sha256
 
@@ -72,6 +70,8 @@ def locate(stored: str, artifacts: Path, run_id: str) -> Path:
 
 def write_predictions(path: Path, records: Sequence[dict[str, Any]]) -> Path:
     """Validation predictions as Parquet (id, prediction, target), written atomically."""
+    import pandas as pd  # here: the worker and supervisor import this module, never pandas
+
     path.parent.mkdir(parents=True, exist_ok=True)
     frame = pd.DataFrame.from_records(
         [
