@@ -425,3 +425,20 @@ def test_the_training_sample_estimate_is_piloted_and_timed(ledger: Ledger, tmp_p
     assert validation.verdict == "pass", validation.detail
     assert "train_eval/loss" in validation.detail and "train_eval/accuracy" in validation.detail
     assert validation.inputs["train_sample"] == 24 and validation.inputs["train_sample_s"] > 0
+
+
+def test_the_pilot_reads_its_gate_sample_of_the_training_split_once(
+    ledger: Ledger, tmp_path: Path
+) -> None:
+    """The data gate, the longest examples and the overfit check read one sample: 1,000
+    generated examples are read once each by the gates (three times before), plus the few
+    batches the timed updates draw; the task's splits() makes new objects on every call."""
+    from tests.tasks import counted
+
+    config = _config(ledger, task="tests.tasks.counted:build",
+                     config={"task.train_size": 1000})  # fmt: skip
+    counted.READS.clear()
+    result = _pilot("tests.tasks.counted:build", config, tmp_path)
+    assert all(verdict == "pass" for verdict, _ in result.values()), result
+    assert set(counted.READS) == set(range(1000))  # every example checked
+    assert sum(counted.READS.values()) < 1000 + 200, sum(counted.READS.values())

@@ -17,6 +17,7 @@ the launch, the pilot and the report all use it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -77,3 +78,23 @@ def run_classes(
         found = gate_class(config)
         classes.setdefault(found.id, (found, []))[1].append(run_id)
     return classes
+
+
+PRECISION_RANK = {"fp32": 2, "bf16": 1, "fp16": 1}  # more bytes per value: more memory
+
+
+def worst_case(runs: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
+    """The run whose settings need the most memory (the one a pilot of a campaign tries):
+    microbatch, max length, precision, activation checkpointing off."""
+
+    def weight(run: Mapping[str, Any]) -> tuple[Any, ...]:
+        loop = run["config"]["loop"]
+        length = loop["max_length"] if loop["max_length"] is not None else math.inf
+        return (
+            loop["microbatch"],
+            length,
+            PRECISION_RANK[loop["precision"]],
+            not loop["activation_checkpointing"],
+        )
+
+    return max(runs, key=weight)

@@ -61,13 +61,15 @@ class Trainer:
         config: Mapping[str, Any],
         device: torch.device,
         replica: dp.Replica | None = None,
+        splits: Mapping[str, Any] | None = None,
     ) -> None:
         loop = config["loop"]
         self.task, self.config, self.device = task, config, device
         self.replica = replica or dp.Replica(0, 1)
         self.seed = int(config.get("seed", 0))
         seed_everything(self.seed)
-        data = task.splits()
+        # ``splits``: the task's, already asked for (the pilot asks once for all its sessions)
+        data = task.splits() if splits is None else splits
         # Any sized, indexable dataset (a list, a Sequence, a torch Dataset): never materialised.
         self.train_set: Sequence[Example] = data["train"]
         self.val_set: Sequence[Example] = data["val"]

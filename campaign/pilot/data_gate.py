@@ -11,7 +11,7 @@ gets them by following the same conventions.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -26,15 +26,24 @@ IGNORE = -100
 CHUNK = 64
 
 
-def check_data(task: Task, config: Mapping[str, Any]) -> list[Finding]:
+def check_data(
+    task: Task,
+    config: Mapping[str, Any],
+    *,
+    datasets: Mapping[str, Any] | None = None,
+    view: Callable[[Any], tuple[list[Any], str]] = gate_view,
+) -> list[Finding]:
     """Run every data check; the gate passes when every finding is ok.
 
     A split larger than :data:`GATE_SAMPLE` examples is checked on a seeded random sample
     of that many (a lazy dataset of millions is never read whole), and a finding says so.
+    ``datasets``: the task's splits, already asked for; ``view``: how a split's sample is
+    read (the pilot's keeps what it read for its later gates).
     """
     splits, notes = {}, []
-    for name, dataset in task.splits().items():
-        splits[name], note = gate_view(dataset)
+    datasets = task.splits() if datasets is None else datasets
+    for name, dataset in datasets.items():
+        splits[name], note = view(dataset)
         if note:
             notes.append(f"{name}: {note}")
     batches = {name: _collated(task, examples) for name, examples in splits.items()}
@@ -50,7 +59,7 @@ def check_data(task: Task, config: Mapping[str, Any]) -> list[Finding]:
         _masks_match_lengths(batches),
         _prompt_out_of_loss(batches),
         _truncation(batches, allow_cut),
-        declared_randomness(task),
+        declared_randomness(task, datasets["train"]),
     ]
 
 

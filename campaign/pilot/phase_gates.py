@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from campaign.gates.classes import gate_class as class_of
+from campaign.gates.classes import worst_case
 from campaign.gates.stack import environment
 from campaign.gates.stack_gate import (
     precision_problem,
@@ -33,7 +34,7 @@ from campaign.ledger import Ledger
 from campaign.ledger.canonical import canonical_json
 from campaign.loop import checkpoint as ckpt
 from campaign.loop.batch_stats import accumulation_warning, batch_stat_layers
-from campaign.loop.data import describe_inputs, gate_view
+from campaign.loop.data import describe_inputs
 from campaign.loop.measure import PhaseRecord, Probe
 from campaign.loop.replay import replay_file_in_subprocess, write_final
 from campaign.loop.run_files import artifacts_environment
@@ -41,12 +42,11 @@ from campaign.loop.task import Task, build_task
 from campaign.pilot import activations
 from campaign.pilot.advice import ADVICE
 from campaign.pilot.data_gate import check_data
+from campaign.pilot.gate_views import GateViews
 from campaign.pilot.overfit import PilotOptions, varied
 from campaign.pilot.replica_check import check_replicas
 from campaign.pilot.session import PilotSession
 from campaign.plan.metric_names import metric_problem, produced
-
-PRECISION_RANK = {"fp32": 2, "bf16": 1, "fp16": 1}
 
 
 class PhaseFailure(Exception):
@@ -68,22 +68,6 @@ class PilotReport:
         return f"pilot {self.number} (id {self.pilot_id})"
 
 
-def worst_case(runs: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
-    """The run whose settings need the most memory: microbatch, max length, precision,
-    activation checkpointing off."""
-
-    def weight(run: Mapping[str, Any]) -> tuple[Any, ...]:
-        loop = run["config"]["loop"]
-        length = loop["max_length"] if loop["max_length"] is not None else math.inf
-        return (
-            loop["microbatch"],
-            length,
-            PRECISION_RANK[loop["precision"]],
-            not loop["activation_checkpointing"],
-        )
-
-    return max(runs, key=weight)
-
 
 DEFAULT_OPTIONS = PilotOptions()
 REPEATS = 5  # timed repetitions of forward, backward and update (after the first update)
@@ -100,9 +84,7 @@ class Pilot:
         *,
         device: str = "cpu",
         options: PilotOptions = DEFAULT_OPTIONS,
-        session_factory: Callable[
-            [Task, Mapping[str, Any], torch.device], PilotSession
-        ] = PilotSession,
+        session_factory: Callable[..., PilotSession] = PilotSession,
     ) -> None:
         self.reference = task_reference
         self.config = copy.deepcopy(dict(config))
@@ -113,6 +95,8 @@ class Pilot:
         self.probe = Probe(self.device)
         self.failed: str | None = None
         self.task: Task | None = None
+        self.splits: dict[str, Any] = {}  # the task's, asked for once for every session
+        self.views = GateViews()  # each split's gate sample, read once for every gate
 
     def run(self) -> list[PhaseRecord]:
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -182,13 +166,15 @@ class Pilot:
         started = time.perf_counter()
         self.task = build_task(self.reference, self.config)
         built = time.perf_counter() - started
-        findings = check_data(self.task, self.config)
-        record.inputs = {"splits": {k: len(v) for k, v in self.task.splits().items()}}
+        self.splits = dict(self.task.splits())
+        findings = check_data(self.task, self.config, datasets=self.splits, view=self.views)
+        record.inputs = {"splits": {k: len(v) for k, v in self.splits.items()}}
         failed = [f for f in findings if not f.ok]
         if failed:
             raise PhaseFailure("; ".join(f"{f.check}: {f.detail} ({f.advice})" for f in failed))
         started = time.perf_counter()
-        self.session = self.session_factory(self.task, self.config, self.device)
+        self.session = self.session_factory(self.task, self.config, self.device,
+                                            splits=self.splits)  # fmt: skip
         # What every run pays before its first update: building the task and the model.
         record.inputs["setup_s"] = round(built + time.perf_counter() - started, 6)
         self.worst = self._longest_examples()
@@ -200,7 +186,7 @@ class Pilot:
 
     def _longest_examples(self) -> list[dict[str, Any]]:
         """The training examples with the longest encoded length, one effective batch."""
-        train, _ = gate_view(self.session.train_set)  # a sample of a very large split
+        train, _ = self.views(self.session.train_set)  # a sample of a very large split
         lengths: list[int] = []
         for start in range(0, len(train), 256):
             batch = self.session.task.collate(train[start : start + 256])
@@ -398,8 +384,8 @@ class Pilot:
         config = copy.deepcopy(self.config)
         config["optimizer"]["lr"] = options.overfit_lr
         config["scheduler"] = {"name": "constant", "warmup": 0}
-        session = self.session_factory(self.task, config, self.device)
-        examples = varied(gate_view(session.train_set)[0], options.overfit_examples)
+        session = self.session_factory(self.task, config, self.device, splits=self.splits)
+        examples = varied(self.views(session.train_set)[0], options.overfit_examples)
         criterion = options.criterion(getattr(self.task, "kind", "classification"))
         record.inputs = {"examples": len(examples), "steps": options.overfit_steps,
                          "lr": options.overfit_lr, "criterion": criterion}

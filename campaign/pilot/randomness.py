@@ -22,13 +22,14 @@ from campaign.pilot.findings import Finding
 READS = 32  # the first training examples read twice (one or more microbatches of them)
 
 
-def declared_randomness(task: Task) -> Finding:
+def declared_randomness(task: Task, train: Any = None) -> Finding:
     """``random_examples_declared``: ok when the task is seeded (it may draw) or its two reads
-    under different seeds collate to identical batches."""
+    under different seeds collate to identical batches (``train``: the training split, when
+    the caller has it)."""
     if draws_randomness(task):
         return Finding("random_examples_declared", True, "reads and collates are seeded "
                        "from each example's place (the task may draw)")  # fmt: skip
-    train = task.splits()["train"]
+    train = task.splits()["train"] if train is None else train
     count = min(READS, len(train))
     first, second = (_read(task, train, count, seed) for seed in (1, 2))
     different = _first_difference(first, second)

@@ -23,8 +23,9 @@ from campaign.loop.task import Example, Task
 
 class PilotSession(Trainer):
     def __init__(self, task: Task, config: Mapping[str, Any], device: torch.device,
-                 replica: dp.Replica | None = None) -> None:  # fmt: skip
-        super().__init__(task, config, device, replica)
+                 replica: dp.Replica | None = None,
+                 splits: Mapping[str, Any] | None = None) -> None:  # fmt: skip
+        super().__init__(task, config, device, replica, splits)
         self.updates = 0
         self.waits: list[float] = []
 
