@@ -108,9 +108,8 @@ def refuse_unfit_stack(ledger: Ledger, campaign: str, device: str, *,
     and return the differences, recorded once each (``stack_difference`` events).
 
     Both are read and asked in one child of the task host, which has torch and pandas
-    imported: this process imports neither, and the task is imported once before the claim
-    (it was twice, one child each: 2.2 s of the skeleton's scikit-learn on a launch's path to
-    its first update)."""
+    imported: this process imports neither (pandas was 0.7 s of a launched worker's start;
+    the comparison was a child of its own)."""
     task = ledger.campaign(campaign).task
     what = "checking the software stack and the device"
     if "torch" in sys.modules:  # this process can ask torch itself
