@@ -36,7 +36,12 @@ from campaign.loop.errors import TaskContractError
 # over a second): once per host, before its first run, never again per run.
 RUN_PRELOAD = ("torch._dynamo", "numpy", "pandas", "pyarrow.parquet", "safetensors.torch",
                "campaign.loop.train", "campaign.loop.replay", "campaign.launch.run_body",
-               "campaign.launch.run_process")  # fmt: skip
+               "campaign.launch.run_process",
+               # imported lazily by a run's first predictions file, weights file and profiled
+               # phase: 10-15 ms in every run's process otherwise
+               "pyarrow.pandas_compat", "pyarrow.vendored.version",
+               "pandas.core.arrays.arrow.extension_types", "numpy.ctypeslib",
+               "torch.profiler._cupti_monitor")  # fmt: skip
 # What a fresh check (the pilot's resume check, a replay) needs beyond its own module, which the
 # host imports anyway: it builds an optimizer or loads weights.
 CHECK_PRELOAD = ("torch._dynamo", "safetensors.torch")

@@ -173,9 +173,9 @@ class RunLoop:
         return self.device if self.device.type == "cuda" else torch.device("cpu")
 
     def _prepare(self, resume_from: Mapping[str, Any] | None) -> None:
+        self.stack = environment(self.task_reference)  # read before the task imports: exported too
         if self.writes:
-            stack = environment(self.task_reference)
-            self.ledger.set_environment(self.run_id, stack, lease=self.lease)
+            self.ledger.set_environment(self.run_id, self.stack, lease=self.lease)
         progress_page.tick()
         seed_everything(int(self.config["seed"]))
         task = build_task(self.task_reference, self.record.config_document)
@@ -438,7 +438,7 @@ class RunLoop:
             trainer = self._trainer
             path = self.folder / f"final{self._segment_suffix}.safetensors"
             with self.probe.phase("export", {"step": self.step}):
-                stack = canonical_json(environment(self.task_reference))
+                stack = canonical_json(self.stack)  # the code this segment imported and ran
                 write_final(path, trainer.model, trainer.task, self.record.config, stack,
                             self.device)  # fmt: skip
             record_file(self.ledger, self.run_id, "final", path, self.step, lease=self.lease)
