@@ -33,6 +33,9 @@ def inspect(
 
     Example: campaign inspect digits-lr --n 4 --split val
     """
+    from campaign.host import client
+
+    client.start_early()  # the task's calls fork from it: torch imports while the ledger opens
     from campaign.loop.run_files import artifacts_environment
     from campaign.pilot.inspect_hosted import inspect_campaign
 
@@ -104,8 +107,9 @@ def pilot(source: LedgerSource, campaign: str, artifacts: Path, device: str,
 
     Example: campaign pilot digits-lr --device cpu
     """
-    from campaign.host import calls
+    from campaign.host import calls, client
 
+    client.start_early(calls.CHECK_PRELOAD)  # torch imports while this process reads the ledger
     overrides = {"overfit_examples": overfit_examples, "overfit_steps": overfit_steps,
                  "overfit_factor": overfit_factor}  # None: the spec's [pilot] table decides
     with source.open() as ledger:  # a missing ledger or campaign ends here, nothing started

@@ -24,7 +24,13 @@ def plan(source: LedgerSource, spec_path: str, dry_run: bool, output_format: str
 
     Example: campaign plan lr-sweep.toml --dry-run
     """
-    from campaign.host import calls, client
+    from campaign.host import client
+
+    # The task host starts first (spawned, not waited for): its torch import overlaps this
+    # command's own imports (the planner and the ledger's SQLAlchemy, 0.9 s) and reading and
+    # validating the spec. A bad spec ends the command, and the host with it, at once.
+    client.start_early()
+    from campaign.host import calls
     from campaign.loop.errors import TaskContractError
     from campaign.plan import grid as planning
     from campaign.plan.metric_names import metric_problem
@@ -32,9 +38,6 @@ def plan(source: LedgerSource, spec_path: str, dry_run: bool, output_format: str
     from campaign.plan.spec import SpecError, load_spec
     from campaign.plan.task_keys import origin
 
-    # The task host starts now (spawned, not waited for): its torch import overlaps reading
-    # and validating the spec. A bad spec ends the command, and the host with it, at once.
-    client.start_early()
     # The optimizer checks (torch's own) wait for the task's child to be under way.
     optimizers: list[Any] = []
     resolved = load_spec(spec_path, check_task=False, optimizers=optimizers)

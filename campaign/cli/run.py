@@ -34,6 +34,9 @@ def _execute(
     from campaign.host.calls import RUN_PRELOAD
     from campaign.host.client import start_early
 
+    # The run forks from it: torch and the loop import while this process imports the
+    # ledger's code and reads the run and its gate (a bad run id ends the host at once).
+    start_early(RUN_PRELOAD)
     with source.open() as ledger:
         record = ledger.run(run_id)
         status = record.status
@@ -44,7 +47,6 @@ def _execute(
             raise click.UsageError(
                 f"run {run_id} is {status}: only interrupted or lost runs resume"
             )
-        start_early(RUN_PRELOAD)  # the run forks from it: torch imports while the gate reads
         if expect == "planned":
             _gate(ledger, record.campaign, run_id, skip)
         from campaign.launch.worker import WorkerOptions, execute_one
