@@ -442,3 +442,32 @@ def test_the_pilot_reads_its_gate_sample_of_the_training_split_once(
     assert all(verdict == "pass" for verdict, _ in result.values()), result
     assert set(counted.READS) == set(range(1000))  # every example checked
     assert sum(counted.READS.values()) < 1000 + 200, sum(counted.READS.values())
+
+
+def test_a_task_whose_splits_draw_is_piloted_on_the_runs_data(ledger: Ledger, tmp_path: Path
+                                                              ) -> None:  # fmt: skip
+    """splits() draws from torch's global generator. The pilot asks for the splits once,
+    seeded as a run seeds them, and its sessions take the generators on as splits() left
+    them: a trainer given those splits builds the initial weights that a trainer that asks
+    the task itself builds (a run's), and the pilot passes."""
+    import torch
+
+    from campaign.loop.engine import SeededSplits, Trainer
+    from campaign.loop.task import build_task
+
+    reference = "tests.tasks.drawn:build"
+    config = _config(ledger, task=reference)
+    result = _pilot(reference, config, tmp_path)
+    assert all(verdict == "pass" for verdict, _ in result.values()), result
+    task = build_task(reference, config)
+    given = Trainer(task, config, torch.device("cpu"),
+                    splits=SeededSplits.of(task, int(config["seed"]) + 1))  # another seed's
+    asked = Trainer(task, config, torch.device("cpu"))
+    again = Trainer(task, config, torch.device("cpu"),
+                    splits=SeededSplits.of(task, int(config["seed"])))  # fmt: skip
+    for trainer in (given, again):
+        pairs = zip(trainer.train_set, asked.train_set, strict=True)
+        assert all((a["x"] == b["x"]).all() for a, b in pairs)
+        weights = zip(trainer.model.parameters(), asked.model.parameters(), strict=True)
+        for mine, theirs in weights:
+            assert torch.equal(mine, theirs)

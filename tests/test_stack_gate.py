@@ -3,6 +3,7 @@ against the device are checked by the pilot, `doctor CAMPAIGN`, the launch and e
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,19 @@ from campaign.ledger import Ledger
 from tests.loop_helpers import plan_loop
 
 DEMANDING = "tests.tasks.demanding:build"
+# On an interpreter's first import of pandas: its command line, one line in the log.
+PANDAS_HOOK = """
+import importlib.abc, os, sys
+class _FirstPandas(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "pandas":
+            sys.meta_path.remove(self)
+            with open(os.environ["CAMPAIGN_TEST_PANDAS_LOG"], "a") as log:
+                log.write(" ".join(sys.argv) + "\\n")
+        return None
+if os.environ.get("CAMPAIGN_TEST_PANDAS_LOG"):
+    sys.meta_path.insert(0, _FirstPandas())
+"""
 
 
 def test_declared_needs_are_named() -> None:
@@ -76,9 +90,10 @@ def test_a_device_that_does_not_exist_is_refused_before_anything_is_written(
 def test_a_launched_worker_records_how_its_stack_differs_from_the_pilots(
     sqlite_ledger: Ledger, sqlite_url: str, tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    """A pilot that passed on another stack (Python 2.7.0): the launch warns, and its worker
-    (a real process without torch or pandas) compares its own stack in the child of its task
-    host that checks the stack's fitness, records the difference once, and runs the run."""
+    """A pilot that passed on another stack (Python 2.7.0): the launch's worker (a real
+    process) compares its own stack in the child of its task host that checks the stack's
+    fitness, prints and records the difference once, and runs the run, without importing
+    pandas itself (an import hook in every process the launch starts logs who imports it)."""
     from campaign.gates.classes import run_classes
     from campaign.gates.stack import environment
     from tests.launch_helpers import invoke
@@ -89,9 +104,16 @@ def test_a_launched_worker_records_how_its_stack_differs_from_the_pilots(
     stack = {**environment(record.task), "python": "2.7.0"}
     pilot = sqlite_ledger.create_pilot("stacked", record.spec_sha256, stack, class_id)
     sqlite_ledger.set_pilot_verdict(pilot, "pass")
+    hook, log = tmp_path / "hook", tmp_path / "pandas.log"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(PANDAS_HOOK)
+    path = os.pathsep.join(p for p in (str(hook), os.environ.get("PYTHONPATH")) if p)
     done = invoke(sqlite_url, "launch", "stacked", "--workers", "1", "--no-replay-check",
-                  "--artifacts", str(tmp_path / "artifacts"))  # fmt: skip
+                  "--artifacts", str(tmp_path / "artifacts"),
+                  env={"PYTHONPATH": path, "CAMPAIGN_TEST_PANDAS_LOG": str(log)})  # fmt: skip
     assert done.returncode == 0, done.stderr
+    importers = log.read_text().splitlines() if log.exists() else []
+    assert not [line for line in importers if " worker stacked " in f" {line} "], importers
     said = capfd.readouterr().err  # the worker's own stderr (a process: not the runner's)
     assert said.count("warning: stack differs from the pilot's: python: pilot '2.7.0'") == 1
     events = sqlite_ledger.events("stacked")

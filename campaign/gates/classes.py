@@ -84,8 +84,8 @@ PRECISION_RANK = {"fp32": 2, "bf16": 1, "fp16": 1}  # more bytes per value: more
 
 
 def worst_case(runs: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
-    """The run whose settings need the most memory (the one a pilot of a campaign tries):
-    microbatch, max length, precision, activation checkpointing off."""
+    """The run whose settings need the most memory: microbatch, max length, precision,
+    activation checkpointing off (what ``run_pilot`` pilots when it is given no run)."""
 
     def weight(run: Mapping[str, Any]) -> tuple[Any, ...]:
         loop = run["config"]["loop"]

@@ -100,12 +100,14 @@ class StackRefused(RunSetupFailed):
 
 def refuse_unfit_stack(ledger: Ledger, campaign: str, device: str, *,
                        meanwhile: Callable[[], None] | None = None,
-                       compare_as: str | None = None) -> list[str]:  # fmt: skip
+                       compare_as: str | None = None,
+                       on_warning: Callable[[str], None] | None = None) -> None:  # fmt: skip
     """Raise :class:`StackRefused` naming what this stack misses, before any claim.
     ``meanwhile``: work done while the check's child of the task host runs (a worker's host
     imports the run's modules while that child imports the task's). ``compare_as`` (a
     launched worker, ``"launch worker"``): also compare this stack with the passing pilots'
-    and return the differences, recorded once each (``stack_difference`` events).
+    and tell each difference to ``on_warning`` (before a refusal: a difference may be why),
+    recorded once each (``stack_difference`` events).
 
     Both are read and asked in one child of the task host, which has torch and pandas
     imported: this process imports neither (pandas was 0.7 s of a launched worker's start;
@@ -126,10 +128,12 @@ def refuse_unfit_stack(ledger: Ledger, campaign: str, device: str, *,
             found = checking.result()
         finally:
             checking.cancel()
+    for warning in found["warnings"]:
+        if on_warning is not None:
+            on_warning(warning)
     if found["problems"]:
         raise StackRefused(f"worker on {device} refuses to claim runs of {campaign!r}: "
                            + "; ".join(found["problems"]))  # fmt: skip
-    return list(found["warnings"])
 
 
 def stack_check(ledger: Ledger, campaign: str, device: str,
@@ -139,10 +143,10 @@ def stack_check(ledger: Ledger, campaign: str, device: str,
     runs = ledger.runs(campaign)
     waiting = runs[runs["status"].isin(("planned", "interrupted", "lost"))]
     precisions = sorted({c["loop"]["precision"] for c in waiting["config"] if "loop" in c})
+    problems = unfit_problems(ledger.campaign(campaign).task, device, precisions)
     warnings = [] if compare_as is None else list(
         stack_warnings(ledger, campaign, None, who=compare_as))
-    return {"problems": unfit_problems(ledger.campaign(campaign).task, device, precisions),
-            "warnings": warnings}  # fmt: skip
+    return {"problems": problems, "warnings": warnings}
 
 
 def stack_check_at(url: str, campaign: str, device: str,
@@ -169,11 +173,9 @@ def run_worker(
     report = WorkerReport(worker_name(options.device, options.name))
     task = ledger.campaign(options.campaign).task
     try:
-        warnings = refuse_unfit_stack(ledger, options.campaign, options.device,
-                                      meanwhile=lambda: warm_up(task),
-                                      compare_as=options.compare_stack_as)  # fmt: skip
-        for warning in warnings if on_warning is not None else ():
-            on_warning(warning)
+        refuse_unfit_stack(ledger, options.campaign, options.device,
+                           meanwhile=lambda: warm_up(task), compare_as=options.compare_stack_as,
+                           on_warning=on_warning)  # fmt: skip
     except StackRefused as refused:  # recorded: a launcher that placed it says why
         ledger.add_event(options.campaign, "stack_refused", f"{report.worker}: {refused}")
         raise

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import random
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -48,6 +49,42 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+@dataclass(frozen=True)
+class SeededSplits:
+    """A task's splits made as a trainer makes them (the run's seed, then ``splits()``), with
+    the generators' states that ``splits()`` left. A trainer given them takes those states on
+    and builds its model from the same random state as one that asks the task itself, so a
+    ``splits()`` that draws (toy data from ``torch.randn``, on CUDA too) changes nothing.
+    The pilot asks once for its data gate and every session: a lazy dataset's objects are
+    then the same, and its gate sample is read once."""
+
+    seed: int
+    splits: Mapping[str, Any]
+    generators: tuple[Any, ...]
+
+    @classmethod
+    def of(cls, task: Task, seed: int) -> SeededSplits:
+        seed_everything(seed)
+        splits = task.splits()
+        # CUDA's generators only if splits() started CUDA: otherwise they are as seeded
+        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+        return cls(seed, splits, (random.getstate(), np.random.get_state(),
+                                  torch.get_rng_state(), cuda))  # fmt: skip
+
+    def take(self, seed: int) -> Mapping[str, Any] | None:
+        """The splits, every generator left as ``splits()`` left it (None: made for another
+        seed, so the trainer asks the task itself)."""
+        if seed != self.seed:
+            return None
+        python, numpy, cpu, cuda = self.generators
+        random.setstate(python)
+        np.random.set_state(numpy)
+        torch.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
+        return self.splits
+
+
 class Trainer:
     """Model, optimizer, scheduler, scaler and data order of one resolved config, and the step.
 
@@ -61,15 +98,16 @@ class Trainer:
         config: Mapping[str, Any],
         device: torch.device,
         replica: dp.Replica | None = None,
-        splits: Mapping[str, Any] | None = None,
+        splits: SeededSplits | None = None,
     ) -> None:
         loop = config["loop"]
         self.task, self.config, self.device = task, config, device
         self.replica = replica or dp.Replica(0, 1)
         self.seed = int(config.get("seed", 0))
         seed_everything(self.seed)
-        # ``splits``: the task's, already asked for (the pilot asks once for all its sessions)
-        data = task.splits() if splits is None else splits
+        # ``splits``: the task's, already asked for right after this same seeding (the pilot)
+        given = splits.take(self.seed) if splits is not None else None
+        data = task.splits() if given is None else given
         # Any sized, indexable dataset (a list, a Sequence, a torch Dataset): never materialised.
         self.train_set: Sequence[Example] = data["train"]
         self.val_set: Sequence[Example] = data["val"]

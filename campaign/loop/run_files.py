@@ -70,7 +70,7 @@ def locate(stored: str, artifacts: Path, run_id: str) -> Path:
 
 def write_predictions(path: Path, records: Sequence[dict[str, Any]]) -> Path:
     """Validation predictions as Parquet (id, prediction, target), written atomically."""
-    import pandas as pd  # here: the worker and supervisor import this module, never pandas
+    import pandas as pd  # here: a worker and its supervisor import this module, not pandas
 
     path.parent.mkdir(parents=True, exist_ok=True)
     frame = pd.DataFrame.from_records(

@@ -173,7 +173,7 @@ class RunLoop:
         return self.device if self.device.type == "cuda" else torch.device("cpu")
 
     def _prepare(self, resume_from: Mapping[str, Any] | None) -> None:
-        self.stack = environment(self.task_reference)  # read before the task imports: exported too
+        self.stack = environment(self.task_reference) if self.writes else {}  # exported too
         if self.writes:
             self.ledger.set_environment(self.run_id, self.stack, lease=self.lease)
         progress_page.tick()

@@ -34,7 +34,8 @@ from campaign.ledger import Ledger
 from campaign.ledger.canonical import canonical_json
 from campaign.loop import checkpoint as ckpt
 from campaign.loop.batch_stats import accumulation_warning, batch_stat_layers
-from campaign.loop.data import describe_inputs
+from campaign.loop.data import describe_inputs, gate_view
+from campaign.loop.engine import SeededSplits
 from campaign.loop.measure import PhaseRecord, Probe
 from campaign.loop.replay import replay_file_in_subprocess, write_final
 from campaign.loop.run_files import artifacts_environment
@@ -68,7 +69,6 @@ class PilotReport:
         return f"pilot {self.number} (id {self.pilot_id})"
 
 
-
 DEFAULT_OPTIONS = PilotOptions()
 REPEATS = 5  # timed repetitions of forward, backward and update (after the first update)
 
@@ -95,8 +95,8 @@ class Pilot:
         self.probe = Probe(self.device)
         self.failed: str | None = None
         self.task: Task | None = None
-        self.splits: dict[str, Any] = {}  # the task's, asked for once for every session
-        self.views = GateViews()  # each split's gate sample, read once for every gate
+        self.splits: SeededSplits | None = None  # the task's, asked once for every session
+        self.overfit_examples: list[Any] | None = None  # chosen from the data gate's sample
 
     def run(self) -> list[PhaseRecord]:
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -166,9 +166,10 @@ class Pilot:
         started = time.perf_counter()
         self.task = build_task(self.reference, self.config)
         built = time.perf_counter() - started
-        self.splits = dict(self.task.splits())
-        findings = check_data(self.task, self.config, datasets=self.splits, view=self.views)
-        record.inputs = {"splits": {k: len(v) for k, v in self.splits.items()}}
+        self.splits = SeededSplits.of(self.task, int(self.config.get("seed", 0)))
+        views = GateViews()  # each split's sample, read once for this phase's gates
+        findings = check_data(self.task, self.config, datasets=self.splits.splits, view=views)
+        record.inputs = {"splits": {k: len(v) for k, v in self.splits.splits.items()}}
         failed = [f for f in findings if not f.ok]
         if failed:
             raise PhaseFailure("; ".join(f"{f.check}: {f.detail} ({f.advice})" for f in failed))
@@ -177,16 +178,18 @@ class Pilot:
                                             splits=self.splits)  # fmt: skip
         # What every run pays before its first update: building the task and the model.
         record.inputs["setup_s"] = round(built + time.perf_counter() - started, 6)
-        self.worst = self._longest_examples()
+        train = views(self.session.train_set)[0]  # the data gate's sample, not read again
+        self.worst = self._longest_examples(train)
+        self.overfit_examples = varied(train, self.options.overfit_examples)
         warned = [f"{f.check}: {f.detail}" for f in findings if f.warning]
         sampled = [f.detail for f in findings if f.check == "sampled"]
         return f"{len(findings)} checks passed" + (
             f" ({sampled[0]})" if sampled else "") + (
             f" (warning: {'; '.join(warned)})" if warned else "")
 
-    def _longest_examples(self) -> list[dict[str, Any]]:
-        """The training examples with the longest encoded length, one effective batch."""
-        train, _ = self.views(self.session.train_set)  # a sample of a very large split
+    def _longest_examples(self, train: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The training examples (of the gate's sample of a very large split) with the longest
+        encoded length, one effective batch."""
         lengths: list[int] = []
         for start in range(0, len(train), 256):
             batch = self.session.task.collate(train[start : start + 256])
@@ -385,7 +388,8 @@ class Pilot:
         config["optimizer"]["lr"] = options.overfit_lr
         config["scheduler"] = {"name": "constant", "warmup": 0}
         session = self.session_factory(self.task, config, self.device, splits=self.splits)
-        examples = varied(self.views(session.train_set)[0], options.overfit_examples)
+        examples = self.overfit_examples or varied(gate_view(session.train_set)[0],
+                                                   options.overfit_examples)  # fmt: skip
         criterion = options.criterion(getattr(self.task, "kind", "classification"))
         record.inputs = {"examples": len(examples), "steps": options.overfit_steps,
                          "lr": options.overfit_lr, "criterion": criterion}

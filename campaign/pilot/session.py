@@ -17,14 +17,14 @@ from typing import Any
 import torch
 
 from campaign.loop import replicas as dp
-from campaign.loop.engine import Trainer
+from campaign.loop.engine import SeededSplits, Trainer
 from campaign.loop.task import Example, Task
 
 
 class PilotSession(Trainer):
     def __init__(self, task: Task, config: Mapping[str, Any], device: torch.device,
                  replica: dp.Replica | None = None,
-                 splits: Mapping[str, Any] | None = None) -> None:  # fmt: skip
+                 splits: SeededSplits | None = None) -> None:  # fmt: skip
         super().__init__(task, config, device, replica, splits)
         self.updates = 0
         self.waits: list[float] = []
