@@ -291,11 +291,12 @@ def _refuse_ungated_newcomers(ledger: Ledger, campaign: str, gated: set[str]) ->
 def _candidates(
     ledger: Ledger, options: WorkerOptions, statuses: Sequence[str], cause: str | None = None
 ) -> Iterator[str]:
-    runs = ledger.runs(options.campaign, status=list(statuses))
-    if cause is not None:
-        runs = runs[runs["stop_cause"] == cause]
-    for run_id in runs["run_id"]:
-        yield str(run_id)
+    """The runs in ``statuses`` (with ``cause``, when given) in run order, read as plain rows:
+    a worker that looks for runs to resume (a SLURM array task always does) imports no pandas
+    until it finds one."""
+    for row in ledger.run_rows(options.campaign, status=list(statuses)):
+        if cause is None or row["stop_cause"] == cause:
+            yield str(row["run_id"])
 
 
 def _execute(
