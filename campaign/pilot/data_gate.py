@@ -11,7 +11,7 @@ gets them by following the same conventions.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -26,26 +26,31 @@ IGNORE = -100
 CHUNK = 64
 
 
+def gate_samples(datasets: Mapping[str, Any]) -> dict[str, tuple[list[Any], str]]:
+    """Each split's examples as the gate reads them (:func:`gate_view`: all of a split up to
+    :data:`GATE_SAMPLE`, a seeded sample beyond) and the words that say so. The pilot reads
+    them once, for this gate, its longest examples and its overfit check's examples."""
+    return {name: gate_view(dataset) for name, dataset in datasets.items()}
+
+
 def check_data(
     task: Task,
     config: Mapping[str, Any],
     *,
     datasets: Mapping[str, Any] | None = None,
-    view: Callable[[Any], tuple[list[Any], str]] = gate_view,
+    samples: Mapping[str, tuple[list[Any], str]] | None = None,
 ) -> list[Finding]:
     """Run every data check; the gate passes when every finding is ok.
 
     A split larger than :data:`GATE_SAMPLE` examples is checked on a seeded random sample
     of that many (a lazy dataset of millions is never read whole), and a finding says so.
-    ``datasets``: the task's splits, already asked for; ``view``: how a split's sample is
-    read (the pilot's keeps what it read for its later gates).
+    ``datasets``: the task's splits, already asked for; ``samples``: their
+    :func:`gate_samples`, already read.
     """
-    splits, notes = {}, []
     datasets = task.splits() if datasets is None else datasets
-    for name, dataset in datasets.items():
-        splits[name], note = view(dataset)
-        if note:
-            notes.append(f"{name}: {note}")
+    samples = gate_samples(datasets) if samples is None else samples
+    splits = {name: examples for name, (examples, _) in samples.items()}
+    notes = [f"{name}: {note}" for name, (_, note) in samples.items() if note]
     batches = {name: _collated(task, examples) for name, examples in splits.items()}
     allow_cut = bool(config.get("loop", {}).get("allow_target_truncation", False))
     sampled = [Finding("sampled", True, "checked on " + "; ".join(notes) + " (ids, groups and "

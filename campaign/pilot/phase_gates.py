@@ -42,8 +42,7 @@ from campaign.loop.run_files import artifacts_environment
 from campaign.loop.task import Task, build_task
 from campaign.pilot import activations
 from campaign.pilot.advice import ADVICE
-from campaign.pilot.data_gate import check_data
-from campaign.pilot.gate_views import GateViews
+from campaign.pilot.data_gate import check_data, gate_samples
 from campaign.pilot.overfit import PilotOptions, varied
 from campaign.pilot.replica_check import check_replicas
 from campaign.pilot.session import PilotSession
@@ -167,8 +166,9 @@ class Pilot:
         self.task = build_task(self.reference, self.config)
         built = time.perf_counter() - started
         self.splits = SeededSplits.of(self.task, int(self.config.get("seed", 0)))
-        views = GateViews()  # each split's sample, read once for this phase's gates
-        findings = check_data(self.task, self.config, datasets=self.splits.splits, view=views)
+        samples = gate_samples(self.splits.splits)  # read once, for this phase's three uses
+        findings = check_data(self.task, self.config, datasets=self.splits.splits,
+                              samples=samples)  # fmt: skip
         record.inputs = {"splits": {k: len(v) for k, v in self.splits.splits.items()}}
         failed = [f for f in findings if not f.ok]
         if failed:
@@ -178,7 +178,7 @@ class Pilot:
                                             splits=self.splits)  # fmt: skip
         # What every run pays before its first update: building the task and the model.
         record.inputs["setup_s"] = round(built + time.perf_counter() - started, 6)
-        train = views(self.session.train_set)[0]  # the data gate's sample, not read again
+        train = samples["train"][0]  # the session's training split (the same splits), as read
         self.worst = self._longest_examples(train)
         self.overfit_examples = varied(train, self.options.overfit_examples)
         warned = [f"{f.check}: {f.detail}" for f in findings if f.warning]
