@@ -45,7 +45,7 @@ for step in steps:
     done = subprocess.run([sys.executable, "-m", "campaign", "--ledger", url, *step],
                           capture_output=True, text=True)
     outputs.append(done.stdout + done.stderr)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, outputs[-1][-3000:]  # the pilot's table names what failed
 run_id = json.loads(subprocess.run([sys.executable, "-m", "campaign", "--ledger", url, "runs",
                                     "lazy", "--format", "json"], capture_output=True,
                                    text=True).stdout)[0]["run_id"]

@@ -40,6 +40,7 @@ from campaign.loop.checkpoint import (
 )
 from campaign.loop.data import to_device
 from campaign.loop.errors import LoopError, TaskContractError
+from campaign.loop.loader import PreservedGenerators, seed_generators
 from campaign.loop.model_state import base_record, load_saved_state, saved_state
 from campaign.loop.run_files import artifacts_environment
 from campaign.loop.task import build_task
@@ -47,6 +48,7 @@ from campaign.plan.taskref import load_factory
 
 REPLAY_TIMEOUT_S = 600.0  # as `campaign replay` (campaign/cli/run.py)
 RUN_LIFETIME_S = 365 * 24 * 3600.0  # an early replay child waits as long as its run trains
+CONTROL_SEED = 0x5EED_C0_7201  # every process draws alike for the control inputs
 BASE_KEY = "base_model"  # metadata: the frozen base an adapter-only artifact needs
 
 
@@ -118,11 +120,23 @@ def replay_artifact(path: Path, task_reference: str,
     task, model, metadata = load_final_model(path, task_reference)
     expected = json.loads(metadata["control_outputs"])
     model.to(device).eval()
-    with torch.no_grad():
-        batch = to_device(task.collate(list(task.control_inputs())), torch.device(device))
-        outputs = task.predict(model, batch)
-    outputs = json_values(outputs)
+    outputs = control_outputs(task, model, torch.device(device))
     return outputs == expected, outputs, expected
+
+
+def control_outputs(task: Any, model: torch.nn.Module, device: torch.device) -> list[Any]:
+    """The task's predictions for its control inputs, with every generator seeded alike
+    (CONTROL_SEED) and restored after: a collate or a predict that draws (noise added at
+    collate) draws the same in the process that trains and in the one that replays, whose
+    generators otherwise hold whatever their process did before. The training's own random
+    state is left as it was."""
+    cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+    with PreservedGenerators(), torch.random.fork_rng(devices=cuda), torch.no_grad():
+        seed_generators(CONTROL_SEED)
+        if cuda:
+            torch.cuda.manual_seed_all(CONTROL_SEED)
+        batch = to_device(task.collate(list(task.control_inputs())), device)
+        return json_values(task.predict(model, batch))
 
 
 def write_final(
@@ -138,12 +152,9 @@ def write_final(
 
     model.eval()
     try:
-        with torch.no_grad():
-            controls = list(task.control_inputs())
-            outputs = task.predict(model, to_device(task.collate(controls), device))
+        outputs = control_outputs(task, model, device)
     finally:
         model.train()
-    outputs = json_values(outputs)
     # tied weights stored once; an adapter alone, its base named and hashed
     tensors, aliases = stored_once(saved_state(model, task))
     metadata = {

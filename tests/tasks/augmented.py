@@ -124,3 +124,18 @@ class Undeclared(Augmented):
 
 def build_undeclared(config: dict[str, Any]) -> Undeclared:
     return Undeclared(config)
+
+
+class Jittered(Augmented):
+    """Predictions that carry the collate's noise in full (each example's logits): a replay
+    reproduces them only when both processes draw that noise alike."""
+
+    def predict(self, model: nn.Module, batch: dict[str, Any]) -> list[dict[str, Any]]:
+        records = super().predict(model, batch)
+        logits = self.outputs(model, batch).tolist()
+        return [{**record, "logits": values} for record, values in zip(records, logits,
+                                                                       strict=True)]  # fmt: skip
+
+
+def build_jittered(config: dict[str, Any]) -> Jittered:
+    return Jittered(config)
