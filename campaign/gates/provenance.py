@@ -95,15 +95,20 @@ def task_source(task_reference: str) -> dict[str, Any] | None:
 
 
 def git_state(task_reference: str) -> dict[str, Any] | None:
-    """The git revision of the task's folder, whether the tree is dirty, and its diff."""
+    """The git revision of the task's folder, whether the tree is dirty, and its diff. One
+    ``git status`` says both the revision and whether any tracked file differs from it; the
+    diff is asked for only then (every run records this: one git process, not three, in a
+    clean tree)."""
     found = task_source_files(task_reference)
     folder = found[0] if found else Path.cwd()
-    revision = _git(folder, "rev-parse", "HEAD")
-    if revision is None:
+    status = _git(folder, "status", "--porcelain=v2", "--branch", "--untracked-files=no")
+    lines = (status or "").splitlines()
+    revision = next((line.split()[2] for line in lines if line.startswith("# branch.oid ")), None)
+    if revision is None or revision == "(initial)":  # not a repository, or no commit yet
         return None
-    status = _git(folder, "status", "--porcelain", "--untracked-files=no") or ""
-    diff = _git(folder, "diff", "HEAD") or ""
-    state: dict[str, Any] = {"revision": revision.strip(), "dirty": bool(status.strip()),
+    dirty = any(not line.startswith("#") for line in lines)
+    diff = (_git(folder, "diff", "HEAD") or "") if dirty else ""
+    state: dict[str, Any] = {"revision": revision, "dirty": dirty,
                              "diff_sha256": hashlib.sha256(diff.encode()).hexdigest(),
                              "diff_bytes": len(diff.encode())}  # fmt: skip
     if len(diff.encode()) <= DIFF_LIMIT:
