@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from campaign.cli import main
 from campaign.ledger import Ledger
 from campaign.ledger.locality import filesystem_type, network_refusal
-from tests.launch_helpers import ROOT, event_counts, last_step, run, start, wait_for
+from tests.launch_helpers import ROOT, event_counts, invoke, last_step, run, start, wait_for
 from tests.loop_helpers import plan_quick
 
 SKIP = ("--skip-pilot", "--reason", "launcher test")
@@ -22,12 +22,14 @@ SKIP = ("--skip-pilot", "--reason", "launcher test")
 def test_workers_execute_every_run_exactly_once(
     ledger: Ledger, ledger_url: str, tmp_path: Path
 ) -> None:
-    """8 workers on PostgreSQL, 4 on SQLite, 100 planned runs: each runs once, none is left."""
+    """8 workers on PostgreSQL, 4 on SQLite, 100 planned runs: each runs once, none is left.
+    The launcher runs in this process (its own process is not what is tested: its workers are
+    real processes, and they join this process's task host as a launcher's workers do)."""
     workers = 8 if ledger.dialect == "postgresql" else 4
     run_ids = plan_quick(ledger, "many", runs=100, updates=2)
-    done = run(
+    done = invoke(
         ledger_url, "launch", "many", "--workers", str(workers), "--artifacts",
-        str(tmp_path / "artifacts"), "--no-replay-check", *SKIP, timeout=900,
+        str(tmp_path / "artifacts"), "--no-replay-check", *SKIP,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert "many: 100/100 done (completed 100)" in done.stderr
@@ -148,7 +150,7 @@ def test_sqlite_ledger_refused_when_another_host_holds_a_live_run(
         plan_quick(ledger, "shared", runs=2)
         ledger.claim_next("shared", "other-host:4242:cuda:0")
         before = len(ledger.events("shared"))
-    refused = run(sqlite_url, "worker", "shared", "--artifacts", str(tmp_path), *SKIP)
+    refused = invoke(sqlite_url, "worker", "shared", "--artifacts", str(tmp_path), *SKIP)
     assert refused.returncode == 3
     assert "other-host" in refused.stderr and "PostgreSQL" in refused.stderr
     assert refused.stderr.count("\n") == 1 and "Traceback" not in refused.stderr

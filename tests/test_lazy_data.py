@@ -34,26 +34,31 @@ name = "only"
 set = {{}}
 """
 
-# plan, pilot (the data gate and every phase), run: each a real command; the peak RSS of
-# every process they started (the run's own child included) is what RUSAGE_CHILDREN keeps.
+# plan, pilot (the data gate and every phase), run: each a real command, all in this one
+# process (click's runner), so that their children come from one task host, as a user's
+# commands each have theirs. The peak RSS of every process they started is what
+# RUSAGE_CHILDREN keeps once the host has ended (a host's reaped children count through it);
+# this process's own peak counts too (a command that read a whole split in its own process).
 WRAPPER = """
-import json, resource, subprocess, sys
+import json, resource, sys
+from click.testing import CliRunner
+from campaign.cli import main
+from campaign.host import client
 url, spec, artifacts = sys.argv[1:4]
-steps = [["plan", spec], ["pilot", "lazy"]]
-outputs = []
-for step in steps:
-    done = subprocess.run([sys.executable, "-m", "campaign", "--ledger", url, *step],
-                          capture_output=True, text=True)
-    outputs.append(done.stdout + done.stderr)
-    assert done.returncode == 0, outputs[-1][-3000:]  # the pilot's table names what failed
-run_id = json.loads(subprocess.run([sys.executable, "-m", "campaign", "--ledger", url, "runs",
-                                    "lazy", "--format", "json"], capture_output=True,
-                                   text=True).stdout)[0]["run_id"]
-done = subprocess.run([sys.executable, "-m", "campaign", "--ledger", url, "run", run_id,
-                       "--artifacts", artifacts], capture_output=True, text=True)
-assert done.returncode == 0, done.stderr[-3000:]
-print(json.dumps({"peak_kib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss,
-                  "pilot": outputs[1]}))
+
+def command(*args):
+    done = CliRunner().invoke(main, ["--ledger", url, *args])
+    assert done.exit_code == 0, (args, done.output[-3000:], done.exception)
+    return done
+
+command("plan", spec)
+pilot = command("pilot", "lazy").output  # its table names what failed
+run_id = json.loads(command("runs", "lazy", "--format", "json").stdout)[0]["run_id"]
+command("run", run_id, "--artifacts", artifacts)
+client.current().close()  # waited for: its peak, and its children's, are this process's now
+peaks = [resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF,
+                                                        resource.RUSAGE_CHILDREN)]
+print(json.dumps({"peak_kib": max(peaks), "pilot": pilot}))
 """
 
 

@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from campaign.ledger import Ledger
-from tests.launch_helpers import run as campaign_process
-from tests.launch_helpers import run_interrupt_resume
+from tests.launch_helpers import invoke, run_interrupt_resume
 from tests.loop_helpers import plan_loop
 
 TASK = "tests.tasks.augmented:build"
@@ -61,9 +60,9 @@ def test_a_worker_error_names_the_example_and_fails_the_run(
                               hold={"loop.loader_workers": 2})[0]  # fmt: skip
         dying = plan_loop(ledger, "dying", task="tests.tasks.augmented:build_dying",
                           hold={"loop.loader_workers": 2})[0]  # fmt: skip
-    for run_id in (broken, bad_index, dying):
-        done = campaign_process(sqlite_url, "run", run_id, "--artifacts", str(tmp_path / "a"),
-                    "--skip-pilot", "--reason", "loader test")  # fmt: skip
+    for run_id in (broken, bad_index, dying):  # each run in a fresh child of the task host
+        done = invoke(sqlite_url, "run", run_id, "--artifacts", str(tmp_path / "a"),
+                      "--skip-pilot", "--reason", "loader test")  # fmt: skip
         assert done.returncode == 1, done.stderr[-2000:]
     with Ledger.open(sqlite_url) as ledger:
         run, died = ledger.run(bad_index), ledger.run(dying)
@@ -99,7 +98,7 @@ def test_sampling_with_replacement_resumes_exactly_and_the_order_command_shows_i
     run_interrupt_resume(sqlite_url, artifacts, (plain,), cut, "loader test")
     with Ledger.open(sqlite_url) as ledger:
         assert _series(ledger, "drawn") == _series(ledger, "drawn-cut")
-    shown = campaign_process(sqlite_url, "order", plain, "--updates", "2:4", "--format", "json")
+    shown = invoke(sqlite_url, "order", plain, "--updates", "2:4", "--format", "json")
     assert shown.returncode == 0, shown.stderr
     rows = json.loads(shown.stdout)
     assert [r["update"] for r in rows] == [2, 3, 4]
@@ -112,7 +111,7 @@ def test_sampling_with_replacement_resumes_exactly_and_the_order_command_shows_i
     assert [r["microbatches"] for r in rows] == used[1:]
     ids = [i for r in rows for m in r["microbatches"] for i in m]
     assert len(ids) == 3 * 8  # 4 x 2 an update; drawn with replacement from 320
-    bad = campaign_process(sqlite_url, "order", plain, "--updates", "9:x")
+    bad = invoke(sqlite_url, "order", plain, "--updates", "9:x")
     assert bad.returncode == 2 and "expected FIRST:LAST" in bad.stderr
 
 

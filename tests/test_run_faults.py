@@ -5,27 +5,23 @@ the resume completes it exactly; a lock a run's process can wait out is waited o
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 from campaign.ledger import Ledger
 from campaign.loop.train import execute
+from tests.launch_helpers import in_process
 from tests.loop_helpers import plan_loop
 
-ROOT = Path(__file__).resolve().parents[1]
 FAULTY = "tests.tasks.faulty:build"
 
 
 def _run(url: str, run_id: str, artifacts: Path, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "campaign", "run", run_id, "--artifacts", str(artifacts),
-         "--skip-pilot", "--reason", "a fault of the world around the run"],
-        cwd=ROOT, env={**os.environ, "CAMPAIGN_LEDGER": url, **env}, capture_output=True,
-        text=True, timeout=300,
-    )  # fmt: skip
+    """``campaign run`` in this process (the run itself in a fresh child of the task host, which
+    takes the command's environment: the busy timeout reaches it)."""
+    return in_process("run", run_id, "--artifacts", str(artifacts), "--skip-pilot", "--reason",
+                      "a fault of the world around the run", env={"CAMPAIGN_LEDGER": url, **env})
 
 
 def _locked_from_update_5(url: str, tmp_path: Path, seconds: float) -> tuple[str, Any]:

@@ -38,9 +38,23 @@ from campaign.ledger.errors import (
     RefusedWrite,
 )
 
-# How long a SQLite writer waits for another's lock (``CAMPAIGN_SQLITE_BUSY_TIMEOUT_S``: a
-# shared file on slow storage may need more); a command gives up after one such wait.
-SQLITE_BUSY_TIMEOUT_S = float(os.environ.get("CAMPAIGN_SQLITE_BUSY_TIMEOUT_S") or 60.0)
+
+def sqlite_busy_timeout_s() -> float:
+    """How long a SQLite writer waits for another's lock (``CAMPAIGN_SQLITE_BUSY_TIMEOUT_S``, 60:
+    a shared file on slow storage may need more); a command gives up after one such wait. Read
+    when a connection is made, not when this module is imported: a run is a child of a task
+    host that imported it earlier, and it takes its requester's environment."""
+    value = os.environ.get("CAMPAIGN_SQLITE_BUSY_TIMEOUT_S") or "60"
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise LedgerError(f"CAMPAIGN_SQLITE_BUSY_TIMEOUT_S={value!r}: not a number of seconds "
+                          "above 0")  # fmt: skip
+    return seconds
+
+
 # A run's process waits out up to this many busy timeouts in a row (a lock held 75 s by a
 # colleague's shell must not end a day of training); then its run ends resumable.
 RUN_LOCK_ATTEMPTS = 5
@@ -149,7 +163,7 @@ def _sqlite_engine(url: URL, *, read_only: bool = False) -> Engine:
             f"directory {str(path.parent)!r} does not exist"
         )
     kwargs: dict[str, Any] = {
-        "connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_S, "check_same_thread": False}
+        "connect_args": {"timeout": sqlite_busy_timeout_s(), "check_same_thread": False}
     }
     if path is None:
         kwargs["poolclass"] = StaticPool  # one shared in-memory database
@@ -162,7 +176,7 @@ def _sqlite_engine(url: URL, *, read_only: bool = False) -> Engine:
         live = not mounted or any(path.with_name(path.name + s).exists() for s in ("-wal", "-shm"))
         uri = f"file:{quote(str(path))}?mode=ro" + ("" if live else "&immutable=1")
         kwargs["creator"] = lambda: sqlite3.connect(uri, uri=True, check_same_thread=False,
-                                                    timeout=SQLITE_BUSY_TIMEOUT_S)  # fmt: skip
+                                                    timeout=sqlite_busy_timeout_s())  # fmt: skip
     engine = create_engine(url, **kwargs)
     event.listen(engine, "connect", _sqlite_on_connect)
     event.listen(engine, "begin", _sqlite_on_begin)
@@ -205,7 +219,7 @@ def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
     # is always deferred and commits before DDL, both wrong here.
     dbapi_connection.isolation_level = None
     cursor = dbapi_connection.cursor()
-    cursor.execute(f"PRAGMA busy_timeout = {int(SQLITE_BUSY_TIMEOUT_S * 1000)}")
+    cursor.execute(f"PRAGMA busy_timeout = {int(sqlite_busy_timeout_s() * 1000)}")
     cursor.execute("PRAGMA foreign_keys = ON")
     # Safe in WAL mode: a crash may lose the last commits, never corrupt.
     cursor.execute("PRAGMA synchronous = NORMAL")
@@ -229,7 +243,7 @@ def enable_wal(engine: Engine) -> None:
     process may have switched it meanwhile)."""
     if engine.dialect.name != "sqlite" or sqlite_path(engine.url) is None:
         return
-    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_S
+    deadline = time.monotonic() + sqlite_busy_timeout_s()
     pause = 0.01
     with engine.connect() as conn:
         raw = conn.connection.dbapi_connection
@@ -315,7 +329,7 @@ def is_retryable(error: exc.DBAPIError) -> bool:
 
     SQLite's "database is locked" is not: write transactions begin IMMEDIATE,
     so it only surfaces after the busy timeout has already waited for the
-    lock (SQLITE_BUSY_TIMEOUT_S), and retrying would multiply that wait.
+    lock (``sqlite_busy_timeout_s``), and retrying would multiply that wait.
     """
     return getattr(error.orig, "sqlstate", None) in _RETRYABLE_SQLSTATES
 
@@ -338,7 +352,7 @@ def translate_error(error: exc.DBAPIError, url: URL, what: str) -> LedgerError:
     if "database is locked" in message:
         return LedgerUnreachable(
             f"ledger {where} stayed locked by another writer for over "
-            f"{SQLITE_BUSY_TIMEOUT_S:.0f} s while {what}"
+            f"{sqlite_busy_timeout_s():.0f} s while {what}"
         )
     if error.connection_invalidated or isinstance(error, exc.OperationalError):
         return LedgerUnreachable(f"ledger {where} unreachable while {what}: {message}")
