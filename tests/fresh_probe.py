@@ -8,6 +8,11 @@ import sys
 
 import tests.fresh_state as state
 
+
+def imported_at_start(names: list[str]) -> dict[str, bool]:
+    """Which of ``names`` a host's child has imported before it does anything (a call)."""
+    return {name: name in sys.modules for name in names}
+
 if __name__ == "__main__":
     print(json.dumps({
         "pid": os.getpid(), "cwd": os.getcwd(), "argv": sys.argv[1:],

@@ -264,3 +264,22 @@ def test_a_host_child_has_the_threads_a_fresh_interpreter_has(
     assert hosted == json.loads(fresh.stdout)
     if threads is not None:
         assert hosted["intra_op"] == 1
+
+
+def test_a_user_task_names_the_libraries_its_host_imports_once() -> None:
+    """A user's task module names libraries in ``PRELOAD``: the host reads the tuple from its
+    source and imports them before it forks, so every child starts with them (scikit-learn
+    would take each of them 1.5 s); the task's own module is never imported in the host (its
+    import-time code runs in a child). A task without ``PRELOAD`` preloads nothing."""
+    library, task = "tests.tasks.preloaded_library", "tests.tasks.preloading"
+    for _ in range(2):  # each child starts with the library
+        seen = calls.call("tests.fresh_probe:imported_at_start", [library, task],
+                          what="probing", task=f"{task}:build")  # fmt: skip
+        assert seen == {library: True, task: False}
+    assert calls.call("tests.fresh_probe:imported_at_start", ["tests.tasks.tied"],
+                      what="probing", task="tests.tasks.quick:build") == {"tests.tasks.tied": False}
+    from campaign.host.server import declared_preloads
+
+    assert declared_preloads(task) == [library]
+    assert declared_preloads("tests.tasks.quick") == []
+    assert declared_preloads("no.such.module") == []
