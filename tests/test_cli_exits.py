@@ -101,3 +101,16 @@ def test_pilot_exits_1_on_a_failing_gate(tmp_path: Path) -> None:
     assert result.exit_code == 1, result.output
     assert result.stderr.strip().endswith("FAILED")
     assert "fail" in result.stdout.splitlines()[2]  # the data phase's row
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-5"])
+def test_a_busy_timeout_that_is_not_seconds_is_one_ledger_error(
+    sqlite_ledger: Ledger, sqlite_url: str, value: str
+) -> None:
+    """Read when a connection is made (a run's process takes its command's value), never at
+    import: a bad value is exit 3 naming the variable, no traceback."""
+    result = CliRunner().invoke(main, ["--ledger", sqlite_url, "campaigns"],
+                                env={"CAMPAIGN_SQLITE_BUSY_TIMEOUT_S": value})  # fmt: skip
+    assert result.exit_code == 3, result.output
+    assert result.stderr == (f"campaign: ledger error: CAMPAIGN_SQLITE_BUSY_TIMEOUT_S={value!r}: "
+                             "not a number of seconds above 0\n")  # fmt: skip
