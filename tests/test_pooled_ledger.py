@@ -13,7 +13,7 @@ import pytest
 
 from campaign.ledger import Ledger
 from tests.conftest import REQUIRE_ALL
-from tests.launch_helpers import event_counts, run
+from tests.launch_helpers import event_counts, invoke
 from tests.loop_helpers import plan_quick
 
 BOUNCER_PORT = 6432
@@ -38,9 +38,9 @@ def test_workers_share_a_ledger_through_pgbouncer_in_transaction_mode(
 ) -> None:
     with Ledger.open(pooled_url, create=True) as ledger:  # migrations through the pooler
         run_ids = plan_quick(ledger, "pooled", runs=12, updates=3)
-        done = run(pooled_url, "launch", "pooled", "--workers", "3", "--artifacts",
-                   str(tmp_path / "art"), "--no-replay-check", "--skip-pilot", "--reason",
-                   "pooler test", timeout=600)  # fmt: skip
+        done = invoke(pooled_url, "launch", "pooled", "--workers", "3", "--artifacts",
+                      str(tmp_path / "art"), "--no-replay-check", "--skip-pilot", "--reason",
+                      "pooler test")  # fmt: skip
         assert done.returncode == 0, done.stderr[-2000:]
         runs = ledger.runs("pooled")
         assert sorted(runs["run_id"]) == sorted(run_ids) and set(runs["status"]) == {"completed"}
