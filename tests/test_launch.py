@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from campaign.cli import main
 from campaign.ledger import Ledger
 from campaign.ledger.locality import filesystem_type, network_refusal
-from tests.launch_helpers import ROOT, event_counts, invoke, last_step, run, start, wait_for
+from tests.launch_helpers import ROOT, event_counts, invoke, last_step, start, wait_for
 from tests.loop_helpers import plan_quick
 
 SKIP = ("--skip-pilot", "--reason", "launcher test")
@@ -95,8 +95,8 @@ def test_sigterm_to_launch_interrupts_running_runs(
     assert len(interrupted) == 2 and set(interrupted["stop_cause"]) == {"interrupted"}
     assert interrupted["stop_detail"].str.contains("SIGTERM").all()
 
-    resumed = run(ledger_url, "launch", "stop", "--workers", "2", "--artifacts", artifacts,
-                  "--no-replay-check", "--resume-interrupted")  # fmt: skip
+    resumed = invoke(ledger_url, "launch", "stop", "--workers", "2", "--artifacts", artifacts,
+                     "--no-replay-check", "--resume-interrupted")  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     runs = ledger.runs("stop")
     assert set(runs["status"]) == {"completed"}

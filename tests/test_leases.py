@@ -12,7 +12,7 @@ import pytest
 
 from campaign.ledger import Ledger
 from campaign.loop.train import execute
-from tests.launch_helpers import invoke, last_step, losses, run, start, wait_for
+from tests.launch_helpers import invoke, last_step, losses, start, wait_for
 from tests.loop_helpers import plan_quick
 
 # Short enough to keep the tests quick, long enough that a heartbeat thread starved by the
@@ -94,8 +94,8 @@ def test_stale_worker_woken_after_reclaim_writes_nothing_and_exits(
     sleeper.send_signal(signal.SIGSTOP)
     try:
         wait_for(lambda: _declared_lost(ledger, run_id), 30, "the run to be declared lost")
-        other = run(ledger_url, "worker", "stale", "--artifacts", artifacts, *LEASE,
-                    "--resume-lost", "--no-replay-check")  # fmt: skip
+        other = invoke(ledger_url, "worker", "stale", "--artifacts", artifacts, *LEASE,
+                       "--resume-lost", "--no-replay-check")  # fmt: skip
         assert other.returncode == 0, other.stderr[-2000:]
         assert ledger.run(run_id).status == "completed"
         segments = ledger.segments("stale")
