@@ -278,8 +278,22 @@ def test_a_user_task_names_the_libraries_its_host_imports_once() -> None:
         assert seen == {library: True, task: False}
     assert calls.call("tests.fresh_probe:imported_at_start", ["tests.tasks.tied"],
                       what="probing", task="tests.tasks.quick:build") == {"tests.tasks.tied": False}
-    from campaign.host.server import declared_preloads
+    from campaign.host.preloads import declared_preloads
 
     assert declared_preloads(task) == [library]
     assert declared_preloads("tests.tasks.quick") == []
     assert declared_preloads("no.such.module") == []
+
+
+def test_a_declared_library_that_exits_at_import_is_never_the_hosts() -> None:
+    """The host imports a user's declared library only after a probe child imported it and
+    exited 0: one that ends its process at import leaves the host serving, and is not tried
+    again; a ``PRELOAD`` that names the task's own module never imports it in the host."""
+    exiting, task = "tests.tasks.exiting_library", "tests.tasks.preloading_badly"
+    for _ in range(2):
+        seen = calls.call("tests.fresh_probe:imported_at_start", [exiting, task],
+                          what="probing", task=f"{task}:build")  # fmt: skip
+        assert seen == {exiting: False, task: False}
+    from campaign.host.preloads import declared_preloads
+
+    assert declared_preloads(task) == [exiting, task]  # an annotated assignment counts too

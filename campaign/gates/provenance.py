@@ -101,13 +101,16 @@ def git_state(task_reference: str) -> dict[str, Any] | None:
     clean tree)."""
     found = task_source_files(task_reference)
     folder = found[0] if found else Path.cwd()
-    status = _git(folder, "status", "--porcelain=v2", "--branch", "--untracked-files=no")
+    status = _git(folder, "status", "--porcelain=v2", "--branch", "--no-ahead-behind",
+                  "--untracked-files=no")  # fmt: skip
     lines = (status or "").splitlines()
     revision = next((line.split()[2] for line in lines if line.startswith("# branch.oid ")), None)
+    if status is None:  # status failed (a lock, its time limit): the revision, and the diff
+        revision = (_git(folder, "rev-parse", "HEAD") or "").strip() or None
     if revision is None or revision == "(initial)":  # not a repository, or no commit yet
         return None
     dirty = any(not line.startswith("#") for line in lines)
-    diff = (_git(folder, "diff", "HEAD") or "") if dirty else ""
+    diff = (_git(folder, "diff", "HEAD") or "") if dirty or status is None else ""
     state: dict[str, Any] = {"revision": revision, "dirty": dirty,
                              "diff_sha256": hashlib.sha256(diff.encode()).hexdigest(),
                              "diff_bytes": len(diff.encode())}  # fmt: skip

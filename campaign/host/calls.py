@@ -81,7 +81,7 @@ def start(target: str, args: Sequence[Any], *, follow: int | None = None,
           env: Mapping[str, str] | None = None, preload: Sequence[str] = ()) -> Child:  # fmt: skip
     """A child that calls ``target(*args)``, started now; the caller watches it. ``preload``:
     modules the host imports once before it forks (inherited by every later child); ``task``:
-    the task reference, whose declared preloads a built-in task's host imports the same way."""
+    the task reference, whose declared preloads the host imports the same way."""
     request = {"kind": "call", "target": target, "args": list(args), "cwd": os.getcwd(),
                "env": dict(os.environ if env is None else env), "path": list(sys.path),
                "result": str(result) if result else None, "follow": follow,
@@ -200,8 +200,8 @@ def run_module(
     """``python -m MODULE ARGS`` (``arguments`` = ["-m", MODULE, *ARGS]) in a fresh child, in
     the current directory; its answer (:func:`answer`, else stdout) parsed as one JSON
     document. ``answers_with``: the exit codes after which it answered (a check that fails may
-    still answer). ``task``: the task reference; a built-in task's declared preloads (its
-    transformers, seconds) are imported once in the host, so later checks start without them."""
+    still answer). ``task``: the task reference; its declared preloads (transformers,
+    seconds) are imported once in the host, so later checks start without them."""
     if arguments[:1] != ["-m"] or len(arguments) < 2:
         raise ValueError("run_module runs a module: arguments start with -m MODULE")
     environment = dict(os.environ if env is None else env)

@@ -15,7 +15,6 @@ they mean. Nothing is pickled: requests and answers are JSON lines.
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import importlib
 import json
@@ -27,9 +26,9 @@ import struct
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, NoReturn
 
+from campaign.host.preloads import Preloads
 from campaign.host.processes import kill_group
 
 # What every child needs; a request names more (a run: the loop; the pilot: its gates), imported
@@ -77,6 +76,7 @@ class Host:
         signal.set_wakeup_fd(wake_write)
         signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes the select through the pipe
         self.wake_write = wake_write
+        self.preloads = Preloads()  # what it imports before each fork
 
     def serve(self) -> None:
         while self._wanted():
@@ -168,20 +168,7 @@ class Host:
 
     def _start(self, requester: Connection, request: dict[str, Any]) -> None:
         ref = request.get("ref", 0)
-        path = import_path(request)
-        task = task_preloads(request.get("task"), path)
-        own = sys.path[:]
-        sys.path[:] = [*path, *(p for p in own if p not in path)]  # as the child will import
-        try:
-            for name in [*request.get("preload", ()), *own_module(request), *task]:
-                if name in sys.modules:
-                    continue
-                # Once here, inherited by every later child; one that fails (or exits) is
-                # left to fail where a child imports it, with the child's own error.
-                with contextlib.suppress(Exception, SystemExit):
-                    importlib.import_module(name)
-        finally:
-            sys.path[:] = own
+        self.preloads.before_fork(request)
         warm_caches()
         mine, theirs = socket.socketpair()
         try:
@@ -223,80 +210,6 @@ class Host:
         channels = {fd for c in self.connections.values() for fd in (c.read_fd, c.write_fd)}
         return sorted({self.wake_read, self.wake_write, *channels, *self._listening()}
                       - {0, 1, 2})  # fmt: skip
-
-
-def own_module(request: dict[str, Any]) -> list[str]:
-    """The project's own module a request runs (a call's target, a fresh check's module),
-    imported here once rather than in every child: a pilot's resume check or a run's replay
-    would otherwise import its part of the loop (a second or more) per check. Only
-    ``campaign.`` modules, which do nothing at import; a user's module is never imported here."""
-    name = request.get("module") if request.get("kind") == "module" else \
-        str(request.get("target", "")).partition(":")[0]
-    if not isinstance(name, str) or not name.startswith("campaign."):
-        return []
-    return [] if name.rsplit(".", 1)[-1] == "__main__" else [name]  # a __main__ runs a command
-
-
-def import_path(request: dict[str, Any]) -> list[str]:
-    """Where the child of ``request`` will import from: the requester's path (a call), else
-    the working directory and PYTHONPATH in front, as ``python -m`` has it (a module)."""
-    if request.get("path"):
-        return [str(p) for p in request["path"]]
-    extra = [p for p in str(request.get("env", {}).get("PYTHONPATH", "")).split(os.pathsep) if p]
-    return [str(request.get("cwd", "")), *extra, *sys.path[1:]]
-
-
-def task_preloads(task_reference: str | None, path: Sequence[str] | None = None) -> list[str]:
-    """What a task declares worth importing once per host: its module's ``PRELOAD``, a tuple
-    of module names (the causal-LM task's transformers, a user's scikit-learn: seconds in
-    every child otherwise). A built-in task's module is imported for it; a user's module never
-    is (its import-time side effects, a thread or an exit, belong in a child): its
-    ``PRELOAD`` is read from its source as a literal, found on the requester's ``path``
-    without importing the module or its packages. Only the modules it names are imported
-    here, on the task's word that they import as libraries do (no thread, no CUDA, no work)."""
-    module = (task_reference or "").split(":", 1)[0]
-    if not module:
-        return []
-    if not module.startswith("campaign.tasks."):
-        return declared_preloads(module, path)
-    try:
-        return [module, *getattr(importlib.import_module(module), "PRELOAD", ())]
-    except Exception:
-        return []
-
-
-def declared_preloads(module: str, path: Sequence[str] | None = None) -> list[str]:
-    """A module's ``PRELOAD = (...)`` read from its source file, found on ``path`` as the
-    import system finds a plain ``.py`` module (packages, namespace packages); nothing is
-    imported. [] when it declares none or is not such a file."""
-    try:  # never the host's end: a child that imports the task meets what is wrong
-        source = _source_file(module, list(path) if path else sys.path)
-        if source is None:
-            return []
-        tree = ast.parse(source.read_text(encoding="utf-8"))
-        for node in tree.body:
-            if isinstance(node, ast.Assign) and any(
-                    isinstance(t, ast.Name) and t.id == "PRELOAD" for t in node.targets):
-                names = ast.literal_eval(node.value)
-                if isinstance(names, (tuple, list)) and all(isinstance(n, str) for n in names):
-                    return list(names)
-    except Exception:
-        pass
-    return []
-
-
-def _source_file(module: str, path: Sequence[str]) -> Path | None:
-    *packages, name = module.split(".")
-    folders = [Path(entry or ".") for entry in path]
-    for package in packages:
-        found = [f / package for f in folders if (f / package).is_dir()]
-        regular = [f for f in found if (f / "__init__.py").is_file()]
-        folders = regular[:1] or found  # a regular package wins; else all namespace portions
-    for folder in folders:
-        for candidate in (folder / f"{name}.py", folder / name / "__init__.py"):
-            if candidate.is_file():
-                return candidate
-    return None
 
 
 def warm_caches() -> None:

@@ -38,6 +38,8 @@ from campaign.ledger.errors import (
     RefusedWrite,
 )
 
+MAX_BUSY_TIMEOUT_S = 2_000_000  # about 23 days; SQLite's busy timeout is a 32-bit ms count
+
 
 def sqlite_busy_timeout_s() -> float:
     """How long a SQLite writer waits for another's lock (``CAMPAIGN_SQLITE_BUSY_TIMEOUT_S``, 60:
@@ -49,9 +51,9 @@ def sqlite_busy_timeout_s() -> float:
         seconds = float(value)
     except ValueError:
         seconds = -1.0
-    if not seconds > 0:
+    if not 0 < seconds <= MAX_BUSY_TIMEOUT_S:  # nan and inf too; SQLite takes 32-bit ms
         raise LedgerError(f"CAMPAIGN_SQLITE_BUSY_TIMEOUT_S={value!r}: not a number of seconds "
-                          "above 0")  # fmt: skip
+                          f"above 0 and at most {MAX_BUSY_TIMEOUT_S:,}")  # fmt: skip
     return seconds
 
 

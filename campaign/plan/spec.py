@@ -227,7 +227,7 @@ def check_task_reference(reference: str, where: str) -> None:
 
     try:
         problem = calls.call(task_reference_problem, reference, what="importing the task",
-                             task=reference)  # a built-in task's preloads: once a host
+                             task=reference)  # the task's preloads: once a host
     except TaskContractError as error:
         problem = str(error)
     if problem is not None:

@@ -1,0 +1,179 @@
+"""What the task host imports before it forks a child, so that no child imports it again.
+
+The host imports, once each and on the requester's import path: what a request names (a
+run's loop), the project's own module it runs, a built-in task's ``PRELOAD``, and the
+libraries a user's task names in its ``PRELOAD``. A user's task module itself is never
+imported here (its import-time code, a thread or an exit, belongs in a child): its
+``PRELOAD`` is read from its source as a literal. The libraries it names are user-chosen
+code, so before the host imports them a probe child imports them first, within
+``PROBE_LIMIT_S``: one that hangs, exits, fails or prints at import is never imported
+here (the children import it themselves, each with its own time limit and error), and the
+verdict is kept for the host's life. What a preload prints goes to the host's stderr (its
+answer channel is not fd 1: see :func:`campaign.host.server.main`).
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import importlib
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from campaign.host.processes import die_with_parent
+
+PROBE_LIMIT_S = 60.0  # a user's declared library that takes longer to import is not preloaded
+
+
+class Preloads:
+    """The host's imports before each fork, and its verdicts on a user's declared libraries."""
+
+    def __init__(self) -> None:
+        self.verdicts: dict[str, bool] = {}  # a user's declared library -> safe to import here
+
+    def before_fork(self, request: dict[str, Any]) -> None:
+        path = import_path(request)
+        builtin, declared = task_preloads(request.get("task"), path)
+        names = [*request.get("preload", ()), *own_module(request), *builtin]
+        with _importing_from(path):
+            for name in names:
+                _import(name)
+            for name in declared:
+                if name in sys.modules:
+                    continue
+                if name not in self.verdicts:
+                    self.verdicts[name] = _imports_cleanly(name)
+                if self.verdicts[name]:
+                    _import(name)
+
+
+def own_module(request: dict[str, Any]) -> list[str]:
+    """The project's own module a request runs (a call's target, a fresh check's module),
+    imported here once rather than in every child: a pilot's resume check or a run's replay
+    would otherwise import its part of the loop (a second or more) per check. Only
+    ``campaign.`` modules, which do nothing at import; a user's module is never imported here."""
+    name = request.get("module") if request.get("kind") == "module" else \
+        str(request.get("target", "")).partition(":")[0]
+    if not isinstance(name, str) or not name.startswith("campaign."):
+        return []
+    return [] if name.rsplit(".", 1)[-1] == "__main__" else [name]  # a __main__ runs a command
+
+
+def import_path(request: dict[str, Any]) -> list[str]:
+    """Where the child of ``request`` will import from, relative entries made absolute in the
+    requester's directory (the child works there): the requester's path (a call), else the
+    directory and PYTHONPATH in front of the host's own, as ``python -m`` has it (a module)."""
+    cwd = str(request.get("cwd") or os.getcwd())
+    if request.get("path"):
+        entries = [str(p) for p in request["path"]]
+    else:
+        pythonpath = str(request.get("env", {}).get("PYTHONPATH", ""))
+        entries = [cwd, *[p for p in pythonpath.split(os.pathsep) if p], *sys.path[1:]]
+    return [os.path.join(cwd, entry) if not os.path.isabs(entry) else entry
+            for entry in entries]  # fmt: skip
+
+
+def task_preloads(task_reference: str | None,
+                  path: Sequence[str]) -> tuple[list[str], list[str]]:  # fmt: skip
+    """(a built-in task's module and its ``PRELOAD``, the libraries a user's task names in
+    its ``PRELOAD``): the causal-LM task's transformers, a user's scikit-learn, seconds in
+    every child otherwise. A user's names never include its task module or its packages."""
+    module = (task_reference or "").split(":", 1)[0]
+    if not module:
+        return [], []
+    if module.startswith("campaign.tasks."):
+        try:
+            return [module, *getattr(importlib.import_module(module), "PRELOAD", ())], []
+        except Exception:
+            return [], []
+    own = {".".join(module.split(".")[:depth]) for depth in range(1, module.count(".") + 2)}
+    return [], [name for name in declared_preloads(module, path) if name not in own]
+
+
+def declared_preloads(module: str, path: Sequence[str] | None = None) -> list[str]:
+    """A module's ``PRELOAD`` (a tuple or list of module names, assigned as a literal at its
+    top level; the last assignment counts, as at run time) read from its source file, found
+    on ``path`` as the import system finds a ``.py`` module; nothing imported. [] when it
+    declares none or is not such a file."""
+    found: list[str] = []
+    try:  # never the host's end: a child that imports the task meets what is wrong
+        source = _source_file(module, list(path) if path else sys.path)
+        if source is None:
+            return []
+        for node in ast.parse(source.read_text(encoding="utf-8")).body:
+            target = node.targets if isinstance(node, ast.Assign) else \
+                [node.target] if isinstance(node, ast.AnnAssign) and node.value else []
+            if any(isinstance(t, ast.Name) and t.id == "PRELOAD" for t in target):
+                names = ast.literal_eval(node.value)  # type: ignore[union-attr, arg-type]
+                ok = isinstance(names, (tuple, list)) and all(isinstance(n, str) for n in names)
+                found = list(names) if ok else []
+    except Exception:
+        return []
+    return found
+
+
+def _source_file(module: str, path: Sequence[str]) -> Path | None:
+    *packages, name = module.split(".")
+    folders = [Path(entry or ".") for entry in path]
+    for package in packages:
+        found = [f / package for f in folders if (f / package).is_dir()]
+        regular = [f for f in found if (f / "__init__.py").is_file()]
+        folders = regular[:1] or found  # a regular package wins; else all namespace portions
+    for folder in folders:  # in one folder a package wins over a module of the same name
+        for candidate in (folder / name / "__init__.py", folder / f"{name}.py"):
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+@contextlib.contextmanager
+def _importing_from(path: list[str]) -> Iterator[None]:
+    """The requester's import path for the block (the host's own restored after)."""
+    own = sys.path[:]
+    try:
+        sys.path[:] = path
+        yield
+    finally:
+        sys.path[:] = own
+
+
+def _import(name: str) -> None:
+    if name in sys.modules:
+        return
+    # Once here, inherited by every later child; one that fails (or exits) is left to fail
+    # where a child imports it, with the child's own error.
+    with contextlib.suppress(Exception, SystemExit):
+        importlib.import_module(name)
+
+
+def _imports_cleanly(name: str) -> bool:
+    """Whether a forked probe imports ``name`` within ``PROBE_LIMIT_S`` and exits 0: only then
+    does the host import it itself."""
+    pid = os.fork()
+    if pid == 0:  # the probe: nothing of the host's to touch, its own output discarded
+        code = 1
+        try:
+            if not die_with_parent():
+                os._exit(1)
+            nothing = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(nothing, fd)
+            importlib.import_module(name)
+            code = 0
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + PROBE_LIMIT_S
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status) == 0
+        time.sleep(0.01)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return False
