@@ -37,6 +37,12 @@ class Preloads:
         self.verdicts: dict[str, bool] = {}  # a user's declared library -> safe to import here
 
     def before_fork(self, request: dict[str, Any]) -> None:
+        """Import what the child of ``request`` would import first; never raises (a child that
+        needs what failed here imports it itself, and fails there with its own error)."""
+        with contextlib.suppress(Exception):
+            self._import_for(request)
+
+    def _import_for(self, request: dict[str, Any]) -> None:
         path = import_path(request)
         builtin, declared = task_preloads(request.get("task"), path)
         names = [*request.get("preload", ()), *own_module(request), *builtin]
@@ -154,7 +160,10 @@ def _import(name: str) -> None:
 def _imports_cleanly(name: str) -> bool:
     """Whether a forked probe imports ``name`` within ``PROBE_LIMIT_S`` and exits 0: only then
     does the host import it itself."""
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError:
+        return False
     if pid == 0:  # the probe: nothing of the host's to touch, its own output discarded
         code = 1
         try:
