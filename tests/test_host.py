@@ -297,3 +297,46 @@ def test_a_declared_library_that_exits_at_import_is_never_the_hosts() -> None:
     from campaign.host.preloads import declared_preloads
 
     assert declared_preloads(task) == [exiting, task]  # an annotated assignment counts too
+
+
+def test_a_declared_preload_is_found_as_python_finds_the_module(tmp_path: Path) -> None:
+    """Read from the source without importing: a package wins over a module of one name, a
+    regular package over a namespace portion, the last top-level assignment counts (annotated
+    too), anything but a literal tuple or list of names declares nothing, and relative path
+    entries are the requester's directory's."""
+    from campaign.host.preloads import declared_preloads, import_path, task_preloads
+
+    (tmp_path / "study").mkdir()
+    (tmp_path / "study" / "__init__.py").write_text("raise SystemExit('never imported')\n")
+    (tmp_path / "study" / "task.py").write_text('PRELOAD = ("a",)\nPRELOAD: tuple = ("b", "c")\n')
+    (tmp_path / "study" / "twin").mkdir()
+    (tmp_path / "study" / "twin" / "__init__.py").write_text('PRELOAD = ["package"]\n')
+    (tmp_path / "study" / "twin.py").write_text('PRELOAD = ["module"]\n')
+    (tmp_path / "study" / "odd.py").write_text('PRELOAD = tuple(["x"])\n')
+    (tmp_path / "study" / "inside.py").write_text(
+        'PRELOAD = ("study.inside.helpers", "study", "d")\n')
+    assert declared_preloads("study.task", [str(tmp_path)]) == ["b", "c"]
+    assert declared_preloads("study.twin", [str(tmp_path)]) == ["package"]
+    assert declared_preloads("study.odd", [str(tmp_path)]) == []
+    assert task_preloads("study.inside:build", [str(tmp_path)]) == ([], ["d"])  # never its own
+    path = import_path({"cwd": str(tmp_path), "path": ["relative", "/abs"]})
+    assert path[:2] == [str(tmp_path / "relative"), "/abs"] and str(tmp_path) in path
+    assert "study" not in sys.modules
+
+
+@pytest.mark.parametrize("body", ["import time\ntime.sleep(30)\n", "import os\nos._exit(0)\n",
+                                  "raise ImportError('no')\n"])  # fmt: skip
+def test_a_probe_that_hangs_exits_or_fails_says_no(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str
+) -> None:
+    """The host imports a declared library only when its probe imported it within the limit
+    and exited 0 on its own: a hang (killed at the limit), an exit at import, a failure."""
+    from campaign.host import preloads
+
+    (tmp_path / "probed_library.py").write_text(body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(preloads, "PROBE_LIMIT_S", 1.0)
+    began = time.monotonic()
+    assert preloads._imports_cleanly("probed_library") is False
+    assert time.monotonic() - began < 10
+    assert "probed_library" not in sys.modules

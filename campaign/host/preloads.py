@@ -6,10 +6,11 @@ libraries a user's task names in its ``PRELOAD``. A user's task module itself is
 imported here (its import-time code, a thread or an exit, belongs in a child): its
 ``PRELOAD`` is read from its source as a literal. The libraries it names are user-chosen
 code, so before the host imports them a probe child imports them first, within
-``PROBE_LIMIT_S``: one that hangs, exits, fails or prints at import is never imported
-here (the children import it themselves, each with its own time limit and error), and the
-verdict is kept for the host's life. What a preload prints goes to the host's stderr (its
-answer channel is not fd 1: see :func:`campaign.host.server.main`).
+``PROBE_LIMIT_S``: one that hangs, exits or fails at import is never imported here (the
+children import it themselves, each with its own time limit and error), and the verdict is
+kept for the host's life; the host serves nothing meanwhile (up to 60 s, once a library).
+What a preload prints goes to the host's stderr (its answer channel is not fd 1: see
+:func:`campaign.host.server.main`).
 """
 
 from __future__ import annotations
@@ -25,9 +26,12 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from campaign.host.processes import die_with_parent
+from campaign.host.processes import die_with_parent, kill_group
 
 PROBE_LIMIT_S = 60.0  # a user's declared library that takes longer to import is not preloaded
+IMPORTED = 57  # the probe's exit code once the import returned (not one a library exits with)
+WATCHED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2,
+                   signal.SIGCHLD)  # fmt: skip
 
 
 class Preloads:
@@ -80,6 +84,8 @@ def import_path(request: dict[str, Any]) -> list[str]:
     else:
         pythonpath = str(request.get("env", {}).get("PYTHONPATH", ""))
         entries = [cwd, *[p for p in pythonpath.split(os.pathsep) if p], *sys.path[1:]]
+    if cwd not in entries and "" not in entries:
+        entries.append(cwd)  # where a task in the working directory is found (as load_factory)
     return [os.path.join(cwd, entry) if not os.path.isabs(entry) else entry
             for entry in entries]  # fmt: skip
 
@@ -98,7 +104,8 @@ def task_preloads(task_reference: str | None,
         except Exception:
             return [], []
     own = {".".join(module.split(".")[:depth]) for depth in range(1, module.count(".") + 2)}
-    return [], [name for name in declared_preloads(module, path) if name not in own]
+    return [], [name for name in declared_preloads(module, path)
+                if name not in own and not name.startswith(module + ".")]  # fmt: skip
 
 
 def declared_preloads(module: str, path: Sequence[str] | None = None) -> list[str]:
@@ -139,13 +146,23 @@ def _source_file(module: str, path: Sequence[str]) -> Path | None:
 
 @contextlib.contextmanager
 def _importing_from(path: list[str]) -> Iterator[None]:
-    """The requester's import path for the block (the host's own restored after)."""
+    """The requester's import path for the block; the host's own path, signal handlers and
+    wake-up fd restored after (a library that installs a SIGTERM or SIGCHLD handler at import
+    must not change what the host ignores or how it learns of its children's ends)."""
     own = sys.path[:]
+    handlers = {signum: signal.getsignal(signum) for signum in WATCHED_SIGNALS}
+    wake = signal.set_wakeup_fd(-1)
+    signal.set_wakeup_fd(wake)
     try:
         sys.path[:] = path
         yield
     finally:
         sys.path[:] = own
+        for signum, handler in handlers.items():
+            with contextlib.suppress(TypeError, ValueError, OSError):
+                signal.signal(signum, handler)
+        with contextlib.suppress(ValueError, OSError):
+            signal.set_wakeup_fd(wake)
 
 
 def _import(name: str) -> None:
@@ -158,31 +175,44 @@ def _import(name: str) -> None:
 
 
 def _imports_cleanly(name: str) -> bool:
-    """Whether a forked probe imports ``name`` within ``PROBE_LIMIT_S`` and exits 0: only then
-    does the host import it itself."""
+    """Whether a forked probe imports ``name`` within ``PROBE_LIMIT_S`` and returns from the
+    import (its own exit code, so a library that exits 0 at import does not pass): only then
+    does the host import it itself. (Threads are not counted: a numerical library's BLAS
+    pool starts at import, as numpy's and torch's own do in the host.)"""
     try:
         pid = os.fork()
     except OSError:
         return False
-    if pid == 0:  # the probe: nothing of the host's to touch, its own output discarded
+    if pid == 0:  # the probe: its own group, none of the host's fds, its output discarded
         code = 1
         try:
+            os.setpgid(0, 0)
             if not die_with_parent():
                 os._exit(1)
+            signal.set_wakeup_fd(-1)
             nothing = os.open(os.devnull, os.O_RDWR)
             for fd in (0, 1, 2):
                 os.dup2(nothing, fd)
+            os.closerange(3, os.sysconf("SC_OPEN_MAX"))
             importlib.import_module(name)
-            code = 0
+            code = IMPORTED
         finally:
             os._exit(code)
+    with contextlib.suppress(OSError):
+        os.setpgid(pid, pid)
     deadline = time.monotonic() + PROBE_LIMIT_S
     while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
+        try:
+            done, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:  # reaped elsewhere (SIGCHLD ignored): no verdict to read
+            return False
         if done:
-            return os.waitstatus_to_exitcode(status) == 0
+            return os.waitstatus_to_exitcode(status) == IMPORTED
         time.sleep(0.01)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
+    kill_group(pid)
+    for _ in range(100):  # a probe stuck in the kernel (a dead mount) is left to _reap
+        with contextlib.suppress(ChildProcessError):
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                break
+        time.sleep(0.01)
     return False
