@@ -30,10 +30,7 @@ from typing import Any, NoReturn
 
 from campaign.host import client
 from campaign.host.client import THREAD_VARIABLES
-from campaign.host.processes import die_with_parent, follow
-
-DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2,
-                   signal.SIGCHLD)  # fmt: skip
+from campaign.host.processes import HOST_SIGNALS, follow, leave_host
 
 
 def become(request: dict[str, Any], connection: int, host_fds: Sequence[int],
@@ -41,11 +38,9 @@ def become(request: dict[str, Any], connection: int, host_fds: Sequence[int],
     """The child from the fork to ``os._exit``: it never returns into the host's loop."""
     code = 1
     try:
-        os.setpgid(0, 0)
-        if not die_with_parent():
+        if not leave_host():
             os._exit(1)
-        signal.set_wakeup_fd(-1)
-        for signum in DEFAULT_SIGNALS:
+        for signum in HOST_SIGNALS:
             signal.signal(signum, signal.SIG_DFL)
         # No signal blocked: a parent may block some (a Ray worker blocks SIGINT), and a mask
         # is inherited through fork and exec; the run must receive what its supervisor sends.

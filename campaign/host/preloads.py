@@ -26,12 +26,10 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from campaign.host.processes import die_with_parent, kill_group
+from campaign.host.processes import HOST_SIGNALS, kill_group, leave_host
 
 PROBE_LIMIT_S = 60.0  # a user's declared library that takes longer to import is not preloaded
 IMPORTED = 57  # the probe's exit code once the import returned (not one a library exits with)
-WATCHED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2,
-                   signal.SIGCHLD)  # fmt: skip
 
 
 class Preloads:
@@ -150,7 +148,7 @@ def _importing_from(path: list[str]) -> Iterator[None]:
     wake-up fd restored after (a library that installs a SIGTERM or SIGCHLD handler at import
     must not change what the host ignores or how it learns of its children's ends)."""
     own = sys.path[:]
-    handlers = {signum: signal.getsignal(signum) for signum in WATCHED_SIGNALS}
+    handlers = {signum: signal.getsignal(signum) for signum in HOST_SIGNALS}
     wake = signal.set_wakeup_fd(-1)
     signal.set_wakeup_fd(wake)
     try:
@@ -186,10 +184,8 @@ def _imports_cleanly(name: str) -> bool:
     if pid == 0:  # the probe: its own group, none of the host's fds, its output discarded
         code = 1
         try:
-            os.setpgid(0, 0)
-            if not die_with_parent():
+            if not leave_host():
                 os._exit(1)
-            signal.set_wakeup_fd(-1)
             nothing = os.open(os.devnull, os.O_RDWR)
             for fd in (0, 1, 2):
                 os.dup2(nothing, fd)

@@ -15,6 +15,12 @@ import signal
 import threading
 import time
 
+# What a scheduler sends and the host ignores (only the supervisor interprets them), and the
+# child-ended signal the host's loop wakes on: a child takes back their default actions, a
+# preload may not change them in the host.
+SCHEDULER_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1,
+                     signal.SIGUSR2)  # fmt: skip
+HOST_SIGNALS = (*SCHEDULER_SIGNALS, signal.SIGCHLD)
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -76,6 +82,17 @@ def die_with_parent() -> bool:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     return os.getppid() == parent
+
+
+def leave_host() -> bool:
+    """The first steps of any process the host forks (a child, a preload's probe): lead its
+    own process group, die with the host, and stop writing to the host's wake-up pipe. False
+    when the host is gone already (the caller then exits)."""
+    os.setpgid(0, 0)
+    if not die_with_parent():
+        return False
+    signal.set_wakeup_fd(-1)
+    return True
 
 
 def follow(parent: int, *, stop_with_it: bool) -> None:

@@ -29,12 +29,11 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from campaign.host.preloads import Preloads
-from campaign.host.processes import kill_group
+from campaign.host.processes import SCHEDULER_SIGNALS, kill_group
 
 # What every child needs; a request names more (a run: the loop; the pilot: its gates), imported
 # once on the first request that names them and inherited by every later child.
 PRELOAD = ("torch", "campaign.host.child")
-IGNORED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 OWNER_POLL_S = 0.5
 
 
@@ -225,7 +224,7 @@ def warm_caches() -> None:
 def main(owner: int, preload: Sequence[str] = (), listener: int | None = None) -> None:
     """Serve ``owner`` (and the members that join through the socket ``listener``, an fd the
     owner bound and passed) after importing ``PRELOAD`` and ``preload``."""
-    for signum in IGNORED_SIGNALS:
+    for signum in SCHEDULER_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
     # Ignored, not blocked: a mask inherited from the owner (a Ray worker blocks SIGINT) would
     # also be every child's until it clears its own; SIGCHLD must reach the loop.
