@@ -42,7 +42,7 @@ def _replay(folder: str, saved: int) -> int:
     expected = load_file(os.path.join(folder, "bare-outputs.safetensors"))["outputs"]
     with torch.no_grad():
         return 0 if torch.equal(task.outputs(replayed, task.collate(task.splits()["val"])),
-                                expected) else 1  # fmt: skip
+                                expected) else 1
 
 
 def _start_replay(folder: str) -> tuple[int, int]:

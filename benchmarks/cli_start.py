@@ -42,7 +42,7 @@ LIMITS = {"campaign --help": ("import click", 2.0),
           "campaign runs": ("import sqlalchemy", 2.5),
           "campaign plan --dry-run": ("import torch; import study_task", 1.3),
           "campaign run (100 updates)": ("bare_run.py (100 updates)", 1.5),
-          "launch: first update": ("import torch", 1.5)}  # fmt: skip
+          "launch: first update": ("import torch", 1.5)}
 GAP_LIMIT_S = 0.1
 
 
@@ -55,7 +55,7 @@ def _campaign() -> list[str]:
 def _runner(command: list[str], env: dict[str, str], cwd: Path) -> object:
     def run() -> None:
         subprocess.run(command, env=env, cwd=cwd, check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     return run
 
@@ -64,7 +64,7 @@ def _skeleton(root: Path, env: dict[str, str], rounds: int) -> tuple[Path, list[
     """The ``campaign init`` skeleton with one seed per round, planned and piloted."""
     campaign = _campaign()
     subprocess.run([*campaign, "init", "study"], env=env, cwd=root, check=True,
-                   capture_output=True)  # fmt: skip
+                   capture_output=True)
     folder = root / "study"
     spec = (folder / "spec.toml").read_text()
     seeds = ", ".join(str(i) for i in range(rounds))
@@ -72,11 +72,11 @@ def _skeleton(root: Path, env: dict[str, str], rounds: int) -> tuple[Path, list[
     (folder / "spec.toml").write_text(spec)
     skeleton_env = {**env, "CAMPAIGN_LEDGER": f"sqlite:///{folder / 'campaign.db'}"}
     subprocess.run([*campaign, "plan", "spec.toml"], env=skeleton_env, cwd=folder, check=True,
-                   capture_output=True)  # fmt: skip
+                   capture_output=True)
     subprocess.run([*campaign, "pilot", "study"], env=skeleton_env, cwd=folder, check=True,
-                   capture_output=True)  # fmt: skip
+                   capture_output=True)
     listed = subprocess.run([*campaign, "runs", "study", "--format", "json"], env=skeleton_env,
-                            cwd=folder, check=True, capture_output=True, text=True)  # fmt: skip
+                            cwd=folder, check=True, capture_output=True, text=True)
     import json
 
     runs = [r["run_id"] for r in json.loads(listed.stdout) if r["variant"] == "lr-1e-2"]
@@ -94,7 +94,7 @@ def _launch_figures(root: Path, env: dict[str, str]) -> tuple[float, float]:
     url = f"sqlite:///{folder / 'campaign.db'}"
     started = time.time()
     subprocess.run([*_campaign(), "launch", "study", "--workers", "2"], cwd=folder, check=True,
-                   env={**env, "CAMPAIGN_LEDGER": url}, capture_output=True)  # fmt: skip
+                   env={**env, "CAMPAIGN_LEDGER": url}, capture_output=True)
     with Ledger.open(url) as ledger:
         runs = ledger.runs("study")
         launched = runs[runs["variant"] == "lr-3e-2"]
@@ -119,7 +119,7 @@ def main() -> int:
         env = {**os.environ, "CAMPAIGN_LEDGER": f"sqlite:///{cwd / 'ledger.db'}"}
         campaign = _campaign()
         subprocess.run([*campaign, "plan", str(ROOT / "examples" / "digits-lr.toml")],
-                       env=env, cwd=cwd, check=True, capture_output=True)  # fmt: skip
+                       env=env, cwd=cwd, check=True, capture_output=True)
         name = "digits-lr"
         approaches = {
             "import click": [sys.executable, "-c", "import click"],
@@ -142,12 +142,12 @@ def main() -> int:
             "campaign plan --dry-run": [*campaign, "plan", "spec.toml", "--dry-run"],
             "bare_run.py (100 updates)": [sys.executable, str(ROOT / "benchmarks" /
                                                               "bare_run.py"), str(skeleton)],
-        }  # fmt: skip
+        }
         rounds = {label: _runner(command, skeleton_env, skeleton)
-                  for label, command in hosted.items()}  # fmt: skip
+                  for label, command in hosted.items()}
         rounds["campaign run (100 updates)"] = lambda: subprocess.run(
             [*campaign, "run", queue.pop(0)], env=skeleton_env, cwd=skeleton, check=True,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         medians |= interleaved(rounds, args.host_rounds)
         first, gap = _launch_figures(cwd, env)
         medians["launch: first update"] = first

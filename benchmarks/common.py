@@ -38,7 +38,7 @@ def plan_runs(ledger: Ledger, name: str, runs: int, config_keys: int = 6) -> lis
         name, question="benchmark", task="bench:build", spec={"name": name},
         variants=[NewVariant("control", True, {})],
         runs=[NewRun("control", seed, {**config, "seed": seed}) for seed in range(runs)],
-    )  # fmt: skip
+    )
     return list(record.run_ids)
 
 
@@ -58,4 +58,4 @@ def report(title: str, medians: dict[str, float], baseline: str, work: int, unit
     for name, seconds in medians.items():
         rate = work / seconds if seconds else float("inf")
         print(f"  {name:<48} {seconds * 1000:9.1f} ms  {rate:12,.0f} {unit}/s  "
-              f"{base / seconds:5.2f}x of {baseline}")  # fmt: skip
+              f"{base / seconds:5.2f}x of {baseline}")

@@ -27,7 +27,7 @@ import common  # noqa: F401  (puts the project on sys.path)
 import psycopg
 
 from campaign.ledger import Ledger
-from tests.loop_helpers import plan_quick  # the suite's tiny planned runs
+from tests.support.loop_helpers import plan_quick  # the suite's tiny planned runs
 
 ROOT = Path(__file__).resolve().parents[1]
 ADMIN = "postgresql://postgres@127.0.0.1:5432/test"
@@ -49,7 +49,7 @@ def one(executor: str, runs: int) -> tuple[float, float]:
                  "--no-replay-check", "--skip-pilot", "--reason", "benchmark"],
                 cwd=ROOT, capture_output=True, text=True, timeout=900,
                 env={**os.environ, "OMP_NUM_THREADS": "1"},
-            )  # fmt: skip
+            )
             assert done.returncode == 0, done.stderr[-2000:]
         with Ledger.open(url) as ledger:
             segments = ledger.segments("gap").sort_values("started_at")
@@ -70,7 +70,7 @@ def main() -> None:
     parser.add_argument("--executors", default="local,slurm,ray")
     args = parser.parse_args()
     print(f"{args.runs} runs of 2 updates, one worker; median gap between two runs on it, "
-          "and the launch's start to the first run's start")  # fmt: skip
+          "and the launch's start to the first run's start")
     results = {}
     for executor in args.executors.split(","):
         results[executor] = one(executor, args.runs)

@@ -81,7 +81,7 @@ def main() -> None:
     ways = ("per-example restore", "per-update restore", "declared")
     times = interleaved({"collate": plain, "per-example restore": per_example,
                          "per-update restore": per_update, "declared": declared},
-                        args.rounds)  # fmt: skip
+                        args.rounds)
     base = times["collate"]
     print(f"digits, {BATCH} examples an update, {args.rounds} interleaved rounds (medians)")
     print(f"  collate alone:        {base * 1e3:8.3f} ms")

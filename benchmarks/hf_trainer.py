@@ -30,14 +30,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 
 from campaign.tasks.causal_lm.instructions import write_splits
-from tests.hf_trainer import campaign_run, parity_config, trainer_run
+from tests.support.hf_trainer import campaign_run, parity_config, trainer_run
 
 MODELS = {  # 121k and 3.3M parameters with the 300-token vocabulary, as in the issue
     "small": {"max_position_embeddings": 128, "hidden_size": 64, "intermediate_size": 128,
               "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4},
     "large": {"max_position_embeddings": 128, "hidden_size": 256, "intermediate_size": 688,
               "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 4},
-}  # fmt: skip
+}
 
 
 KINDS = {"campaign": "campaign loop, in process", "trainer": "transformers.Trainer",
@@ -53,7 +53,7 @@ def per_update(stamps: list[float]) -> tuple[float, float]:
 
 
 def one(key: str, folder: Path, name: str, spec: dict[str, Any], resolved: dict[str, Any]
-        ) -> dict[str, Any]:  # fmt: skip
+        ) -> dict[str, Any]:
     """One run by approach ``key``, in its own new ledger."""
     if key == "trainer":
         return trainer_run(resolved, folder / f"hf-{name}")
@@ -91,7 +91,7 @@ def main() -> None:
                              {"adapter": "lora", "lora_rank": 8} if adapter else {})
         warm = f"{model}-{'lora' if adapter else 'full'}"  # trains the tokenizer, fills caches
         resolved, _ = campaign_run(f"sqlite:///{folder / (warm + '.db')}", folder / "artifacts",
-                                   warm, spec, 3)  # fmt: skip
+                                   warm, spec, 3)
         resolved["budget"]["updates"] = args.updates
         for index in range(args.rounds):  # each approach once a round, in a rotating order
             name = f"{warm}-{index}"

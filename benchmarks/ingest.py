@@ -75,7 +75,7 @@ def sqlite_bench(count: int, rounds: int) -> None:
         def run() -> None:
             claim = next(claims)
             with ledger.metric_writer(claim.run_id, claim.segment_id, batch_size=batch_size,
-                                      interval_s=3600) as w:  # fmt: skip
+                                      interval_s=3600) as w:
                 log_points(w, count)
 
         return run
@@ -83,7 +83,7 @@ def sqlite_bench(count: int, rounds: int) -> None:
     def writer_flush_only() -> None:
         claim = next(claims)
         w = ledger.metric_writer(claim.run_id, claim.segment_id, batch_size=count + 1,
-                                 interval_s=3600)  # fmt: skip
+                                 interval_s=3600)
         w._buffer = points(claim.run_id, claim.segment_id, count)  # the same prebuilt tuples
         w.close()
 
@@ -91,7 +91,7 @@ def sqlite_bench(count: int, rounds: int) -> None:
         claim = next(claims)
         names = ("run_id", "segment_id", "key", "step", "value", "examples_seen", "wall_time")
         rows = [dict(zip(names, row, strict=True))
-                for row in points(claim.run_id, claim.segment_id, count)]  # fmt: skip
+                for row in points(claim.run_id, claim.segment_id, count)]
         with ledger.engine.begin() as conn:
             conn.execute(insert(Metric.__table__), rows)
 
@@ -107,10 +107,10 @@ def sqlite_bench(count: int, rounds: int) -> None:
         rounds,
     )
     report(f"SQLite ingest, {count:,} points (includes building the points)", medians,
-           "raw sqlite3 executemany, one transaction", count, "points")  # fmt: skip
+           "raw sqlite3 executemany, one transaction", count, "points")
     base_1000 = medians["raw sqlite3, commit per 1,000"]
     print(f"  writer batch 1,000 vs raw commit per 1,000: "
-          f"{base_1000 / medians['Ledger writer, batch 1,000 (WAL)']:.2f}x")  # fmt: skip
+          f"{base_1000 / medians['Ledger writer, batch 1,000 (WAL)']:.2f}x")
     caller_side(ledger, next(claims), count)
     mlflow_rate = mlflow_bench(folder, count)
     if mlflow_rate:
@@ -121,14 +121,14 @@ def sqlite_bench(count: int, rounds: int) -> None:
 
 def caller_side(ledger: Ledger, claim, count: int) -> None:
     writer = ledger.metric_writer(claim.run_id, claim.segment_id, batch_size=count + 1,
-                                  interval_s=3600)  # fmt: skip
+                                  interval_s=3600)
     start = time.perf_counter()
     for i in range(count):
         writer.log("train/loss", i, 0.5, 16 * i)
     per_point = (time.perf_counter() - start) / count
     writer.close()
     print(f"\nCaller-side cost of MetricWriter.log (buffering, no flush): "
-          f"{per_point * 1e6:.2f} us/point")  # fmt: skip
+          f"{per_point * 1e6:.2f} us/point")
 
 
 def mlflow_bench(folder: Path, count: int) -> float | None:
@@ -158,7 +158,7 @@ def mlflow_bench(folder: Path, count: int) -> float | None:
         client.log_metric(run.info.run_id, "single", 0.5, step=i)
     per_point = (time.perf_counter() - start) / m
     print(f"\nMLflow {mlflow.__version__} SQLite store: log_batch {batch_rate:,.0f} points/s "
-          f"({n:,} points), log_metric {per_point * 1000:.2f} ms/point")  # fmt: skip
+          f"({n:,} points), log_metric {per_point * 1000:.2f} ms/point")
     return batch_rate
 
 
@@ -196,16 +196,16 @@ def postgres_bench(url: str, count: int, rounds: int) -> None:
     def writer() -> None:
         claim = next(claims)
         with ledger.metric_writer(claim.run_id, claim.segment_id, batch_size=count,
-                                  interval_s=3600) as w:  # fmt: skip
+                                  interval_s=3600) as w:
             log_points(w, count)
 
     medians = interleaved(
         {"raw psycopg executemany": raw_executemany, "raw psycopg COPY": raw_copy,
          "Ledger writer, one transaction": writer},
         rounds,
-    )  # fmt: skip
+    )
     report(f"PostgreSQL ingest, {count:,} points", medians, "raw psycopg executemany", count,
-           "points")  # fmt: skip
+           "points")
     raw.close()
     ledger.close()
 

@@ -60,7 +60,7 @@ def spec(name: str, runs: int) -> dict:
                    "task.size": 64},
         "validation": {"every": 2, "metric": "val/accuracy", "mode": "max"},
         "grid": {"seeds": list(range(runs)), "control": "only", "variants": [{"name": "only"}]},
-    }  # fmt: skip
+    }
 
 
 def plan(ledger: Ledger, name: str, runs: int) -> list[str]:
@@ -86,7 +86,7 @@ def launch(url: str, name: str, workers: int, folder: Path) -> float:
          "--skip-pilot", "--reason", "benchmark"],
         cwd=ROOT, capture_output=True, text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )  # fmt: skip
+    )
     if done.returncode != 0:
         raise SystemExit(f"launch failed: {done.stderr[-2000:]}")
     return time.perf_counter() - began
@@ -98,7 +98,7 @@ def process(url: str, name: str, folder: Path) -> None:
          str(folder / name), "--no-replay-check", "--skip-pilot", "--reason", "benchmark"],
         cwd=ROOT, capture_output=True, text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
-    )  # fmt: skip
+    )
     if done.returncode != 0:
         raise SystemExit(f"worker failed: {done.stderr[-2000:]}")
 
@@ -145,7 +145,7 @@ def measure(url: str, runs: int, workers: int, rounds: int, folder: Path) -> dic
         plan(ledger, "process", runs)
         process(url, "process", folder)
         cycles = {"direct": cycle(ledger, f"direct-{rounds - 1}"),
-                  "process": cycle(ledger, "process")}  # fmt: skip
+                  "process": cycle(ledger, "process")}
         plan(ledger, "launch", runs)
         wall = launch(url, "launch", workers, folder)
         gap["launch"] = gaps(ledger, "launch")
@@ -180,7 +180,7 @@ def show(engine: str, times: dict[str, float], runs: int, workers: int) -> None:
           f"{launch_ms / 100:6.3f}% of a 10 s run")
     print(f"    + once per launch: about {times['launch'] - ideal:4.1f} s beyond the ideal "
           f"{ideal:.1f} s (launcher and worker start-up: import torch, pandas, the ledger; "
-          f"CPU shared by {workers} workers)")  # fmt: skip
+          f"CPU shared by {workers} workers)")
 
 
 def main() -> None:
@@ -189,20 +189,20 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--postgres", default="postgresql://postgres@127.0.0.1:5432/test",
-                        help="an admin URL; a scratch database is created and dropped")  # fmt: skip
+                        help="an admin URL; a scratch database is created and dropped")
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="campaign-launch-bench-"))
     os.chdir(ROOT)
     sqlite = f"sqlite:///{folder / 'ledger.db'}"
     show("SQLite", measure(sqlite, args.runs, args.workers, args.rounds, folder / "sqlite"),
-         args.runs, args.workers)  # fmt: skip
+         args.runs, args.workers)
     name = f"campaign_bench_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(args.postgres, autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{name}"')
     try:
         url = args.postgres.rsplit("/", 1)[0] + f"/{name}"
         show("PostgreSQL", measure(url, args.runs, args.workers, args.rounds, folder / "pg"),
-             args.runs, args.workers)  # fmt: skip
+             args.runs, args.workers)
     finally:
         with psycopg.connect(args.postgres, autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

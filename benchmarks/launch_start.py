@@ -46,13 +46,13 @@ def _command(python: str) -> list[str]:
 def _study(root: Path, env: dict[str, str], campaign: list[str]) -> tuple[Path, dict[str, str]]:
     """The skeleton in ``root/study``, one seed, planned by ``campaign``; its folder and env."""
     subprocess.run([*campaign, "init", "study"], env=env, cwd=root, check=True,
-                   capture_output=True)  # fmt: skip
+                   capture_output=True)
     folder = root / "study"
     spec = (folder / "spec.toml").read_text().replace("seeds = [0, 1, 2]", "seeds = [0]")
     (folder / "spec.toml").write_text(spec)
     mine = {**env, "CAMPAIGN_LEDGER": f"sqlite:///{folder / 'campaign.db'}"}
     subprocess.run([*campaign, "plan", "spec.toml"], env=mine, cwd=folder, check=True,
-                   capture_output=True)  # fmt: skip
+                   capture_output=True)
     return folder, mine
 
 
@@ -63,7 +63,7 @@ def _launch(folder: Path, env: dict[str, str], campaign: list[str]) -> tuple[flo
     started = time.time()
     subprocess.run([*campaign, "launch", "study", "--workers", "2", "--skip-pilot",
                     "--reason", "benchmark"], env=env, cwd=folder, check=True,
-                   capture_output=True)  # fmt: skip
+                   capture_output=True)
     with Ledger.open(env["CAMPAIGN_LEDGER"]) as ledger:
         runs = ledger.runs("study")
         points = ledger.metrics("study", keys=["train/loss"])

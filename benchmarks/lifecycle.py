@@ -59,7 +59,7 @@ def main() -> None:
     start = time.perf_counter()
     medians = interleaved(approaches, args.rounds)
     report(f"Run lifecycle, {args.runs} runs per round (SQLite, WAL)", medians,
-           next(iter(approaches)), args.runs, "runs")  # fmt: skip
+           next(iter(approaches)), args.runs, "runs")
     rate = args.runs / medians[next(iter(approaches))]
     print(
         f"  ledger: {rate:,.0f} runs/s (target >= 370); total {time.perf_counter() - start:.1f} s"

@@ -20,13 +20,13 @@ from typing import Any
 import torch
 
 from campaign.pilot.activations import measure
-from campaign.tasks.causal_lm import projection
+from campaign.tasks.causal_lm import memory_projection as projection
 from campaign.tasks.causal_lm.instructions import write_splits
 from campaign.tasks.causal_lm.task import CausalLMTask
 
 SMALL = {"architecture": "llama", "hidden_size": 128, "intermediate_size": 344,
          "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 4,
-         "max_position_embeddings": 64}  # fmt: skip
+         "max_position_embeddings": 64}
 
 
 def measured(task: CausalLMTask) -> tuple[dict[str, Any], int, int]:
@@ -42,7 +42,7 @@ def measured(task: CausalLMTask) -> tuple[dict[str, Any], int, int]:
     (total / units).backward()
     optimizer.step()
     state = sum(t.numel() * t.element_size() for s in optimizer.state.values()
-                for t in s.values() if isinstance(t, torch.Tensor))  # fmt: skip
+                for t in s.values() if isinstance(t, torch.Tensor))
     return found, sum(p.numel() for p in model.parameters()), state
 
 
@@ -61,9 +61,9 @@ def main() -> None:
     options = {"data": data, "vocab_size": 384, **(lora if args.adapter == "lora" else {})}
     target = {"hidden_size": args.hidden, "intermediate_size": args.intermediate,
               "num_hidden_layers": args.layers, "num_attention_heads": args.heads,
-              "num_key_value_heads": args.heads}  # fmt: skip
+              "num_key_value_heads": args.heads}
     run_config = {"task": {**options, "model_config": SMALL},
-                  "optimizer": {"name": "adamw"}, "loop": {"max_length": 48}}  # fmt: skip
+                  "optimizer": {"name": "adamw"}, "loop": {"max_length": 48}}
     small = CausalLMTask(run_config)
     found, _, _ = measured(small)
     rows = {r["item"]: r for r in projection.project(run_config, found, target)}
@@ -73,7 +73,7 @@ def main() -> None:
           f" -> target {args.hidden}x{args.layers}")
     print(f"{'item':<18}{'projected':>14}{'measured':>14}{'ratio':>8}")
     for item, value in (("parameters", parameters), ("optimizer_bytes", state),
-                        ("activation_bytes", real["saved_bytes"])):  # fmt: skip
+                        ("activation_bytes", real["saved_bytes"])):
         estimate = rows[item]["target_estimate"]
         print(f"{item:<18}{estimate:>14,}{value:>14,}{estimate / value:>8.3f}")
 

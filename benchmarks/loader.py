@@ -56,7 +56,7 @@ def bare(workers: int, updates: int) -> float:
     extra = {"prefetch_factor": 2} if workers else {}
     loader = DataLoader(task.splits()["train"], batch_size=MICROBATCH, num_workers=workers,
                         sampler=RandomSampler(range(4096), generator=torch.Generator()),
-                        collate_fn=task.collate, drop_last=True, **extra)  # fmt: skip
+                        collate_fn=task.collate, drop_last=True, **extra)
     batches, stamps = iter(loader), []
     for _ in range(updates):
         optimizer.zero_grad(set_to_none=True)
@@ -81,11 +81,11 @@ def ours(workers: int, updates: int, folder: Path, index: int) -> tuple[float, f
         "validation": {"every": 10 * updates, "metric": "val/accuracy", "mode": "max"},
         "stop": {},
         "grid": {"seeds": [0], "control": "only", "variants": [{"name": "only"}]},
-    }  # fmt: skip
+    }
     with Ledger.open(f"sqlite:///{folder / 'loader.db'}", create=True) as ledger:
         record, _ = record_plan(ledger, make_plan(resolve_spec(spec, "loader")))
         execute(ledger, record.run_ids[0], artifacts=folder / "artifacts",
-                replay_in_subprocess=False, heartbeat_s=1.0)  # fmt: skip
+                replay_in_subprocess=False, heartbeat_s=1.0)
         points = ledger.metrics(name, keys=["train/loss", "train/data_wait_s"])
     loss = points[points["key"] == "train/loss"].sort_values("step")
     waits = points[points["key"] == "train/data_wait_s"].sort_values("step")["value"].iloc[1:]

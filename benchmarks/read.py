@@ -34,7 +34,7 @@ def one_run(ledger: Ledger, db: Path, count: int, rounds: int) -> None:
     with ledger.metric_writer(claim.run_id, claim.segment_id, batch_size=10_000) as writer:
         for i in range(count):
             writer.log(("train/loss", "train/lr", "train/grad_norm", "val/loss")[i % 4], i // 4,
-                       1.0 / (i + 1), 16 * (i // 4))  # fmt: skip
+                       1.0 / (i + 1), 16 * (i // 4))
     raw = sqlite3.connect(db)
 
     def ledger_metrics() -> None:
@@ -46,7 +46,7 @@ def one_run(ledger: Ledger, db: Path, count: int, rounds: int) -> None:
     def read_sql_sqlalchemy() -> None:
         with ledger.engine.connect() as conn:
             frame = pd.read_sql(text(SQL.replace("?", ":run")), conn,
-                                params={"run": claim.run_id})  # fmt: skip
+                                params={"run": claim.run_id})
         assert len(frame) == count
 
     medians = interleaved(
@@ -54,12 +54,12 @@ def one_run(ledger: Ledger, db: Path, count: int, rounds: int) -> None:
          "Ledger.metrics": ledger_metrics,
          "pandas.read_sql on a SQLAlchemy Connection": read_sql_sqlalchemy},
         rounds,
-    )  # fmt: skip
+    )
     report(f"One run's {count:,} points into a DataFrame (SQLite)", medians,
-           "pandas.read_sql on the driver connection", count, "points")  # fmt: skip
+           "pandas.read_sql on the driver connection", count, "points")
     base = medians["pandas.read_sql on the driver connection"]
     print(f"  Ledger.metrics / read_sql(driver) = {medians['Ledger.metrics'] / base:.2f} "
-          "(target <= 1.3)")  # fmt: skip
+          "(target <= 1.3)")
 
 
 def comparison(ledger: Ledger, runs: int, rounds: int) -> None:
@@ -82,9 +82,9 @@ def comparison(ledger: Ledger, runs: int, rounds: int) -> None:
         ledger.comparison("wide")
         discover.append(time.perf_counter() - start)
     print(f"\n{runs}-run comparison table (config + latest of 3 metrics, "
-          f"{runs * 216:,} points in the campaign):")  # fmt: skip
+          f"{runs * 216:,} points in the campaign):")
     print(f"  keys given:      median {sorted(times)[len(times) // 2] * 1000:6.1f} ms "
-          "(target <= 30 ms)")  # fmt: skip
+          "(target <= 30 ms)")
     print(f"  keys discovered: median {sorted(discover)[len(discover) // 2] * 1000:6.1f} ms")
 
 

@@ -95,7 +95,7 @@ def _measure(args: argparse.Namespace, ledgers: dict, claims: dict) -> None:
         def run() -> None:
             claim = next(claims[name])
             with ledgers[name].metric_writer(claim.run_id, claim.segment_id, batch_size=1000,
-                                             interval_s=3600) as writer:  # fmt: skip
+                                             interval_s=3600) as writer:
                 log_points(writer, args.points)
 
         return run

@@ -46,7 +46,7 @@ def build(path: Path, runs: int, points: int, running: int = 0) -> None:
             runs=[NewRun(v, seed, {"budget": {"updates": points}, "seed": seed,
                                    "optimizer": {"lr": lr}})
                   for v, lr in VARIANTS.items() for seed in range(per)],
-        )  # fmt: skip
+        )
         for index in range(runs):
             claim = ledger.claim_next("big", "bench")
             assert claim is not None
@@ -58,7 +58,7 @@ def build(path: Path, runs: int, points: int, running: int = 0) -> None:
             if index >= runs - running:
                 continue
             status, cause = ("diverged", "non_finite_loss") if index % 97 == 0 else (
-                "completed", "budget_reached")  # fmt: skip
+                "completed", "budget_reached")
             ledger.finish(claim.run_id, status, StopRecord(cause, points, "update"))
 
 
@@ -66,15 +66,15 @@ def raw(path: Path) -> pd.DataFrame:
     with sqlite3.connect(path) as conn:
         runs = pd.read_sql("SELECT r.id AS run_id, v.name AS variant, r.seed, r.status, "
                            "r.stop_cause FROM runs r JOIN variants v ON v.id = r.variant_id",
-                           conn)  # fmt: skip
+                           conn)
         metrics = pd.read_sql("SELECT run_id, key, step, value, examples_seen FROM metrics",
-                              conn)  # fmt: skip
+                              conn)
     loss = metrics[metrics["key"] == "train/loss"].groupby("run_id")
     val = metrics[metrics["key"] == "val/accuracy"].sort_values("step").groupby("run_id")
     table = runs.set_index("run_id").join(pd.DataFrame({
         "updates_done": loss["step"].max(), "examples_seen": loss["examples_seen"].max(),
         "final": val["value"].last(), "best": val["value"].max(),
-    }))  # fmt: skip
+    }))
     return table.groupby("variant")["final"].agg(["count", "mean", "std", "min", "max"])
 
 

@@ -43,8 +43,8 @@ from campaign.ledger import LedgerReader
 from campaign.report.balance import balance_sheet
 from campaign.report.render import html
 from campaign.serve.app import create_app
+from campaign.serve.dashboard_server import bind
 from campaign.serve.guard import LOOPBACK_NAMES
-from campaign.serve.server import bind
 from campaign.serve.watch import Cursor, Watcher
 
 KEYS = "key=train/loss&key=val/accuracy"
@@ -91,7 +91,7 @@ def main() -> None:
         "report --format html (in process)": lambda: html(balance_sheet(reader, "big")),
         "campaign page (HTTP)": page,
         "tables, then a first poll (HTTP)": separately,
-    }, args.rounds)  # fmt: skip
+    }, args.rounds)
     report_s = medians["report --format html (in process)"]
     for name, seconds in medians.items():
         print(f"  {name:<40} {seconds:7.2f} s   {seconds / report_s:5.2f}x of the report")

@@ -54,7 +54,7 @@ def simulated_worker(url: str, name: str, seconds: float, out: dict, lock: threa
                 raise RuntimeError("nothing left to claim")
             claimed, claimed_at = claim.run_id, time.time()
             writer = child.metric_writer(claim.run_id, claim.segment_id, lease=claim.lease,
-                                         batch_size=10**9, interval_s=10**9)  # fmt: skip
+                                         batch_size=10**9, interval_s=10**9)
             began = time.monotonic()
             next_beat = began + random.uniform(0, 2)
             next_flush = began + random.uniform(0, 1)
@@ -77,7 +77,7 @@ def simulated_worker(url: str, name: str, seconds: float, out: dict, lock: threa
                 time.sleep(max(0.0, min(next_flush, next_beat) - time.monotonic()))
             writer.close()
             supervisor.finish(claim.run_id, "completed", StopRecord("budget_reached", step),
-                              lease=claim.lease)  # fmt: skip
+                              lease=claim.lease)
     except Exception as error:  # counted: a refused connection is the thing measured
         errors.append(f"{type(error).__name__}: {' '.join(str(error).split())[:400]}")
     with lock:
@@ -90,12 +90,12 @@ def simulated_worker(url: str, name: str, seconds: float, out: dict, lock: threa
 
 
 def worker_process(url: str, names: list[str], seconds: float, ramp_s: float,
-                   result: str) -> None:  # fmt: skip
+                   result: str) -> None:
     out: dict = {"beats": [], "flushes": [], "errors": [], "claimed": [], "claimed_at": [],
                  "points": 0}
     lock = threading.Lock()
     threads = [threading.Thread(target=simulated_worker, args=(url, n, seconds, out, lock))
-               for n in names]  # fmt: skip
+               for n in names]
     for thread in threads:  # workers arrive over ramp_s, as an array's tasks start
         thread.start()
         time.sleep(ramp_s / max(1, len(threads)))
@@ -108,7 +108,7 @@ def sample_connections(database: str, stop: threading.Event, seen: list[int]) ->
     with psycopg.connect(ADMIN, autocommit=True) as admin:
         while not stop.wait(0.5):
             (count,) = admin.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s",
-                                     (database,)).fetchone()  # fmt: skip
+                                     (database,)).fetchone()
             seen.append(int(count))
 
 
@@ -120,7 +120,7 @@ def one_way(way: str, workers: int, processes: int, seconds: float, ramp_s: floa
     url = f"postgresql+psycopg://postgres@127.0.0.1:{port}/{database}"
     try:
         with Ledger.open(f"postgresql+psycopg://postgres@127.0.0.1:5432/{database}",
-                         create=True) as ledger:  # fmt: skip
+                         create=True) as ledger:
             common.plan_runs(ledger, CAMPAIGN, workers)
         stop, seen = threading.Event(), []
         sampler = threading.Thread(target=sample_connections, args=(database, stop, seen))
@@ -132,7 +132,7 @@ def one_way(way: str, workers: int, processes: int, seconds: float, ramp_s: floa
             context = multiprocessing.get_context("spawn")
             children = [context.Process(target=worker_process,
                                         args=(url, share, seconds, ramp_s, r))
-                        for share, r in zip(shares, results, strict=True)]  # fmt: skip
+                        for share, r in zip(shares, results, strict=True)]
             for child in children:
                 child.start()
             for child in children:
@@ -143,9 +143,9 @@ def one_way(way: str, workers: int, processes: int, seconds: float, ramp_s: floa
         with psycopg.connect(ADMIN.rsplit("/", 1)[0] + f"/{database}") as db:
             stored, duplicated = db.execute(
                 "SELECT count(*), count(*) - count(DISTINCT (segment_id, key, step)) FROM metrics"
-            ).fetchone()  # fmt: skip
+            ).fetchone()
             twice = db.execute("SELECT count(*) FROM (SELECT run_id FROM segments GROUP BY run_id "
-                               "HAVING count(*) > 1) s").fetchone()[0]  # fmt: skip
+                               "HAVING count(*) > 1) s").fetchone()[0]
     finally:
         with psycopg.connect(ADMIN, autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
@@ -160,7 +160,7 @@ def one_way(way: str, workers: int, processes: int, seconds: float, ramp_s: floa
         "flushes": [f for p in parts for f in p["flushes"]],
         "steady_from": max([t for p in parts for t in p["claimed_at"] if t] or [0]) + 2,
         "connections": max(seen or [0]),
-    }  # fmt: skip
+    }
 
 
 def quantiles(timed: list[list[float]], since: float = 0.0) -> str:
@@ -169,7 +169,7 @@ def quantiles(timed: list[list[float]], since: float = 0.0) -> str:
         return "-"
     p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
     return (f"p50 {statistics.median(ordered) * 1000:6.1f} ms  p99 {p99 * 1000:6.1f} ms  "
-            f"max {ordered[-1] * 1000:7.1f} ms  (n={len(ordered)})")  # fmt: skip
+            f"max {ordered[-1] * 1000:7.1f} ms  (n={len(ordered)})")
 
 
 def main() -> None:
@@ -188,7 +188,7 @@ def main() -> None:
         limit = admin.execute("SHOW max_connections").fetchone()[0]
     print(f"PostgreSQL max_connections = {limit}; {args.workers} workers x 2 engines, "
           f"{args.seconds:g} s, arriving over {args.ramp_s:g} s, heartbeat 2 s, flush of 10 "
-          "points every 1 s")  # fmt: skip
+          "points every 1 s")
     for way in ways:
         r = one_way(way, args.workers, args.processes, args.seconds, args.ramp_s)
         print(f"\n{way}: refused connections {r['refused']}, other errors "
@@ -196,7 +196,7 @@ def main() -> None:
               f"(twice: {r['claimed_twice']}), points flushed {r['flushed']:,} stored "
               f"{r['stored']:,} (lost {r['flushed'] - r['stored'] + r['duplicated']:,}, "
               f"duplicated {r['duplicated']:,}), server connections in use at most "
-              f"{r['connections']}")  # fmt: skip
+              f"{r['connections']}")
         print(f"  heartbeat     {quantiles(r['beats'])}")
         print(f"  metric flush  {quantiles(r['flushes'])}")
         print("  once every worker had claimed (steady state):")

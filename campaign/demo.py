@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from campaign.gates.launch_gate import open_gate
-from campaign.launch.live_table import ProgressDisplay, Snapshot
+from campaign.launch.live_table import ProgressDisplay
 from campaign.launch.local import LocalLauncher, plan_slots
 from campaign.launch.worker import WorkerOptions
 from campaign.ledger import Ledger
+from campaign.ledger.progress import Snapshot
 from campaign.loop.run_files import artifacts_environment
 from campaign.pilot.by_class import pilot_classes
 from campaign.pilot.inspect_hosted import inspect_campaign
@@ -45,7 +46,7 @@ SPEC: dict[str, Any] = {
         {"name": "lr-2e-4", "set": {"optimizer.lr": 2e-4}},
         {"name": "lr-3e0", "set": {"optimizer.lr": 3.0}},  # diverges, on purpose
     ]},
-}  # fmt: skip
+}
 
 
 @dataclass(frozen=True)
@@ -88,15 +89,15 @@ def run_demo(
     with Ledger.open(url, create=True) as ledger:
         record, created = record_plan(ledger, make_plan(resolve_spec(document, "<demo>")))
         say(f"planned {record.name!r}: {len(record.run_ids)} runs"
-            + ("" if created else " (already planned here)"))  # fmt: skip
+            + ("" if created else " (already planned here)"))
         with artifacts_environment(artifacts):  # a task's cache (a tokenizer) goes there
             inspection = inspect_campaign(ledger, name, "train", 0)
         say(f"inspect: data gate {'passed' if inspection['passed'] else 'FAILED'} "
-            f"({len(inspection['data_gate'])} checks)")  # fmt: skip
+            f"({len(inspection['data_gate'])} checks)")
         reports = pilot_classes(ledger, name, artifacts=artifacts, device="cpu")  # pilots/...
         for found, pilot in reports:
             say(f"{pilot.label} of gate class {found.id}: "
-                f"{'passed' if pilot.passed else 'FAILED'} (on {pilot.variant})")  # fmt: skip
+                f"{'passed' if pilot.passed else 'FAILED'} (on {pilot.variant})")
         if not reports:
             say("pilot: every gate class already has a passing pilot")
         passed = all(pilot.passed for _, pilot in reports)
@@ -104,10 +105,10 @@ def run_demo(
             open_gate(ledger, name, who="demo")
         else:
             open_gate(ledger, name, skip_reason="demo: the pilot failed, launching to show it",
-                      who="demo")  # fmt: skip
+                      who="demo")
         options = WorkerOptions(name, artifacts, replay_in_subprocess=True)
         launcher = LocalLauncher(url, options, plan_slots("cpu", workers),
-                                 display=ProgressDisplay())  # fmt: skip
+                                 display=ProgressDisplay())
         result = launcher.run(ledger)
         sheet = balance_sheet(ledger, name)
         report = write(sheet, "html", folder / f"{name}-report.html")

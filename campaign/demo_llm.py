@@ -41,7 +41,7 @@ SPEC: dict[str, Any] = {
                                      "task.lora_alpha": 32, "optimizer.lr": 5e-3,
                                      "task.lora_targets": ALL_LINEAR}},
     ]},
-}  # fmt: skip
+}
 
 
 def spec(folder: Path, updates: int = 300, seeds: int = 3) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from alembic import context
 
-from campaign.ledger.engine import create_ledger_engine, parse_url, write_connection
+from campaign.ledger.connections import create_ledger_engine, parse_url, write_connection
 from campaign.ledger.location import resolve_url
 from campaign.ledger.models import Base
 

@@ -60,7 +60,7 @@ def postgresql_url(request: pytest.FixtureRequest) -> Iterator[str]:
     if at_head:
         template = request.getfixturevalue("_postgresql_template")
         create = sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
-            sql.Identifier(name), sql.Identifier(template))  # fmt: skip
+            sql.Identifier(name), sql.Identifier(template))
     with _admin_connection() as admin:
         admin.execute(create)
     base = POSTGRES_ADMIN_URL.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://")
@@ -127,7 +127,7 @@ def _at_head(request: pytest.FixtureRequest, url: str) -> str:
     with _admin_connection() as admin:
         admin.execute(sql.SQL("DROP DATABASE {}").format(sql.Identifier(name)))
         admin.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
-            sql.Identifier(name), sql.Identifier(template)))  # fmt: skip
+            sql.Identifier(name), sql.Identifier(template)))
     return url
 
 
@@ -144,31 +144,31 @@ def ledger(request: pytest.FixtureRequest, ledger_url: str) -> Iterator[Ledger]:
 # hosts of its own, and three at once oversubscribe two cores (measured: 16 min 24 s this
 # way, 19+ min with the slowest spread one per worker).
 SLOWEST_FIRST = (
-    "tests/test_causal_lm.py::test_the_llm_demo_compares_full_and_lora_with_conclusions",
-    "tests/test_causal_lm.py::test_lora_trains_and_saves_only_its_adapter",
-    "tests/test_hf_parity.py::",
-    "tests/test_ray_executor.py::",
-    "tests/test_lazy_data.py::test_ten_million_lazy_examples",
-    "tests/test_launch.py::test_workers_execute_every_run_exactly_once",
-    "tests/test_gate_classes.py::",
-    "tests/test_demo.py::",
-    "tests/test_task_base.py::test_the_readme_steps_for_your_own_task",
-    "tests/test_torch_imports.py::",
-    "tests/test_loader.py::",
-    "tests/test_launch.py::",
-    "tests/test_concurrency.py::",
-    "tests/test_loop_exact.py::",
-    "tests/test_serve_browser.py::",
-    "tests/test_leases.py::",
-    "tests/test_signals_everywhere.py::",
-    "tests/test_slurm_cluster.py::",
-    "tests/test_resume_safety.py::",
+    "tests/tasks/test_causal_lm.py::test_the_llm_demo_compares_full_and_lora_with_conclusions",
+    "tests/tasks/test_causal_lm.py::test_lora_trains_and_saves_only_its_adapter",
+    "tests/tasks/test_hf_parity.py::",
+    "tests/launch/test_ray_executor.py::",
+    "tests/loop/test_lazy_data.py::test_ten_million_lazy_examples",
+    "tests/launch/test_launch.py::test_workers_execute_every_run_exactly_once",
+    "tests/pilot/test_gate_classes.py::",
+    "tests/cli/test_demo.py::",
+    "tests/loop/test_task_base.py::test_the_readme_steps_for_your_own_task",
+    "tests/host/test_torch_imports.py::",
+    "tests/loop/test_loader.py::",
+    "tests/launch/test_launch.py::",
+    "tests/ledger/test_concurrency.py::",
+    "tests/loop/test_loop_exact.py::",
+    "tests/serve/test_serve_browser.py::",
+    "tests/ledger/test_leases.py::",
+    "tests/launch/test_signals_everywhere.py::",
+    "tests/launch/test_slurm_cluster.py::",
+    "tests/loop/test_resume_safety.py::",
 )
 
 
 def _slowness(item: pytest.Item) -> int:
     return next((i for i, p in enumerate(SLOWEST_FIRST) if item.nodeid.startswith(p)),
-                len(SLOWEST_FIRST))  # fmt: skip
+                len(SLOWEST_FIRST))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

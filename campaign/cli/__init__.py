@@ -6,9 +6,9 @@ and the group's help is written from the table below without importing any of
 them, so ``campaign --help`` and the commands that only read the ledger never
 import torch.
 
-Exit codes (DESIGN.md §11): 0 success; 1 the checked thing failed; 2 bad
-usage or bad input; 3 ledger problem. Errors print one line on stderr, never
-a traceback for a user mistake.
+Exit codes (docs/cli.md): each project error carries its own (``campaign.errors``): 0
+success; 1 the checked thing failed; 2 bad usage or bad input; 3 ledger problem. Errors print
+one line on stderr, never a traceback for a user mistake.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from typing import Any
 
 import click
 
-from campaign.cli.errors import exit_code_for
 from campaign.cli.output import printable
 from campaign.cli.source import (
     DEFAULT_URL,
@@ -27,6 +26,7 @@ from campaign.cli.source import (
     add_ledger_option,
     empty_ledger,
 )
+from campaign.errors import ExitCode, exit_code_of
 
 # name -> (module:attribute, one line of help). The help is repeated here so that the
 # group's help lists every command without importing their modules.
@@ -61,7 +61,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "tensorboard": ("campaign.cli.serve:tensorboard", "Write a campaign's curves as TensorBoard event files (--follow: live)."),
     "campaigns": ("campaign.cli.ledger:campaigns", "List the campaigns in the ledger with their number of runs."),
     "db": ("campaign.cli.ledger:db", "Ledger schema: show the revision, upgrade an older ledger."),
-}  # fmt: skip
+}
 # Commands that never open the ledger: they do not take --ledger after their name.
 WITHOUT_LEDGER = frozenset({"demo", "verify-archive", "init", "reproduce"})
 
@@ -94,7 +94,7 @@ class LazyGroup(click.Group):
             formatter.write_dl(rows)
 
     def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
-             standalone_mode: bool = True, **extra: Any) -> Any:  # fmt: skip
+             standalone_mode: bool = True, **extra: Any) -> Any:
         """Click's own, except that bad usage is one stderr line too (``campaign launch:
         Invalid value for '--heartbeat-s': ...``, exit 2), like every other error here."""
         if not standalone_mode:
@@ -120,10 +120,10 @@ class LazyGroup(click.Group):
         except (click.exceptions.Exit, click.ClickException, click.Abort):
             raise
         except Exception as error:
-            code = exit_code_for(error)
+            code = exit_code_of(error)
             if code is None:
                 raise
-            prefix = "ledger error: " if code == 3 else ""
+            prefix = "ledger error: " if code == ExitCode.LEDGER else ""
             click.echo(f"campaign: {prefix}{printable(str(error))}", err=True)
             ctx.exit(code)
 

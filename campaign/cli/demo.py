@@ -11,19 +11,19 @@ import click
 @click.command()
 @click.option("--dir", "folder", type=click.Path(file_okay=False, path_type=Path),
               default=Path("campaign-demo"), show_default=True,
-              help="Folder for the ledger, the artifacts and the report.")  # fmt: skip
+              help="Folder for the ledger, the artifacts and the report.")
 @click.option("--updates", type=click.IntRange(4), default=None,
               help="Updates per run (smaller for a quicker look)  [default: 200; 300 with "
-                   "--llm]")  # fmt: skip
+                   "--llm]")
 @click.option("--seeds", type=click.IntRange(1), default=3, show_default=True,
               help="Seeds per variant (3 or more for a 95% interval on each delta).")
 @click.option("--workers", type=click.IntRange(1), default=2, show_default=True)
 @click.option("--llm", is_flag=True,
               help="The instruction fine-tuning campaign instead (full vs LoRA at ranks 4 and "
-                   "16 on a ~1M-parameter Llama-style model; needs campaign[hf]).")  # fmt: skip
+                   "16 on a ~1M-parameter Llama-style model; needs campaign[hf]).")
 @click.pass_obj
 def demo(source: Any, folder: Path, updates: int | None, seeds: int, workers: int,
-         llm: bool) -> None:  # fmt: skip
+         llm: bool) -> None:
     """The main job on the embedded SQLite ledger: plan, inspect, pilot, launch, report.
 
     Plans the three-learning-rate campaign on the built-in digits task plus one
@@ -37,8 +37,8 @@ def demo(source: Any, folder: Path, updates: int | None, seeds: int, workers: in
 
     Example: campaign demo --dir /tmp/demo
     """
-    from campaign.cli.errors import BadInput
     from campaign.demo import run_demo  # the whole stack: imported only when it runs
+    from campaign.errors import BadInput
 
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -51,15 +51,15 @@ def demo(source: Any, folder: Path, updates: int | None, seeds: int, workers: in
         import importlib.util
 
         missing = [n for n in ("transformers", "tokenizers", "peft")
-                   if importlib.util.find_spec(n) is None]  # fmt: skip
+                   if importlib.util.find_spec(n) is None]
         if missing:
             raise BadInput(f"demo --llm needs {', '.join(missing)}: pip install 'campaign[hf]'")
     result = run_demo(folder, updates=updates or (300 if llm else 200), seeds=seeds,
                       workers=workers, llm=llm,
-                      say=lambda line: click.echo(f"campaign demo: {line}", err=True))  # fmt: skip
+                      say=lambda line: click.echo(f"campaign demo: {line}", err=True))
     counts = result.snapshot.counts
     unexpected = {s: n for s, n in counts.items()
-                  if n and s not in ("completed", "diverged", "stopped")}  # fmt: skip
+                  if n and s not in ("completed", "diverged", "stopped")}
     if unexpected:
         click.echo(f"campaign demo: unexpected run states: {unexpected}", err=True)
         raise click.exceptions.Exit(1)

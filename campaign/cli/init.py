@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from campaign.cli.errors import BadInput
+from campaign.errors import BadInput
 
 
 @click.command()
@@ -34,4 +34,4 @@ def init(given: str) -> None:
     click.echo(f"campaign: wrote a task and a spec for campaign {name!r}; next: cd "
                f"{shlex.quote(str(folder))} && campaign plan spec.toml && campaign inspect "
                f"{shlex.quote(name)} && campaign pilot {shlex.quote(name)}",
-               err=True)  # fmt: skip
+               err=True)

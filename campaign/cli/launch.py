@@ -43,7 +43,7 @@ def _worker_options(command: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--reason", default=None, help="Why the pilot is skipped (recorded)."),
         click.option("--no-replay-check", is_flag=True,
                      help="Skip reloading each final artifact in a fresh process."),
-    ]  # fmt: skip
+    ]
     return functools.reduce(lambda c, d: d(c), reversed(decorators), command)
 
 
@@ -57,7 +57,7 @@ def _options(campaign: str, artifacts: Path, **kw: Any) -> Any:
             heartbeat_s=kw["heartbeat_s"], lease_s=kw["lease_s"], resume=resume,
             threads=kw.get("threads"), max_runs=kw.get("max_runs"),
             replay_in_subprocess=not kw["no_replay_check"], grace_s=kw["stop_grace_s"],
-        )  # fmt: skip
+        )
     except ValueError as error:
         raise click.UsageError(str(error)) from None
 
@@ -72,7 +72,8 @@ def _say_stack_warning(warning: str) -> None:
 
 
 def _gate(ledger: Any, campaign: str, skip_pilot: bool, reason: str | None, who: str) -> None:
-    from campaign.gates.launch_gate import GateClosed, open_gate
+    from campaign.errors import GateClosed
+    from campaign.gates.launch_gate import open_gate
 
     why = skip_reason(skip_pilot, reason)
     try:
@@ -154,7 +155,7 @@ def launch(source: LedgerSource, campaign: str, workers: int | None, devices: st
            address: str | None, gpus_per_run: float | None, schedule_timeout_s: float,
            slurm_folder: Path | None, slurm_partition: str | None, slurm_time_min: int,
            slurm_signal_s: int, max_requeues: int, grace_s: float, skip_pilot: bool,
-           reason: str | None, artifacts: Path, output_format: str, **kw: Any) -> None:  # fmt: skip
+           reason: str | None, artifacts: Path, output_format: str, **kw: Any) -> None:
     """Execute a campaign's planned runs on workers that claim them from the ledger.
 
     Refuses (exit 1) without a passing pilot for the frozen spec unless
@@ -165,11 +166,11 @@ def launch(source: LedgerSource, campaign: str, workers: int | None, devices: st
     Example: campaign launch digits-lr --workers 4 --devices cpu
     """
     if executor == "local":  # its workers share this host: torch imports while the gate reads
-        from campaign.host.calls import RUN_PRELOAD
         from campaign.host.client import start_early
+        from campaign.launch.run_process import RUN_PRELOAD
 
         start_early(RUN_PRELOAD)
-    from campaign.gates.launch_gate import GateClosed
+    from campaign.errors import GateClosed
     from campaign.launch.placement import PlacementError
     from campaign.launch.policy import LaunchRefused, LaunchRequest, launch_campaign
 
@@ -180,7 +181,7 @@ def launch(source: LedgerSource, campaign: str, workers: int | None, devices: st
         slurm_folder=slurm_folder, slurm_partition=slurm_partition,
         slurm_time_min=slurm_time_min, slurm_signal_s=slurm_signal_s, max_requeues=max_requeues,
         grace_s=grace_s,
-    )  # fmt: skip
+    )
     with source.open() as ledger:
         try:
             outcome = launch_campaign(ledger, source.url, request, on_gate=_say_gate)
@@ -236,7 +237,7 @@ def launch(source: LedgerSource, campaign: str, workers: int | None, devices: st
 @click.pass_obj
 def worker(source: LedgerSource, campaign: str, skip_pilot: bool, reason: str | None,
            artifacts: Path, launched: bool, slurm_task: bool, max_requeues: int,
-           **kw: Any) -> None:  # fmt: skip
+           **kw: Any) -> None:
     """Run one plain worker: claim runs of CAMPAIGN from the ledger until none is left.
 
     Start one on each machine that shares a PostgreSQL ledger, no engine needed.
@@ -245,8 +246,8 @@ def worker(source: LedgerSource, campaign: str, skip_pilot: bool, reason: str | 
 
     Example: campaign --ledger postgresql://me@db/lab worker digits-lr --device cuda:0
     """
-    from campaign.host.calls import RUN_PRELOAD
     from campaign.host.client import start_early
+    from campaign.launch.run_process import RUN_PRELOAD
 
     # First: its runs fork from it, and torch with the loop's modules import there while this
     # process imports the ledger's code and reads the gate and the stack (the critical path
@@ -275,7 +276,7 @@ def worker(source: LedgerSource, campaign: str, skip_pilot: bool, reason: str | 
             )
 
         report = run_worker(ledger, options, on_outcome=None if launched else tell,
-                            on_warning=_say_stack_warning)  # fmt: skip
+                            on_warning=_say_stack_warning)
         left = slurm_task and report.preempted and _work_left(ledger, campaign)
     if left:
         _requeue(max_requeues)
@@ -304,11 +305,11 @@ def _requeue(max_requeues: int) -> None:
         return
     if requeued:
         click.echo(f"campaign: preempted; SLURM task {task.name} requeued "
-                   f"({task.restarts + 1} of {max_requeues})", err=True)  # fmt: skip
+                   f"({task.restarts + 1} of {max_requeues})", err=True)
     else:
         click.echo(f"campaign: preempted; SLURM task {task.name} used its {max_requeues} "
                    "requeue(s): the run stays interrupted (launch --resume-interrupted)",
-                   err=True)  # fmt: skip
+                   err=True)
 
 
 @click.command()
@@ -320,7 +321,7 @@ def status(source: LedgerSource, campaign: str, output_format: str) -> None:
 
     Example: campaign status digits-lr --format json
     """
-    from campaign.launch.live_table import format_duration, take_snapshot
+    from campaign.ledger.progress import format_duration, take_snapshot
 
     with source.open() as ledger:
         snapshot = take_snapshot(ledger, campaign)
@@ -332,7 +333,7 @@ def status(source: LedgerSource, campaign: str, output_format: str) -> None:
         {"run_id": r.run_id, "variant": r.variant, "seed": r.seed, "worker": r.worker,
          "update": r.step, "updates": r.updates, "heartbeat_age_s": r.heartbeat_age_s}
         for r in snapshot.running
-    ]  # fmt: skip
+    ]
     if rows or output_format == "csv":
         click.echo(render_rows(rows, output_format))
     if output_format == "table":

@@ -22,7 +22,7 @@ def campaigns(source: LedgerSource, output_format: str) -> None:
         {"name": r.name, "runs": int(r.runs), "task": r.task,
          "created_at": r.created_at.isoformat(), "question": r.question}
         for r in frame.itertuples()
-    ]  # fmt: skip
+    ]
     click.echo(render_rows(rows, output_format))
 
 
@@ -57,7 +57,7 @@ def db_upgrade(source: LedgerSource, revision: str) -> None:
 
     Example: campaign --ledger sqlite:///campaign.db db upgrade
     """
-    from campaign.cli.errors import BadInput
+    from campaign.errors import BadInput
     from campaign.ledger import migrate
 
     if revision != "head" and not migrate.is_known_revision(revision):

@@ -44,7 +44,7 @@ def stop_grace_option(command: Any) -> Any:
         "--stop-grace-s", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
         help="After a graceful signal to a run (wall time reached, SIGTERM), how long it "
         "gets to checkpoint and end before it is killed.",
-    )(command)  # fmt: skip
+    )(command)
 
 
 def max_requeues_option(command: Any) -> Any:
@@ -52,4 +52,4 @@ def max_requeues_option(command: Any) -> Any:
     return click.option(
         "--max-requeues", type=click.IntRange(0), default=3, show_default=True,
         help="slurm: how often one array task may requeue itself after a preemption.",
-    )(command)  # fmt: skip
+    )(command)

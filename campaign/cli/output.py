@@ -53,7 +53,7 @@ def _csv(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
         writer = csv.DictWriter(buffer, fieldnames=names, lineterminator="\n")
         writer.writeheader()
         writer.writerows({k: printable(v) if isinstance(v, str) else v for k, v in row.items()}
-                         for row in rows)  # fmt: skip
+                         for row in rows)
     return buffer.getvalue().rstrip("\n")
 
 
@@ -82,4 +82,4 @@ def printable(text: str) -> str:
     if text.isprintable():
         return text
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
-                   for c in text)  # fmt: skip
+                   for c in text)

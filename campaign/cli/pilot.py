@@ -26,7 +26,7 @@ PILOT_TIMEOUT_S = 24 * 3600.0  # the pilot trains (the overfit gate): no plan-ti
 def inspect(
     source: LedgerSource, campaign: str, count: int, split: str, artifacts: Path,
     output_format: str,
-) -> None:  # fmt: skip
+) -> None:
     """Show examples as the loss receives them, a summary of the split, and the data gate.
 
     Uses the control's config. Exit code 1 when the data gate fails.
@@ -98,7 +98,7 @@ def inspect(
 @click.pass_obj
 def pilot(source: LedgerSource, campaign: str, artifacts: Path, device: str,
           overfit_examples: int, overfit_steps: int, overfit_factor: float, only: str | None,
-          every: bool, output_format: str) -> None:  # fmt: skip
+          every: bool, output_format: str) -> None:
     """One recorded pass through every phase per gate class; exit 1 when one fails.
 
     Runs that differ only in free keys (a learning rate, a seed) share a gate class;
@@ -108,6 +108,7 @@ def pilot(source: LedgerSource, campaign: str, artifacts: Path, device: str,
     Example: campaign pilot digits-lr --device cpu
     """
     from campaign.host import calls, client
+    from campaign.pilot import child_entries
 
     client.start_early(calls.CHECK_PRELOAD)  # torch imports while this process reads the ledger
     overrides = {"overfit_examples": overfit_examples, "overfit_steps": overfit_steps,
@@ -117,13 +118,13 @@ def pilot(source: LedgerSource, campaign: str, artifacts: Path, device: str,
         url = ledger.engine.url.render_as_string(hide_password=False)
     # The pilot computes: in a child of the task host, whose own children are its
     # fresh-process checks (no time limit of a plan-time call: it trains).
-    pilots = calls.call("campaign.pilot.by_class:pilot_documents", url, campaign,
+    pilots = calls.call(child_entries.pilot_documents, url, campaign,
                         str(artifacts), device, overrides, only, every, task=task,
                         preload=calls.CHECK_PRELOAD,
-                        what=f"piloting {campaign!r}", timeout_s=PILOT_TIMEOUT_S)  # fmt: skip
+                        what=f"piloting {campaign!r}", timeout_s=PILOT_TIMEOUT_S)
     if not pilots:
         click.echo(f"campaign: every gate class of {campaign!r} that could run has a passing "
-                   "pilot (--all pilots them again)", err=True)  # fmt: skip
+                   "pilot (--all pilots them again)", err=True)
         if output_format == "json":
             click.echo(json.dumps({"campaign": campaign, "passed": True, "pilots": []}))
         return
@@ -134,7 +135,7 @@ def pilot(source: LedgerSource, campaign: str, artifacts: Path, device: str,
     for p in pilots:
         verdict = "passed" if p["passed"] else "FAILED"
         click.echo(f"campaign: {p['label']} of {campaign!r}, gate class "
-                   f"{p['gate_class']} (variant {p['variant']}) {verdict}", err=True)  # fmt: skip
+                   f"{p['gate_class']} (variant {p['variant']}) {verdict}", err=True)
     if not passed:
         raise click.exceptions.Exit(1)
 
@@ -163,13 +164,13 @@ def pilot(source: LedgerSource, campaign: str, artifacts: Path, device: str,
 @click.pass_obj
 def size(source: LedgerSource, campaign: str, target: str | None, reserve: float,
          gpu_memory: str | None, model_config: tuple[str, ...],
-         output_format: str) -> None:  # fmt: skip
+         output_format: str) -> None:
     """The sizing sheet per gate class: time per run (median phase times plus fixed costs),
     the runs in priority order that fit a 3-, 7- or 30-day rental, memory against a card.
 
     Example: campaign size digits-lr --reserve 0.25 --gpu-memory 80GiB
     """
-    from campaign.cli.errors import BadInput
+    from campaign.errors import BadInput
     from campaign.pilot.sizing import parse_memory, sizing_sheet
 
     try:
@@ -202,15 +203,16 @@ def size(source: LedgerSource, campaign: str, target: str | None, reserve: float
 
 
 def _projection(ledger: Any, campaign: str, pairs: tuple[str, ...]) -> dict[str, Any]:
-    from campaign.cli.errors import BadInput
+    from campaign.errors import BadInput
 
     try:
-        from campaign.tasks.causal_lm.projection import parse_overrides, project_campaign
+        from campaign.pilot.larger_model import project_campaign
+        from campaign.tasks.causal_lm.memory_projection import parse_overrides
 
         return project_campaign(ledger, campaign, parse_overrides(pairs))
     except ImportError as error:
         raise BadInput(f"--model-config needs the hf extra ({error.name}): "
-                       "pip install 'campaign[hf]'") from None  # fmt: skip
+                       "pip install 'campaign[hf]'") from None
     except ValueError as error:
         raise BadInput(str(error)) from None
 
@@ -230,7 +232,7 @@ def _projection(ledger: Any, campaign: str, pairs: tuple[str, ...]) -> dict[str,
 @output_options
 @click.pass_obj
 def doctor(source: LedgerSource, stale_after: float, dry_run: bool, campaign: str | None,
-           device: str, output_format: str) -> None:  # fmt: skip
+           device: str, output_format: str) -> None:
     """The software stack, the ledger's revision, and runs whose heartbeat stopped; with
     CAMPAIGN, whether this stack can run it (its task's declared requirements, each
     precision its runs use on --device). Exit 1 when it cannot.
@@ -254,7 +256,7 @@ def doctor(source: LedgerSource, stale_after: float, dry_run: bool, campaign: st
             except StackRefused as refused:
                 unfit = [str(refused)]
         document["campaign"] = {"name": campaign, "device": device, "fit": not unfit,
-                                "problems": unfit}  # fmt: skip
+                                "problems": unfit}
     stale = document["stale_runs"]
     if stale and not dry_run:
         click.echo(
@@ -271,13 +273,13 @@ def doctor(source: LedgerSource, stale_after: float, dry_run: bool, campaign: st
             raise click.exceptions.Exit(1)
         return
     items = {**document["stack"], **{k if k == "ledger" else f"ledger {k}": v
-                                     for k, v in document["ledger"].items()}}  # fmt: skip
+                                     for k, v in document["ledger"].items()}}
     click.echo(render_rows([{"item": k, "value": v} for k, v in items.items()], output_format))
     click.echo("")
     click.echo(render_rows(stale, output_format) if stale else "no running run without a heartbeat")
     if campaign is not None:
         click.echo("")
         click.echo(f"campaign {campaign!r} on {device}: "
-                   + ("this stack can run it" if not unfit else unfit[0]))  # fmt: skip
+                   + ("this stack can run it" if not unfit else unfit[0]))
     if unfit or corrupted:
         raise click.exceptions.Exit(1)

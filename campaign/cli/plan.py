@@ -10,7 +10,7 @@ import click
 
 from campaign.cli.output import output_options, render_rows
 from campaign.cli.source import LedgerSource
-from campaign.ledger.errors import LedgerInputError
+from campaign.errors import LedgerInputError
 from campaign.ledger.vocabulary import RUN_STATUSES
 
 
@@ -30,8 +30,8 @@ def plan(source: LedgerSource, spec_path: str, dry_run: bool, output_format: str
     # command's own imports (the planner and the ledger's SQLAlchemy, 0.9 s) and reading and
     # validating the spec. A bad spec ends the command, and the host with it, at once.
     client.start_early()
+    from campaign.errors import TaskContractError
     from campaign.host import calls
-    from campaign.loop.errors import TaskContractError
     from campaign.plan import grid as planning
     from campaign.plan.metric_names import metric_problem
     from campaign.plan.optimizer_check import raise_first
@@ -47,7 +47,7 @@ def plan(source: LedgerSource, spec_path: str, dry_run: bool, output_format: str
     pending = calls.begin(planning.task_facts, resolved.task, resolved.control.config,
                           [v.config for v in resolved.variants],
                           [v.name for v in resolved.variants], task=resolved.task,
-                          what="importing and building the task")  # fmt: skip
+                          what="importing and building the task")
     try:
         raise_first(optimizers)
         facts = pending.result()
@@ -85,11 +85,11 @@ def plan(source: LedgerSource, spec_path: str, dry_run: bool, output_format: str
          "seeds": " ".join(map(str, resolved.seeds)),
          "sets": ", ".join(f"{k}={v!r}" for k, v in v.overrides.items())}
         for v in resolved.variants
-    ]  # fmt: skip
+    ]
     accounting = planning.accounting_rows(the_plan)
     run_rows = [{"run_id": rid, "variant": r.variant, "seed": r.seed,
                  "config_sha256": r.config_sha256[:16]}
-                for rid, r in zip(run_ids, the_plan.runs, strict=True)]  # fmt: skip
+                for rid, r in zip(run_ids, the_plan.runs, strict=True)]
     document = {
         "campaign": resolved.name, "question": resolved.question, "task": resolved.task,
         "spec_sha256": resolved.sha256, "dry_run": dry_run, "created": created,
@@ -97,7 +97,7 @@ def plan(source: LedgerSource, spec_path: str, dry_run: bool, output_format: str
         "runs": [{**row, "config_sha256": r.config_sha256}
                  for row, r in zip(run_rows, the_plan.runs, strict=True)],
         "warnings": warnings,
-    }  # fmt: skip
+    }
     if output_format == "json":
         click.echo(json.dumps(document, indent=2))
     elif output_format == "csv":  # one parseable table: a run per row, its variant's columns
@@ -107,7 +107,7 @@ def plan(source: LedgerSource, spec_path: str, dry_run: bool, output_format: str
             {**row, "config_sha256": r.config_sha256, "control": by_variant[r.variant]["control"],
              "sets": by_variant[r.variant]["sets"],
              **{k: v for k, v in counted[r.variant].items() if k != "variant"}}
-            for row, r in zip(run_rows, the_plan.runs, strict=True)], "csv"))  # fmt: skip
+            for row, r in zip(run_rows, the_plan.runs, strict=True)], "csv"))
     else:
         for rows in (grid, accounting, run_rows):
             click.echo(render_rows(rows, output_format))
@@ -124,7 +124,7 @@ def plan(source: LedgerSource, spec_path: str, dry_run: bool, output_format: str
                    "changed: recorded, the next pilot uses them (runs unchanged)", err=True)
     else:
         click.echo(f"campaign: {resolved.name!r} is already planned with this identical spec; "
-                   "nothing written", err=True)  # fmt: skip
+                   "nothing written", err=True)
 
 
 def _pilot_table(ledger: Any, name: str) -> dict[str, Any] | None:
@@ -148,7 +148,7 @@ def _run_ids_in_plan_order(ledger: Any, name: str, the_plan: Any) -> list[str | 
 @click.command()
 @click.argument("campaign")
 @click.option("--status", "statuses", multiple=True, type=click.Choice(RUN_STATUSES),
-              help="Only runs in this status (repeatable).")  # fmt: skip
+              help="Only runs in this status (repeatable).")
 @output_options
 @click.pass_obj
 def runs(
@@ -175,21 +175,21 @@ def runs(
          "deviation": ", ".join(held_deviations(r["config"], hold)) or None,
          "flags": kinds.get(r["run_id"]), "detail": r["stop_detail"]}
         for r in listed
-    ]  # fmt: skip
+    ]
     columns = ("run_id", "variant", "seed", "status", "stop_cause", "stop_step", "relaunch_of",
-               "deviation", "flags", "detail")  # fmt: skip
+               "deviation", "flags", "detail")
     click.echo(render_rows(rows, output_format, columns=columns))
 
 
 @click.command()
 @click.argument("run_id")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
-              help="A dotted config key and its new value (TOML syntax); repeatable.")  # fmt: skip
+              help="A dotted config key and its new value (TOML syntax); repeatable.")
 @click.option("--reason", required=True, help="Why the run is relaunched (recorded).")
 @output_options
 @click.pass_obj
 def relaunch(source: LedgerSource, run_id: str, sets: tuple[str, ...], reason: str,
-             output_format: str) -> None:  # fmt: skip
+             output_format: str) -> None:
     """Plan a new run (new id) that repeats RUN_ID with changes; the old run stays as it is.
 
     Example: campaign relaunch 01jd... --set loop.microbatch=1 --reason "OOM in validation"
@@ -206,29 +206,29 @@ def relaunch(source: LedgerSource, run_id: str, sets: tuple[str, ...], reason: s
         hold = ledger.campaign(old.campaign).spec_document.get("hold", {})
         config, deviations = planning.relaunch_config(old.config_document, sets_given, hold)
         full_reason = reason + (f" [deviation: changes held {', '.join(deviations)}]"
-                                if deviations else "")  # fmt: skip
+                                if deviations else "")
         new_id = ledger.add_run(old.campaign, old.variant, old.seed, config,
-                                relaunch_of=run_id, reason=full_reason)  # fmt: skip
+                                relaunch_of=run_id, reason=full_reason)
         variant_keys = defining_keys(ledger.runs(old.campaign))
     changes = config_changes(old.config_document, config)  # what really differs, derived keys too
     document = {"run_id": new_id, "relaunch_of": run_id, "variant": old.variant,
-                "seed": old.seed, "changes": changes, "deviation": deviations}  # fmt: skip
+                "seed": old.seed, "changes": changes, "deviation": deviations}
     row = {**document, "deviation": ", ".join(deviations) or None,
            "changes": ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changes.items())
-           or "none (an identical config: a rerun)"}  # fmt: skip
+           or "none (an identical config: a rerun)"}
     click.echo(render_rows([row], output_format, document=document))
     if deviations:
         click.echo(f"campaign: warning: relaunch changes held {', '.join(deviations)}: "
-                   "the report marks it as a deviation from the plan", err=True)  # fmt: skip
+                   "the report marks it as a deviation from the plan", err=True)
     if not changes and old.status == "diverged":
         click.echo(f"campaign: warning: run {run_id} diverged and this relaunch repeats its "
                    "identical config and seed: expect the same divergence (change something, "
-                   "or say in --reason why a rerun may differ)", err=True)  # fmt: skip
+                   "or say in --reason why a rerun may differ)", err=True)
     crossing = sorted(k for k in changes if k in variant_keys)
     if crossing:
         click.echo(f"campaign: warning: relaunch changes {', '.join(crossing)}, which tells the "
                    f"variants apart: it is no longer a run of {old.variant} (the report flags "
-                   "it changes_variant_key and never pools it)", err=True)  # fmt: skip
+                   "it changes_variant_key and never pools it)", err=True)
 
 
 @click.command()
@@ -240,7 +240,7 @@ def relaunch(source: LedgerSource, run_id: str, sets: tuple[str, ...], reason: s
               help="Every planned run of this variant of --campaign (with the RUN_IDs given).")
 @click.pass_obj
 def withdraw(source: LedgerSource, run_ids: tuple[str, ...], reason: str,
-             campaign_name: str | None, variant: str | None) -> None:  # fmt: skip
+             campaign_name: str | None, variant: str | None) -> None:
     """Withdraw planned runs that must never execute (planned by mistake).
 
     Each keeps its line everywhere with status withdrawn and the reason, is never
@@ -253,7 +253,7 @@ def withdraw(source: LedgerSource, run_ids: tuple[str, ...], reason: str,
         raise LedgerInputError("--reason must say why the run is withdrawn")
     if (campaign_name is None) != (variant is None):
         raise LedgerInputError("--variant and --campaign go together (a variant's name is "
-                               "its campaign's)")  # fmt: skip
+                               "its campaign's)")
     with source.open() as ledger:
         chosen = list(dict.fromkeys(run_ids))
         if variant is not None and campaign_name is not None:
@@ -268,7 +268,7 @@ def withdraw(source: LedgerSource, run_ids: tuple[str, ...], reason: str,
             status = ledger.run(run_id).status
             if status != "planned":
                 raise LedgerInputError(f"run {run_id} is {status}: only a planned run can be "
-                                       "withdrawn (nothing was withdrawn)")  # fmt: skip
+                                       "withdrawn (nothing was withdrawn)")
         for run_id in chosen:
             ledger.withdraw(run_id, reason)
     for run_id in chosen:
@@ -281,7 +281,7 @@ def _parse_set(item: str) -> tuple[str, Any]:
         raise LedgerInputError(f"--set {item!r}: expected KEY=VALUE, e.g. loop.microbatch=1")
     if len(item) > 10_000:
         raise LedgerInputError(f"--set {key.strip()[:40]!r}: the value is {len(item):,} "
-                               "characters long: not a setting")  # fmt: skip
+                               "characters long: not a setting")
     try:
         value = tomllib.loads(f"value = {text}")["value"]
     except tomllib.TOMLDecodeError:
@@ -290,7 +290,7 @@ def _parse_set(item: str) -> tuple[str, Any]:
         raise LedgerInputError(f"--set {key.strip()!r}: nested too deeply") from None
     if isinstance(value, dict):
         raise LedgerInputError(f"--set {item!r}: one value per dotted key, not a table "
-                               f"(e.g. --set {key.strip()}.NAME=VALUE)")  # fmt: skip
+                               f"(e.g. --set {key.strip()}.NAME=VALUE)")
     return key.strip(), value
 
 

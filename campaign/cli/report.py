@@ -7,9 +7,9 @@ from pathlib import Path
 
 import click
 
-from campaign.cli.errors import BadInput
 from campaign.cli.output import printable
 from campaign.cli.source import LedgerSource
+from campaign.errors import BadInput
 from campaign.report.formats import FORMATS
 
 
@@ -17,10 +17,10 @@ from campaign.report.formats import FORMATS
 @click.argument("campaign")
 @click.option("--format", "output_format", type=click.Choice(FORMATS), default="html",
               show_default=True, help="html (self-contained), md, csv/parquet (run table), "
-              "json (everything).")  # fmt: skip
+              "json (everything).")
 @click.option("--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="File to write (default CAMPAIGN-report.EXT here); - for stdout "
-              "(not parquet).")  # fmt: skip
+              "(not parquet).")
 @click.pass_obj
 def report(source: LedgerSource, campaign: str, output_format: str, output: Path | None) -> None:
     """Write the campaign's balance sheet: the answer first, then the evidence.
@@ -62,10 +62,10 @@ def report(source: LedgerSource, campaign: str, output_format: str, output: Path
 @click.command("archive")
 @click.argument("campaign")
 @click.option("--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="The .tar.gz to write (default CAMPAIGN-archive.tar.gz here).")  # fmt: skip
+              help="The .tar.gz to write (default CAMPAIGN-archive.tar.gz here).")
 @click.option("--data-limit", "data_limit", default="256M", show_default=True, metavar="SIZE",
               help="Pack at most SIZE of the runs' data (bytes, or with K, M, G); the rest is "
-                   "listed by SHA-256 and size only.")  # fmt: skip
+                   "listed by SHA-256 and size only.")
 @click.pass_obj
 def archive(source: LedgerSource, campaign: str, output: Path | None, data_limit: str) -> None:
     """Pack everything the campaign leaves into one .tar.gz with a manifest of SHA-256s.
@@ -91,7 +91,7 @@ def archive(source: LedgerSource, campaign: str, output: Path | None, data_limit
             reason = error.strerror or str(error)
             raise BadInput(f"cannot write the archive to {path}: {reason}") from None
     click.echo(f"campaign: {campaign} archived to {written} ({written.stat().st_size:,} bytes)",
-               err=True)  # fmt: skip
+               err=True)
 
 
 def _size(text: str) -> int:
@@ -125,4 +125,4 @@ def verify_archive_command(path: Path) -> None:
         click.echo(f"campaign: {printable(str(error))}", err=True)
         raise click.exceptions.Exit(2 if isinstance(error, ArchiveUnusable) else 1) from None
     click.echo(f"campaign: {printable(str(path))}: {verified.members} members, "
-               f"{verified.bytes:,} bytes, every SHA-256 verified", err=True)  # fmt: skip
+               f"{verified.bytes:,} bytes, every SHA-256 verified", err=True)

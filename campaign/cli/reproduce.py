@@ -11,8 +11,8 @@ from pathlib import Path
 
 import click
 
-from campaign.cli.errors import BadInput
 from campaign.cli.output import output_options, printable
+from campaign.errors import BadInput
 
 
 @click.command()
@@ -63,23 +63,23 @@ def reproduce(archive: Path, run_id: str | None, folder: Path | None, output_for
              "points": c.points, "metrics": "identical" if not c.differing else "differ",
              "weights": "identical" if c.weights_original == c.weights_reproduced else "differ",
              "first_difference": c.differing[0] if c.differing else ""}
-            for c in comparisons]  # fmt: skip
+            for c in comparisons]
     if output_format == "json":
         click.echo(json.dumps({"archive": str(archive), "folder": str(folder), "runs": [
             {**row, "differences": c.differing, "weights_sha256": c.weights_original,
              "reproduced_weights_sha256": c.weights_reproduced}
-            for row, c in zip(rows, comparisons, strict=True)]}, indent=2))  # fmt: skip
+            for row, c in zip(rows, comparisons, strict=True)]}, indent=2))
     else:
         from campaign.cli.output import render_rows
 
         click.echo(render_rows(rows, output_format))
     for setting, old, new in moved:
         click.echo(f"campaign: {setting} = {old!r} lay outside the run's working folder: "
-                   f"placed at {new} and the setting pointed there", err=True)  # fmt: skip
+                   f"placed at {new} and the setting pointed there", err=True)
     took = time.perf_counter() - started
     same = sum(c.identical for c in comparisons)
     click.echo(f"campaign: {same} of {len(comparisons)} runs reproduced bit for bit from "
-               f"{archive} in {took:.1f} s (in {folder})", err=True)  # fmt: skip
+               f"{archive} in {took:.1f} s (in {folder})", err=True)
     if same != len(comparisons):
         raise click.exceptions.Exit(1)
 

@@ -31,8 +31,8 @@ def _execute(
 ) -> None:
     """Run or resume ``run_id`` in this process; exit 1 unless it completed or stopped.
     A planned run starts only through the pilot gate of its class (or a recorded skip)."""
-    from campaign.host.calls import RUN_PRELOAD
     from campaign.host.client import start_early
+    from campaign.launch.run_process import RUN_PRELOAD
 
     # The run forks from it: torch and the loop import while this process imports the
     # ledger's code and reads the run and its gate (a bad run id ends the host at once).
@@ -52,7 +52,7 @@ def _execute(
         from campaign.launch.worker import WorkerOptions, execute_one
 
         options = WorkerOptions(record.campaign, artifacts, device, grace_s=grace_s,
-                                replay_in_subprocess=replay)  # fmt: skip
+                                replay_in_subprocess=replay)
         outcome = execute_one(ledger, run_id, options)
         _warn_about_flags(ledger, run_id)
     click.echo(
@@ -65,7 +65,8 @@ def _execute(
 
 
 def _gate(ledger: Ledger, campaign: str, run_id: str, skip: str | None) -> None:
-    from campaign.gates.launch_gate import GateClosed, open_gate
+    from campaign.errors import GateClosed
+    from campaign.gates.launch_gate import open_gate
 
     try:
         open_gate(ledger, campaign, skip_reason=skip, who=f"run {run_id}", run_ids=[run_id])
@@ -96,7 +97,7 @@ def _warn_about_flags(ledger: Ledger, run_id: str) -> None:
               help="Skip replaying the final artifact in a fresh process before the run ends.")
 @click.pass_obj
 def run(source: LedgerSource, run_id: str, artifacts: Path, device: str, stop_grace_s: float,
-        skip_pilot: bool, reason: str | None, no_replay_check: bool) -> None:  # fmt: skip
+        skip_pilot: bool, reason: str | None, no_replay_check: bool) -> None:
     """Execute one planned run in this process (what a worker calls).
 
     The run's gate class needs a passing pilot (`campaign pilot`), or --skip-pilot
@@ -108,7 +109,7 @@ def run(source: LedgerSource, run_id: str, artifacts: Path, device: str, stop_gr
     """
     _execute(source, run_id, artifacts, device, expect="planned",
              skip=skip_reason(skip_pilot, reason), grace_s=stop_grace_s,
-             replay=not no_replay_check)  # fmt: skip
+             replay=not no_replay_check)
 
 
 @click.command()
@@ -120,7 +121,7 @@ def run(source: LedgerSource, run_id: str, artifacts: Path, device: str, stop_gr
               help="Skip replaying the final artifact in a fresh process before the run ends.")
 @click.pass_obj
 def resume(source: LedgerSource, run_id: str, artifacts: Path, device: str,
-           stop_grace_s: float, no_replay_check: bool) -> None:  # fmt: skip
+           stop_grace_s: float, no_replay_check: bool) -> None:
     """Continue an interrupted or lost run from its last verified checkpoint (same id, new segment).
 
     Example: campaign resume 01jd8x3m5k2q9w7c4v6b1n0r8t
@@ -143,14 +144,15 @@ def replay(source: LedgerSource, run_id: str, device: str, output_format: str) -
     Example: campaign replay 01jd8x3m5k2q9w7c4v6b1n0r8t --format json
     """
     from campaign.host import calls
+    from campaign.loop import child_entries
 
     with source.open() as ledger:  # a missing ledger or run id ends here, nothing started
         record = ledger.run(run_id)
         task = ledger.campaign(record.campaign).task
         url = ledger.engine.url.render_as_string(hide_password=False)
-    result = calls.call("campaign.loop.replay:replay_recorded", url, run_id, device, task=task,
+    result = calls.call(child_entries.replay_recorded, url, run_id, device, task=task,
                         preload=calls.CHECK_PRELOAD,
-                        what=f"replaying run {run_id}", timeout_s=REPLAY_TIMEOUT_S)  # fmt: skip
+                        what=f"replaying run {run_id}", timeout_s=REPLAY_TIMEOUT_S)
     if output_format == "json":
         click.echo(json.dumps(result, default=str))
     word = "identical" if result["identical"] else "DIFFER"
@@ -171,9 +173,10 @@ def order(source: LedgerSource, run_id: str, updates: str, output_format: str) -
 
     Example: campaign order 01jd8x3m5k2q9w7c4v6b1n0r8t --updates 100:105 --format json
     """
-    from campaign.cli.errors import BadInput
     from campaign.cli.output import render_rows
+    from campaign.errors import BadInput
     from campaign.host import calls
+    from campaign.loop import child_entries
 
     try:
         first, last = (int(part) for part in updates.split(":"))
@@ -188,11 +191,11 @@ def order(source: LedgerSource, run_id: str, updates: str, output_format: str) -
     planned = int(config["budget"]["updates"])
     if first > planned:
         raise BadInput(f"--updates {updates!r}: run {run_id} plans {planned} updates")
-    rows = calls.call("campaign.loop.order_view:update_order", task, config, first,
+    rows = calls.call(child_entries.update_order, task, config, first,
                       min(last, planned), what="recomputing the data order", task=task)
     if output_format == "json":
         click.echo(json.dumps(rows, indent=2))
         return
     flat = [{**row, "microbatches": " | ".join(" ".join(m) for m in row["microbatches"])}
-            for row in rows]  # fmt: skip
+            for row in rows]
     click.echo(render_rows(flat, output_format))

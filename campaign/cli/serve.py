@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from campaign.cli.errors import BadInput
 from campaign.cli.source import LedgerSource
+from campaign.errors import BadInput
 
 
 @click.command()
@@ -21,14 +21,14 @@ from campaign.cli.source import LedgerSource
 @click.option("--access-log", is_flag=True, help="Log every request on stderr.")
 @click.pass_obj
 def serve(source: LedgerSource, host: str, port: int, token: str | None,
-          access_log: bool) -> None:  # fmt: skip
+          access_log: bool) -> None:
     """Serve a read-only live dashboard over the ledger: campaigns, live status and curves,
     conclusions, flags, the balance sheet, every run. The URL is printed on stdout.
 
     Examples: campaign serve · campaign serve --port 0 · campaign serve --host 0.0.0.0
     """
     from campaign.ledger import LedgerReader
-    from campaign.serve.server import ServeError, serve
+    from campaign.serve.dashboard_server import ServeError, serve
 
     reader = LedgerReader.open(source.url)
     try:
@@ -49,7 +49,7 @@ def serve(source: LedgerSource, host: str, port: int, token: str | None,
               help="With --follow: seconds between two reads of the ledger.")
 @click.pass_obj
 def tensorboard(source: LedgerSource, campaign_name: str, logdir: Path, follow: bool,
-                every_s: float) -> None:  # fmt: skip
+                every_s: float) -> None:
     """Write CAMPAIGN's curves as TensorBoard event files: every metric as a scalar at its
     update, the config as hyperparameters, the status and stop as text. Only new points are
     written on a second export. Needs the extra: pip install 'campaign[tensorboard]'.
@@ -68,7 +68,7 @@ def tensorboard(source: LedgerSource, campaign_name: str, logdir: Path, follow: 
         else:
             done = export(reader, campaign_name, logdir)
             click.echo(f"{done.points} new points of {done.runs} runs written to {logdir}",
-                       err=True)  # fmt: skip
+                       err=True)
     except ExportError as error:
         raise BadInput(str(error)) from None
     finally:

@@ -28,7 +28,7 @@ def show(source: LedgerSource, target: str, output_format: str) -> None:
 
     Examples: campaign show digits-lr · campaign show 01jd8w... --format json
     """
-    from campaign.ledger.errors import NotFound
+    from campaign.errors import NotFound
 
     with source.open() as ledger:
         try:
@@ -57,13 +57,13 @@ def _show_run(run: Any, frame: Any, files: Any, output_format: str) -> None:
     control = (same_seed if len(same_seed) else controls).head(1)
     control_id = control["run_id"].iloc[0] if len(control) else None
     changes = {} if control_id in (None, run.id) else config_changes(
-        control["config"].iloc[0], config)  # fmt: skip
+        control["config"].iloc[0], config)
     header = {"run_id": run.id, "campaign": run.campaign, "variant": run.variant,
               "seed": run.seed, "status": run.status, "stop_cause": run.stop_cause,
               "stop_step": run.stop_step, "stop_detail": run.stop_detail,
               "relaunch_of": run.relaunch_of,
               "relaunch_reason": run.relaunch_reason, "config_sha256": run.config_sha256,
-              "control_run": control_id}  # fmt: skip
+              "control_run": control_id}
     latest = files.sort_values("id").groupby("kind").tail(1)  # the newest file of each kind
     for kind in ("log", "traceback", "final", "checkpoint"):
         found = latest[latest["kind"] == kind]
@@ -74,7 +74,7 @@ def _show_run(run: Any, frame: Any, files: Any, output_format: str) -> None:
         return
     rows = [{"key": key, "value": json.dumps(value), "control": (
                 json.dumps(changes[key][0]) if key in changes else "(same)")}
-            for key, value in flatten(config).items()]  # fmt: skip
+            for key, value in flatten(config).items()]
     if output_format == "table":
         for key, value in header.items():
             click.echo(f"{key + ':':<16} {'' if value is None else printable(str(value))}")
@@ -107,15 +107,15 @@ def _show_campaign(record: Any, frame: Any, note_count: int, output_format: str)
             "updates_planned": budget.get("updates"),
             "examples_planned": budget.get("examples_seen"),
             "epochs_planned": None if epochs is None else round(float(epochs), 4),
-        })  # fmt: skip
+        })
     header = {
         "campaign": record.name, "question": record.question, "task": record.task,
         "spec_sha256": record.spec_sha256, "created_at": record.created_at.isoformat(),
         "runs": len(frame), "notes": note_count,
-    }  # fmt: skip
+    }
     if output_format == "json":
         click.echo(json.dumps({**header, "hold": hold, "variants": variants}, indent=2,
-                              default=str))  # fmt: skip
+                              default=str))
         return
     if output_format == "table":
         held = ", ".join(f"{k}={v!r}" for k, v in sorted(hold.items()))
@@ -139,7 +139,7 @@ def curve(source: LedgerSource, run_id: str, keys: tuple[str, ...], output_forma
 
     Example: campaign curve 01jd8x3m5k2q9w7c4v6b1n0r8t --key train/loss --key val/accuracy
     """
-    from campaign.cli.errors import BadInput
+    from campaign.errors import BadInput
 
     with source.open() as ledger:
         record = ledger.run(run_id)
@@ -153,7 +153,7 @@ def curve(source: LedgerSource, run_id: str, keys: tuple[str, ...], output_forma
     missing = [k for k in dict.fromkeys(wanted) if k not in known]
     if missing and keys:
         raise BadInput(f"--key {missing[0]}: run {run_id} recorded no such metric (it has "
-                       f"{', '.join(known) or 'none'})")  # fmt: skip
+                       f"{', '.join(known) or 'none'})")
     chosen = points[points["key"].isin(wanted)]
     table = chosen.drop_duplicates(["step", "key"], keep="last").pivot(
         index="step", columns="key", values="value")  # a NaN (a diverged step) is kept
@@ -162,7 +162,7 @@ def curve(source: LedgerSource, run_id: str, keys: tuple[str, ...], output_forma
     rows = [{"step": int(step), "examples_seen": None if seen[step] != seen[step]
              else int(seen[step]),
              **{k: (None if v != v else float(v)) for k, v in values.items()}}
-            for step, values in table.iterrows()]  # fmt: skip
+            for step, values in table.iterrows()]
     if output_format == "json":
         click.echo(json.dumps({"run_id": run_id, "keys": list(table.columns), "points": rows}))
         return

@@ -32,7 +32,7 @@ def empty_ledger(where: str) -> None:
     """An empty ledger URL is an unset variable, never "the default": one line, exit 2 (the
     default would be created silently in the working folder)."""
     click.echo(f"campaign: {where} is empty (an unset variable?): give a ledger URL, or "
-               "leave it out for the default sqlite:///campaign.db", err=True)  # fmt: skip
+               "leave it out for the default sqlite:///campaign.db", err=True)
     raise click.exceptions.Exit(2)
 
 

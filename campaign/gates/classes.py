@@ -28,7 +28,7 @@ from campaign.plan.config_keys import config_value, flatten
 EXECUTABLE = ("planned", "interrupted", "lost")  # the runs a launch could still start
 DATA_KEYS = ("task", "loop.max_length", "loop.allow_target_truncation")
 MEMORY_KEYS = (*DATA_KEYS, "loop.microbatch", "loop.accumulation", "loop.precision",
-               "loop.activation_checkpointing", "loop.replicas", "optimizer.name")  # fmt: skip
+               "loop.activation_checkpointing", "loop.replicas", "optimizer.name")
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class GateClass:
     def describe(self, against: GateClass | None = None) -> str:
         """The class in words: the keys where it differs from ``against`` (all without)."""
         shown = {k: v for k, v in self.values.items()
-                 if against is None or against.values.get(k) != v}  # fmt: skip
+                 if against is None or against.values.get(k) != v}
         return ", ".join(f"{k}={v!r}" for k, v in shown.items()) or "the control's settings"
 
 
@@ -72,7 +72,7 @@ def run_classes(
     ``run_ids``), in run order."""
     runs = ledger.runs(campaign)
     chosen = runs[runs["run_id"].isin(run_ids)] if run_ids is not None else runs[
-        runs["status"].isin(EXECUTABLE)]  # fmt: skip
+        runs["status"].isin(EXECUTABLE)]
     classes: dict[str, tuple[GateClass, list[str]]] = {}
     for run_id, config in zip(chosen["run_id"], chosen["config"], strict=True):
         found = gate_class(config)

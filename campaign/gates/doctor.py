@@ -7,10 +7,10 @@ from typing import Any
 
 from sqlalchemy.exc import DBAPIError
 
-from campaign.gates.stack import environment
 from campaign.host.calls import with_torch
 from campaign.ledger import migrate
 from campaign.ledger.store import Ledger
+from campaign.stack.software import environment
 
 
 def examine(url: str, *, stale_after_s: float, dry_run: bool) -> dict[str, Any]:
@@ -26,7 +26,7 @@ def examine(url: str, *, stale_after_s: float, dry_run: bool) -> dict[str, Any]:
                 {"campaign": names.get(lost.campaign_id), "run_id": lost.run_id,
                  "worker": lost.worker, "silent_s": round(lost.silent_s, 1), "action": action}
                 for lost in ledger.mark_lost(stale_after_s, dry_run=dry_run)
-            ]  # fmt: skip
+            ]
     state["integrity"] = "; ".join(integrity_problems(url)) or "ok"
     stack = with_torch(environment, None, what="describing the software stack")
     return {"stack": stack, "ledger": state, "stale_runs": stale}

@@ -16,15 +16,12 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from campaign.errors import GateClosed
 from campaign.gates.classes import GateClass, gate_class, run_classes
 from campaign.gates.rule import gate_state, pilot_decisions, skip_decisions
-from campaign.gates.stack import environment, stack_differences
 from campaign.host.calls import with_torch
 from campaign.ledger import Ledger, LedgerReader
-
-
-class GateClosed(Exception):
-    """A run's gate class has no passing pilot and nobody recorded a decision to skip it."""
+from campaign.stack.software import environment, stack_differences
 
 
 @dataclass(frozen=True)
@@ -52,7 +49,7 @@ def open_gate(
         covered = [r for _, ids in classes.values() for r in ids]
         # Recorded per run: a run planned later (a relaunch) is not covered by this decision.
         ledger.add_run_events(campaign, "pilot_skipped", f"{who}: {skip_reason.strip()}",
-                              covered)  # fmt: skip
+                              covered)
         return GateDecision(f"pilot skipped: {skip_reason.strip()}")
     if not classes:
         return GateDecision("nothing to run")
@@ -96,7 +93,7 @@ def passing_stacks(ledger: LedgerReader, campaign: str) -> list[dict[str, object
 
 
 def stack_warnings(ledger: Ledger, campaign: str, stacks: Sequence[dict[str, object]] | None,
-                   who: str) -> tuple[str, ...]:  # fmt: skip
+                   who: str) -> tuple[str, ...]:
     """How this machine's stack differs from the pilots' (``stacks``; None: read them), each
     difference recorded once as a ``stack_difference`` event. Asks torch through the task host
     when this process has none (a worker started by ``launch`` checks it, not the launcher)."""
@@ -105,7 +102,7 @@ def stack_warnings(ledger: Ledger, campaign: str, stacks: Sequence[dict[str, obj
     if not stacks:
         return ()
     here = with_torch(environment, record.task, what="describing the software stack",
-                      task=record.task)  # fmt: skip
+                      task=record.task)
     warnings = tuple(dict.fromkeys(w for s in stacks for w in stack_differences(s, here)))
     if warnings:
         detail = f"{who} on a stack unlike the pilot's: " + "; ".join(warnings)
@@ -122,14 +119,14 @@ def _control_class(ledger: LedgerReader, campaign: str) -> GateClass | None:
 
 
 def _refusal(campaign: str, closed: list[tuple[GateClass, list[str]]], total: int,
-             control: GateClass | None) -> str:  # fmt: skip
+             control: GateClass | None) -> str:
     if total == 1 and len(closed) == 1:
         return (f"campaign {campaign!r} has no passing pilot for its frozen spec (gate class "
                 f"{closed[0][0].id}): run `campaign pilot {campaign}` first, or launch with "
-                "--skip-pilot --reason TEXT")  # fmt: skip
+                "--skip-pilot --reason TEXT")
     named = "; ".join(
         f"gate class {found.id} ({found.describe(control)}): {len(ids)} "
-        f"run{'s' * (len(ids) > 1)}" for found, ids in closed[:3])  # fmt: skip
+        f"run{'s' * (len(ids) > 1)}" for found, ids in closed[:3])
     return (f"campaign {campaign!r}: {len(closed)} of {total} gate classes have no passing "
             f"pilot ({named}): run `campaign pilot {campaign}` (it pilots every class not yet "
             f"covered; `--class ID` for one), or launch with --skip-pilot --reason TEXT")

@@ -65,7 +65,7 @@ def pilot_decisions(
             pilots["environment"], pilots["created_at"], _classes(pilots), strict=True)
         if sha == spec_sha256 and (gate_class is None or not isinstance(cls, str)
                                    or cls == gate_class)
-    ]  # fmt: skip
+    ]
 
 
 @dataclass(frozen=True)
@@ -85,10 +85,10 @@ def skip_decisions(events: Any) -> SkipDecisions:
     """The ``skips`` arguments of :func:`gate_state`, read once from the ``events`` frame."""
     found = SkipDecisions([], {})
     for kind, run_id, at, detail in zip(events["kind"], events["run_id"], events["at"],
-                                        events["detail"], strict=True):  # fmt: skip
+                                        events["detail"], strict=True):
         if kind == "pilot_skipped":
             target = (found.per_run.setdefault(run_id, []) if isinstance(run_id, str)
-                      else found.everywhere)  # fmt: skip
+                      else found.everywhere)
             target.append({"at": at, "detail": detail})
     return found
 

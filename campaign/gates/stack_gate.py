@@ -14,7 +14,8 @@ can run it. A task declares its needs next to its factory, as the factory's
 each); the pilot refuses to pass, ``doctor CAMPAIGN`` reports it, and a worker
 refuses to claim rather than only warning. :func:`precision_problem` refuses
 bf16 on a CUDA device without bf16 support (and fp16 off CUDA) before any run
-starts. Declared needs are read from the factory's module without building
+starts (both in :mod:`campaign.stack.devices`, below the loop, which refuses the same).
+Declared needs are read from the factory's module without building
 the task (no data is loaded for a check).
 """
 
@@ -26,7 +27,9 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from campaign.plan.taskref import TaskReferenceError, load_factory
+from campaign.errors import TaskReferenceError
+from campaign.loop.taskref import load_factory
+from campaign.stack.devices import capability_problems, device_problems, precision_problem
 
 
 def declared(task_reference: str) -> Mapping[str, Any]:
@@ -71,7 +74,7 @@ def stack_problems(task_reference: str, device: str = "cpu") -> list[str]:
             problems.append(f"module {module} does not import ({type(error).__name__}: {error})")
     least = needs.get("cuda_capability")
     if least is not None:
-        problems += _capability(str(least), device)
+        problems += capability_problems(str(least), device)
     return problems
 
 
@@ -87,38 +90,6 @@ def _malformed(needs: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _capability(least: str, device: str) -> list[str]:
-    import torch
-
-    if not device.startswith("cuda"):
-        return [f"the task needs a CUDA device of capability {least} or more; this is {device}"]
-    if not torch.cuda.is_available():
-        return [f"the task needs CUDA capability {least}; CUDA is not available here"]
-    index = int(device.split(":")[1]) if ":" in device else 0
-    major, minor = torch.cuda.get_device_capability(index)
-    wanted = tuple(int(p) for p in least.split("."))
-    if (major, minor) < wanted:
-        return [f"{torch.cuda.get_device_name(index)} has capability {major}.{minor}; the task "
-                f"needs {least}"]  # fmt: skip
-    return []
-
-
-def precision_problem(precision: str, device: str) -> str | None:
-    """Why ``precision`` cannot run on ``device`` (None when it can)."""
-    if precision == "fp16" and not device.startswith("cuda"):
-        return f"fp16 with a GradScaler needs a CUDA device, not {device}"
-    if precision == "bf16" and device.startswith("cuda"):
-        import torch
-
-        if torch.cuda.is_available():  # native bf16 from compute capability 8.0 (Ampere) on;
-            index = int(device.split(":")[1]) if ":" in device else 0  # not emulation
-            major, minor = torch.cuda.get_device_capability(index)
-            if major < 8:
-                return (f"{device} ({torch.cuda.get_device_name(index)}, capability "
-                        f"{major}.{minor}) has no native bf16 (use fp16 or fp32)")
-    return None
-
-
 def unfit_problems(task_reference: str, device: str, precisions: list[str]) -> list[str]:
     """Everything this stack misses to run the task's runs on ``device`` at ``precisions``:
     the device itself, the declared requirements, each precision (one line each)."""
@@ -127,61 +98,3 @@ def unfit_problems(task_reference: str, device: str, precisions: list[str]) -> l
         return problems
     problems = stack_problems(task_reference, device)
     return problems + [p for p in (precision_problem(x, device) for x in precisions) if p]
-
-
-def device_name_problem(device: str) -> str | None:
-    """Why ``device`` is not a device name this tool runs on (bad input), or None."""
-    import torch
-
-    try:
-        parsed = torch.device(device)
-    except (RuntimeError, ValueError) as error:
-        return f"device {device!r} is not a torch device ({error})"
-    if parsed.type not in ("cpu", "cuda"):
-        return f"device {device!r}: only cpu and cuda devices are supported"
-    return None
-
-
-def device_problems(device: str, *, allocate: bool = False) -> list[str]:
-    """Why ``device`` cannot run here: not a device name, a CUDA index this machine does not
-    have (a CPU-only torch), or, with ``allocate`` (the pilot, in a child of the task host),
-    a device that refuses a small allocation (busy, broken, in an exclusive mode held by
-    another process); nothing when it can. Without ``allocate`` no CUDA context is created:
-    a worker that checks before it claims keeps the device free for its runs."""
-    import torch
-
-    named = device_name_problem(device)
-    if named is not None:
-        return [named]
-    parsed = torch.device(device)
-    if parsed.type == "cpu":
-        return []
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if (parsed.index or 0) >= count:
-        build = "; this torch is a CPU-only build" if torch.version.cuda is None else ""
-        return [f"device {device} does not exist here ({count} CUDA device(s) visible{build})"]
-    if not allocate:
-        return []
-    try:  # in a child of the task host: the host itself never initialises CUDA
-        torch.empty(1024, device=parsed).sum().item()
-    except RuntimeError as error:
-        return [f"device {device} refuses a 4 KiB allocation ({str(error).splitlines()[0]})"]
-    return []
-
-
-def cuda_device_count() -> int:
-    """How many CUDA devices this process sees (0 on a CPU-only torch)."""
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
-def refuse_missing_device(device: str) -> None:
-    """A device that does not exist here (or refuses 4 KiB) proves nothing: exit 1; a name that
-    is no device: bad input, exit 2."""
-    from campaign.loop.errors import DeviceUnavailable, LoopError
-
-    missing = device_problems(device, allocate=True)
-    if missing:
-        kind = LoopError if device_name_problem(device) else DeviceUnavailable
-        raise kind(f"--device {device}: " + "; ".join(missing))

@@ -1,7 +1,7 @@
 """The task host: at most one interpreter per process that runs task code or places runs.
 
 Every command, ``campaign worker``, SLURM array task or Ray worker task that needs
-torch spawns at most one host (:mod:`campaign.host.server`): it imports torch,
+torch spawns at most one host (:mod:`campaign.host.host_process`): it imports torch,
 the loop and a task's declared preloads once (:mod:`campaign.host.preloads`),
 never initialises CUDA and never computes, and forks every child that runs task
 code: the run, the guarded plan/inspect/order calls, the pilot's fresh-process

@@ -27,48 +27,22 @@ from collections.abc import Callable, Container, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from campaign import errors
+from campaign.errors import HostedError, TaskContractError
 from campaign.host import client
 from campaign.host.client import Child, HostError
 from campaign.host.processes import ended_how
-from campaign.loop.errors import TaskContractError
 
-# What a run's process imports (torch._dynamo: the first optimizer a process builds imports it,
-# over a second): once per host, before its first run, never again per run.
-RUN_PRELOAD = ("torch._dynamo", "numpy", "pandas", "pyarrow.parquet", "safetensors.torch",
-               "campaign.loop.train", "campaign.loop.replay", "campaign.launch.run_body",
-               "campaign.launch.run_process",
-               # imported lazily by a run's first predictions file, weights file and profiled
-               # phase: about 6 ms in every run's process otherwise
-               "pyarrow.pandas_compat", "pyarrow.vendored.version",
-               "pandas.core.arrays.arrow.extension_types", "numpy.ctypeslib",
-               "torch.profiler._cupti_monitor")  # fmt: skip
 # What a fresh check (the pilot's resume check, a replay) needs beyond its own module, which the
 # host imports anyway: it builds an optimizer or loads weights.
 CHECK_PRELOAD = ("torch._dynamo", "safetensors.torch")
 TIMEOUT_ENV = "CAMPAIGN_TASK_TIMEOUT_S"
 ANSWER_VARIABLE = "CAMPAIGN_ANSWER_FILE"  # where a fresh child writes its JSON answer
 DEFAULT_TIMEOUT_S = 300.0
-# Errors a call may raise as themselves (by class path): the callers' own refusals.
-PASSED_ON = {
-    ("campaign.loop.errors", "TaskContractError"),
-    ("campaign.loop.errors", "LoopError"),
-    ("campaign.loop.errors", "RunSetupFailed"),
-    ("campaign.loop.errors", "CheckpointError"),
-    ("campaign.ledger.errors", "LedgerInputError"),
-}
 
 
 class FreshProcessFailed(Exception):
     """A fresh child exited with an error (its last stderr line is the message)."""
-
-
-class HostedError(Exception):
-    """A project error raised in a host child, carried back with the classes it derives from
-    (``module``, ``name``), from which the command line takes its exit code (DESIGN §11)."""
-
-    def __init__(self, message: str, classes: Sequence[tuple[str, str]]) -> None:
-        super().__init__(message)
-        self.classes = tuple(classes)
 
 
 def target_of(function: Callable[..., Any]) -> str:
@@ -76,41 +50,42 @@ def target_of(function: Callable[..., Any]) -> str:
     return f"{function.__module__}:{function.__qualname__}"
 
 
-def start(target: str, args: Sequence[Any], *, follow: int | None = None,
+def start(function: Callable[..., Any], args: Sequence[Any], *, follow: int | None = None,
           stop_with: bool = False, result: Path | None = None, task: str | None = None,
-          env: Mapping[str, str] | None = None, preload: Sequence[str] = ()) -> Child:  # fmt: skip
-    """A child that calls ``target(*args)``, started now; the caller watches it. ``preload``:
+          env: Mapping[str, str] | None = None, preload: Sequence[str] = ()) -> Child:
+    """A child that calls ``function(*args)``, started now; the caller watches it. ``preload``:
     modules the host imports once before it forks (inherited by every later child); ``task``:
     the task reference, whose declared preloads the host imports the same way."""
-    request = {"kind": "call", "target": target, "args": list(args), "cwd": os.getcwd(),
+    request = {"kind": "call", "target": target_of(function), "args": list(args),
+               "cwd": os.getcwd(),
                "env": dict(os.environ if env is None else env), "path": list(sys.path),
                "result": str(result) if result else None, "follow": follow,
-               "stop_with": stop_with, "task": task, "preload": list(preload)}  # fmt: skip
+               "stop_with": stop_with, "task": task, "preload": list(preload)}
     return client.current().start(request)
 
 
-def call(function: Callable[..., Any] | str, *args: Any, what: str,
+def call(function: Callable[..., Any], *args: Any, what: str,
          timeout_s: float | None = None, task: str | None = None,
-         preload: Sequence[str] = ()) -> Any:  # fmt: skip
+         preload: Sequence[str] = ()) -> Any:
     """``function(*args)`` in a guarded child; its JSON-able value, or its error raised here.
-    ``function``: a module-level function, or its ``module:name`` (for a caller that must not
-    import the module: the command line imports nothing that imports torch)."""
+    ``function``: a module-level function the child imports by its module and name. A caller
+    that must not import torch (the command line) names a function of a torch-free entry
+    module (``loop/child_entries.py``, ``pilot/child_entries.py``)."""
     return begin(function, *args, what=what, timeout_s=timeout_s, task=task,
-                 preload=preload).result()  # fmt: skip
+                 preload=preload).result()
 
 
-def begin(function: Callable[..., Any] | str, *args: Any, what: str,
+def begin(function: Callable[..., Any], *args: Any, what: str,
           timeout_s: float | None = None, task: str | None = None,
-          preload: Sequence[str] = ()) -> Pending:  # fmt: skip
+          preload: Sequence[str] = ()) -> Pending:
     """:func:`call` started now, answered by :meth:`Pending.result` (the caller works on
     meanwhile: a second core imports the user's task while the host imports torch's rest)."""
-    target = function if isinstance(function, str) else target_of(function)
     limit = timeout() if timeout_s is None else timeout_s
     folder = tempfile.TemporaryDirectory(prefix="campaign-call-")
     result = Path(folder.name) / "result.json"
     try:
-        child = _started(lambda: start(target, args, follow=os.getpid(), result=result,
-                                       task=task, preload=preload))  # fmt: skip
+        child = _started(lambda: start(function, args, follow=os.getpid(), result=result,
+                                       task=task, preload=preload))
     except BaseException:
         folder.cleanup()
         raise
@@ -121,7 +96,7 @@ class Pending:
     """A guarded call under way: its child, and where its answer will be."""
 
     def __init__(self, child: Child, folder: tempfile.TemporaryDirectory[str], result: Path,
-                 what: str, deadline: float, limit: float) -> None:  # fmt: skip
+                 what: str, deadline: float, limit: float) -> None:
         self.child, self.folder, self.path = child, folder, result
         self.what, self.deadline, self.limit = what, deadline, limit
 
@@ -140,7 +115,7 @@ class Pending:
             except (OSError, ValueError):
                 how = ended_how(self.child.exitcode)
                 raise TaskContractError(f"task code ended its process ({how}) while "
-                                        f"{self.what}") from None  # fmt: skip
+                                        f"{self.what}") from None
         finally:
             self.folder.cleanup()
         if "value" in answer_:
@@ -154,7 +129,7 @@ class Pending:
 
 
 def with_torch(function: Callable[..., Any], *args: Any, what: str, task: str | None = None,
-               preload: Sequence[str] = ()) -> Any:  # fmt: skip
+               preload: Sequence[str] = ()) -> Any:
     """``function(*args)`` where torch is: in this process when it has torch already (a run,
     the pilot, a test), else in a guarded child of the task host (a command, a worker, the
     launcher: they import no torch). For checks that ask torch (the stack, a device, an
@@ -167,12 +142,10 @@ def with_torch(function: Callable[..., Any], *args: Any, what: str, task: str | 
 def _error(error: Mapping[str, Any], what: str) -> Exception:
     if error.get("exit") is not None or error["name"] == "SystemExit":
         return TaskContractError(f"task code raised {error['name']}({error['exit']}) while {what}")
-    if (error["module"], error["name"]) in PASSED_ON:
-        module = __import__(error["module"], fromlist=[error["name"]])
-        return getattr(module, error["name"])(error["message"])
-    classes = [(str(m), str(n)) for m, n in error.get("classes", ())]
-    if any(module.startswith("campaign.") for module, _ in classes):  # a project error
-        return HostedError(error["message"], classes)
+    if error["module"] == errors.__name__ and error["name"] != HostedError.__name__:
+        return getattr(errors, error["name"])(error["message"])  # the callers' own refusals
+    if error.get("exit_code") is not None:  # a project error of a class only the child knows
+        return HostedError(error["message"], error["exit_code"])
     return TaskContractError(f"task code failed while {what}: {error['name']}: {error['message']}")
 
 
@@ -211,7 +184,7 @@ def run_module(
         request = {"kind": "module", "module": arguments[1], "argv": list(arguments[2:]),
                    "cwd": os.getcwd(), "env": environment, "stdout": str(out),
                    "stderr": str(err), "follow": os.getpid(), "task": task,
-                   "preload": [*CHECK_PRELOAD, *preload]}  # fmt: skip
+                   "preload": [*CHECK_PRELOAD, *preload]}
         child = _started(lambda: client.current().start(request), fresh=True)
         try:
             returncode = child.join(timeout_s)

@@ -28,13 +28,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from campaign.errors import exit_code_of
 from campaign.host import client
 from campaign.host.client import THREAD_VARIABLES
 from campaign.host.processes import HOST_SIGNALS, follow, leave_host
 
 
 def become(request: dict[str, Any], connection: int, host_fds: Sequence[int],
-           default_threads: int | None = None) -> NoReturn:  # fmt: skip
+           default_threads: int | None = None) -> NoReturn:
     """The child from the fork to ``os._exit``: it never returns into the host's loop."""
     code = 1
     try:
@@ -150,10 +151,10 @@ def _call(request: dict[str, Any]) -> int:
 
 
 def describe_error(error: BaseException) -> dict[str, Any]:
-    """An error as the caller re-raises it: its class and the classes it derives from (the
-    caller's exit code follows them, DESIGN §11), its first line, an exit's status."""
+    """An error as the caller re-raises it: its class, its exit code when it is a project error
+    (docs/cli.md, exit codes), its first line, an exit's status."""
     text = str(error)
     return {"module": type(error).__module__, "name": type(error).__qualname__,
-            "classes": [[c.__module__, c.__qualname__] for c in type(error).__mro__],
+            "exit_code": exit_code_of(error),
             "message": text.splitlines()[0] if text.strip() else "",
-            "exit": error.code if isinstance(error, SystemExit) else None}  # fmt: skip
+            "exit": error.code if isinstance(error, SystemExit) else None}

@@ -4,7 +4,7 @@ A process gets its host from :func:`current`: a child of a host talks to the
 host that forked it (through the socket it was given); a process given a host's
 address in ``CAMPAIGN_SHARED_HOST`` (a local launch's workers: their launcher's host)
 joins that one; any other process spawns its own on first use (``python -m
-campaign.host.server``), and keeps it until it exits. Every spawned host listens on
+campaign.host.host_process``), and keeps it until it exits. Every spawned host listens on
 an abstract unix socket (no file to leave behind) that accepts only this user's
 processes. This module imports no torch: the
 command line and the launcher use it and stay light.
@@ -42,7 +42,7 @@ class HostError(RuntimeError):
 class Child:
     """A started child: its pid, and its exit code once the host reported it."""
 
-    def __init__(self, host: Host, pid: int) -> None:
+    def __init__(self, host: TaskHost, pid: int) -> None:
         self.host = host
         self.pid = pid
         self._exitcode: int | None = None
@@ -69,12 +69,12 @@ class Child:
         kill_group(self.pid, ended=self._exitcode is not None)
 
 
-class Host:
+class TaskHost:
     """One connection to a host: the pipe pair of a host this process spawned, or the socket a
     host gave its child."""
 
     def __init__(self, read_fd: int, write_fd: int, process: subprocess.Popen[bytes] | None,
-                 share_path: str | None = None) -> None:  # fmt: skip
+                 share_path: str | None = None) -> None:
         self.read_fd, self.write_fd, self.process = read_fd, write_fd, process
         self.share_path = share_path  # where other processes join it (a host this one spawned)
         self.shared = False  # its address was handed out: members may be using it
@@ -95,7 +95,7 @@ class Host:
             ref = next(self._refs)
             if SHARED_HOST in request.get("env", {}):  # a child never joins its parent's host
                 request = {**request, "env": {k: v for k, v in request["env"].items()
-                                              if k != SHARED_HOST}}  # fmt: skip
+                                              if k != SHARED_HOST}}
             data = (json.dumps({**request, "ref": ref}) + "\n").encode()
             try:
                 while data:
@@ -168,7 +168,7 @@ class Host:
             self.process.wait()
 
 
-_hosts: dict[int, Host] = {}
+_hosts: dict[int, TaskHost] = {}
 _adopted: list[tuple[int, int]] = []  # (pid, socket fd): set in a host's child
 _spawn_lock = threading.Lock()
 
@@ -179,7 +179,7 @@ def adopt(fd: int) -> None:
     _adopted[:] = [(os.getpid(), fd)]
 
 
-def current(preload: Sequence[str] = ()) -> Host:
+def current(preload: Sequence[str] = ()) -> TaskHost:
     """This process's host: the one that forked it, else its own (spawned on first use; it
     imports ``preload`` right after torch, before any request names them)."""
     pid = os.getpid()
@@ -189,7 +189,7 @@ def current(preload: Sequence[str] = ()) -> Host:
             return host
         if _adopted and _adopted[0][0] == pid and host is None:
             fd = _adopted[0][1]
-            host = Host(fd, fd, None)
+            host = TaskHost(fd, fd, None)
         else:
             host = _join(os.environ.pop(SHARED_HOST, "")) or _spawn(preload)
             atexit.register(host.close)
@@ -218,7 +218,7 @@ def share_path() -> str | None:
     return host.share_path
 
 
-def _join(address: str) -> Host | None:
+def _join(address: str) -> TaskHost | None:
     """A connection to the host listening at ``address`` (the variable is read once and
     removed, and never passed on in a request, so that nothing this process starts joins by
     mistake); None when there is none (its launcher's host is gone: this process then spawns
@@ -232,10 +232,10 @@ def _join(address: str) -> Host | None:
         joined.close()
         return None
     fd = joined.detach()
-    return Host(fd, fd, None)
+    return TaskHost(fd, fd, None)
 
 
-def _spawn(preload: Sequence[str] = ()) -> Host:
+def _spawn(preload: Sequence[str] = ()) -> TaskHost:
     # Without the thread settings: torch in the host computes its defaults, and each child
     # takes the settings of its own request (campaign.host.child), as a new interpreter would.
     env = {k: v for k, v in os.environ.items() if k not in THREAD_VARIABLES}
@@ -248,11 +248,11 @@ def _spawn(preload: Sequence[str] = ()) -> Host:
     listener.listen(128)
     try:
         process = subprocess.Popen(
-            [sys.executable, "-m", "campaign.host.server", str(os.getpid()),
+            [sys.executable, "-m", "campaign.host.host_process", str(os.getpid()),
              str(listener.fileno()), *preload],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=os.getcwd(), close_fds=True,
             env=env, pass_fds=(listener.fileno(),),
-        )  # fmt: skip
+        )
     finally:
         listener.close()
     assert process.stdin is not None and process.stdout is not None
@@ -261,4 +261,4 @@ def _spawn(preload: Sequence[str] = ()) -> Host:
     process.stdin.close()
     os.set_inheritable(read_fd, False)
     os.set_inheritable(write_fd, False)
-    return Host(read_fd, write_fd, process, "@" + name)
+    return TaskHost(read_fd, write_fd, process, "@" + name)

@@ -10,7 +10,7 @@ code, so before the host imports them a probe child imports them first, within
 children import it themselves, each with its own time limit and error), and the verdict is
 kept for the host's life; the host serves nothing meanwhile (up to 60 s, once a library).
 What a preload prints goes to the host's stderr (its answer channel is not fd 1: see
-:func:`campaign.host.server.main`).
+:func:`campaign.host.host_process.main`).
 """
 
 from __future__ import annotations
@@ -85,11 +85,11 @@ def import_path(request: dict[str, Any]) -> list[str]:
     if cwd not in entries and "" not in entries:
         entries.append(cwd)  # where a task in the working directory is found (as load_factory)
     return [os.path.join(cwd, entry) if not os.path.isabs(entry) else entry
-            for entry in entries]  # fmt: skip
+            for entry in entries]
 
 
 def task_preloads(task_reference: str | None,
-                  path: Sequence[str]) -> tuple[list[str], list[str]]:  # fmt: skip
+                  path: Sequence[str]) -> tuple[list[str], list[str]]:
     """(a built-in task's module and its ``PRELOAD``, the libraries a user's task names in
     its ``PRELOAD``): the causal-LM task's transformers, a user's scikit-learn, seconds in
     every child otherwise. A user's names never include its task module or its packages."""
@@ -103,7 +103,7 @@ def task_preloads(task_reference: str | None,
             return [], []
     own = {".".join(module.split(".")[:depth]) for depth in range(1, module.count(".") + 2)}
     return [], [name for name in declared_preloads(module, path)
-                if name not in own and not name.startswith(module + ".")]  # fmt: skip
+                if name not in own and not name.startswith(module + ".")]
 
 
 def declared_preloads(module: str, path: Sequence[str] | None = None) -> list[str]:

@@ -19,7 +19,7 @@ import time
 # child-ended signal the host's loop wakes on: a child takes back their default actions, a
 # preload may not change them in the host.
 SCHEDULER_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1,
-                     signal.SIGUSR2)  # fmt: skip
+                     signal.SIGUSR2)
 HOST_SIGNALS = (*SCHEDULER_SIGNALS, signal.SIGCHLD)
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36

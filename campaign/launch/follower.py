@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     with Ledger.open() as ledger:
         loop = RunLoop(ledger, args.run_id, artifacts=args.artifacts, device=args.device,
-                       replica=replica, replay_in_subprocess=False)  # fmt: skip
+                       replica=replica, replay_in_subprocess=False)
         with dp.process_group(replica, address, port, torch.device(args.device)):
             try:
                 loop.setup()

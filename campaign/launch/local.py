@@ -26,14 +26,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from campaign.gates.stack_gate import cuda_device_count
 from campaign.host.calls import with_torch
 from campaign.host.client import SHARED_HOST, share_path
-from campaign.launch.live_table import ProgressDisplay, Snapshot, take_snapshot
+from campaign.launch.live_table import ProgressDisplay
 from campaign.launch.worker import WorkerOptions, worker_name
 from campaign.launch.worker_command import worker_command
 from campaign.ledger import Ledger
 from campaign.ledger.location import ENV_VAR
+from campaign.ledger.progress import Snapshot, take_snapshot
+from campaign.stack.devices import cuda_device_count
 
 MAX_RESPAWNS = 3
 

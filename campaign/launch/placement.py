@@ -15,9 +15,10 @@ import time
 
 __all__ = ["PlacementError", "enter", "options_document", "options_from", "settle"]
 
-from campaign.launch.live_table import ProgressDisplay, Snapshot, take_snapshot
+from campaign.launch.live_table import ProgressDisplay
 from campaign.launch.worker import WorkerOptions, options_document, options_from
 from campaign.ledger import Ledger
+from campaign.ledger.progress import Snapshot, take_snapshot
 
 
 class PlacementError(RuntimeError):

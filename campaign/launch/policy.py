@@ -10,11 +10,12 @@ from pathlib import Path
 
 from campaign.gates.launch_gate import GateDecision, open_gate
 from campaign.launch.defaults import EXECUTORS
-from campaign.launch.live_table import ProgressDisplay, Snapshot
+from campaign.launch.live_table import ProgressDisplay
 from campaign.launch.local import DeviceError, LocalLauncher, plan_slots
 from campaign.launch.worker import WorkerOptions
 from campaign.ledger import Ledger
 from campaign.ledger.locality import check_single_host
+from campaign.ledger.progress import Snapshot
 
 # A run that ended in one of these needs attention; diverged is a result, not an accident.
 NEEDS_ATTENTION = ("failed", "oom", "interrupted", "lost")
@@ -106,7 +107,7 @@ def launch_campaign(
         _check_slurm_request(request)
     who = f"launch --executor {request.executor}"
     gate = open_gate(ledger, campaign, skip_reason=request.skip_reason, who=who,
-                     check_stack=request.executor != "local")  # fmt: skip
+                     check_stack=request.executor != "local")
     if on_gate is not None:  # said before any worker starts: a launch may take hours
         on_gate(gate)
     display = display or ProgressDisplay()
@@ -119,7 +120,7 @@ def launch_campaign(
         events = ledger.events(campaign)
         refused = events[(events["kind"] == "stack_refused") & (events["id"] > seen)]
         return LaunchOutcome(gate, result.snapshot, result.interrupted,
-                             tuple(dict.fromkeys(refused["detail"])))  # fmt: skip
+                             tuple(dict.fromkeys(refused["detail"])))
     snapshot, interrupted = _on_engine(url, request, display)
     return LaunchOutcome(gate, snapshot, interrupted)
 
@@ -145,7 +146,7 @@ def _on_engine(url: str, request: LaunchRequest, display: ProgressDisplay) -> tu
             address=request.address, workers=request.workers, devices=request.devices,
             gpus_per_run=request.gpus_per_run, schedule_timeout_s=request.schedule_timeout_s,
             grace_s=request.grace_s,
-        )  # fmt: skip
+        )
         return launch_on_ray(url, request.options, ray_options, display)
     from campaign.launch.slurm_executor import SlurmOptions, launch_on_slurm
 
@@ -157,5 +158,5 @@ def _on_engine(url: str, request: LaunchRequest, display: ProgressDisplay) -> tu
         time_min=request.slurm_time_min, max_requeues=request.max_requeues,
         gpus_per_task=gpus, cpus_per_task=request.options.threads or 1,
         signal_s=request.slurm_signal_s, grace_s=request.grace_s,
-    )  # fmt: skip
+    )
     return launch_on_slurm(url, request.options, slurm_options, display)

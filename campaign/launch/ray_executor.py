@@ -39,7 +39,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from campaign.launch.live_table import ProgressDisplay, Snapshot, take_snapshot
+from campaign.launch.live_table import ProgressDisplay
 from campaign.launch.placement import (
     PlacementError,
     enter,
@@ -50,7 +50,8 @@ from campaign.launch.placement import (
 from campaign.launch.secret_file import handed_over, taken_back
 from campaign.launch.worker import WorkerOptions, run_worker
 from campaign.ledger import Ledger
-from campaign.ledger.engine import safe_url
+from campaign.ledger.connections import safe_url
+from campaign.ledger.progress import Snapshot, take_snapshot
 
 MAX_TASK_RETRIES = 3
 ADDRESS_ENV = "RAY_ADDRESS"
@@ -80,13 +81,13 @@ def cluster_address(address: str | None) -> str | None:
 
 
 def execute_worker_task(url: str, secret: str | None, document: dict[str, Any],
-                        cwd: str) -> dict[str, Any]:  # fmt: skip
+                        cwd: str) -> dict[str, Any]:
     """The body of one Ray task: a worker (module level, so Ray ships it by reference)."""
     enter(cwd)
     with Ledger.open(taken_back(url, secret)) as ledger:
         report = run_worker(ledger, options_from(document))
     return {"worker": report.worker, "runs": [asdict(o) for o in report.outcomes],
-            "stopped": report.stopped_by_signal}  # fmt: skip
+            "stopped": report.stopped_by_signal}
 
 
 def launch_on_ray(
@@ -115,7 +116,7 @@ def launch_on_ray(
                 signal.signal(signum, on_stop)
             try:
                 snapshot = _follow(ray, url, (engine_url, secret), options, ray_options,
-                                   display, signals)  # fmt: skip
+                                   display, signals)
             finally:
                 ray.shutdown()
     finally:
@@ -143,14 +144,14 @@ def _connect(ray: Any, address: str | None, ray_options: RayOptions) -> None:
     try:
         if address is None:
             ray.init(num_cpus=ray_options.workers or os.cpu_count(), include_dashboard=False,
-                     log_to_driver=False, logging_level="ERROR")  # fmt: skip
+                     log_to_driver=False, logging_level="ERROR")
         else:
             ray.init(address=address, log_to_driver=False, logging_level="ERROR")
     except (ConnectionError, RuntimeError, ValueError) as error:
         where = f"the Ray cluster at {address}" if address else "a private Ray instance"
         lines = str(error).strip().splitlines()
         raise PlacementError(f"cannot connect to {where}: {lines[0] if lines else error}"
-                             ) from None  # fmt: skip
+                             ) from None
 
 
 @contextmanager
@@ -207,7 +208,7 @@ def _import_ray(*, loopback: bool) -> Any:
 
 def _follow(ray: Any, url: str, handed: tuple[str, str | None], options: WorkerOptions,
             ray_options: RayOptions, display: ProgressDisplay,
-            signals: list[int]) -> Snapshot:  # fmt: skip
+            signals: list[int]) -> Snapshot:
     gpus = ray_options.gpus
     resources = ray.cluster_resources()
     if gpus > resources.get("GPU", 0):
@@ -223,7 +224,7 @@ def _follow(ray: Any, url: str, handed: tuple[str, str | None], options: WorkerO
         task = ray.remote(execute_worker_task).options(
             num_cpus=1, num_gpus=gpus, max_retries=ray_options.max_retries,
             retry_exceptions=False, name=f"campaign:{options.campaign}",
-        )  # fmt: skip
+        )
         # Ray sets CUDA_VISIBLE_DEVICES to the task's GPUs: "cuda" is the first of them.
         payload = options_document(options, threads=1, device="cuda" if gpus else "cpu")
         refs = [task.remote(*handed, payload, os.getcwd()) for _ in range(count)]
@@ -259,7 +260,7 @@ def _follow(ray: Any, url: str, handed: tuple[str, str | None], options: WorkerO
     for failure in dict.fromkeys(failures):
         if not signals:
             print(f"campaign: a Ray worker task failed past its retries: {failure}",
-                  file=sys.stderr)  # fmt: skip
+                  file=sys.stderr)
     return snapshot
 
 

@@ -42,7 +42,7 @@ def replica_group(
         command = [
             sys.executable, "-m", "campaign.launch.follower", run_id,
             "--device", dp.device_for(device, rank), "--artifacts", str(artifacts),
-        ]  # fmt: skip
+        ]
         followers.append(subprocess.Popen(command, env=env))
     leader = dp.Replica(0, world)
     try:

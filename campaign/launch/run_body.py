@@ -8,11 +8,11 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
+from campaign.errors import LoopError, RunSetupFailed
 from campaign.launch.replicated import replica_group
 from campaign.launch.worker import WorkerOptions, options_from
 from campaign.ledger import Claim, Ledger, StopRecord
 from campaign.loop import replicas as dp
-from campaign.loop.errors import LoopError, RunSetupFailed
 from campaign.loop.outcome import RunOutcome
 from campaign.loop.resume import ResumePoint
 from campaign.loop.run_files import record_log
@@ -57,7 +57,7 @@ def _execute_here(
     loop_options = {**_loop_options(options, worker), "heartbeat_s": None}
     try:
         loop = RunLoop(ledger, run_id, claim=claim, replica=replica, resume=point, log=log,
-                       **loop_options)  # fmt: skip
+                       **loop_options)
     except LoopError as error:  # refused before any work: a claimed run must still end
         stop = StopRecord("exception", 0, "setup", str(error))
         record_log(ledger, run_id, log, 0, lease=claim.lease)

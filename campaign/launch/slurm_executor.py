@@ -30,12 +30,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from campaign.launch.live_table import ProgressDisplay, Snapshot, take_snapshot
+from campaign.launch.live_table import ProgressDisplay
 from campaign.launch.placement import PlacementError, settle
 from campaign.launch.worker import WorkerOptions
 from campaign.launch.worker_command import worker_command
 from campaign.ledger import Ledger
 from campaign.ledger.location import ENV_VAR
+from campaign.ledger.progress import Snapshot, take_snapshot
 
 PREEMPT_SIGNAL = "USR2"
 POLL_S = 2.0
@@ -77,7 +78,7 @@ def batch_script(options: WorkerOptions, slurm: SlurmOptions, cwd: str) -> str:
         lines.append(f"#SBATCH --gres=gpu:{slurm.gpus_per_task}")
     device = "cuda" if slurm.gpus_per_task else "cpu"
     command = worker_command(options, device, slurm.cpus_per_task, "--slurm",
-                             "--max-requeues", str(slurm.max_requeues))  # fmt: skip
+                             "--max-requeues", str(slurm.max_requeues))
     lines += [
         f"cd {shlex.quote(cwd)} || exit 1",
         # A step, so that SLURM's signals (scancel, the time-limit warning) reach the worker,
@@ -105,7 +106,7 @@ def _tool(name: str) -> str:
 
 
 def _call(name: str, *arguments: str, env: dict[str, str] | None = None,
-          tries: int = 1) -> subprocess.CompletedProcess[str]:  # fmt: skip
+          tries: int = 1) -> subprocess.CompletedProcess[str]:
     """One of SLURM's commands, its result as it answered; asked up to ``tries`` times while
     it fails (a controller that restarts answers again). One that cannot run at all is a
     :class:`PlacementError`."""
@@ -113,7 +114,7 @@ def _call(name: str, *arguments: str, env: dict[str, str] | None = None,
     while True:
         try:
             done = subprocess.run([_tool(name), *arguments], env=env, capture_output=True,
-                                  text=True, timeout=120, check=False)  # fmt: skip
+                                  text=True, timeout=120, check=False)
         except (OSError, subprocess.TimeoutExpired) as error:
             if attempt >= tries:
                 raise PlacementError(f"{name} {' '.join(arguments)}: {error}") from None
@@ -144,7 +145,7 @@ def submit(url: str, options: WorkerOptions, slurm: SlurmOptions) -> str:
 
 
 ENDED = ("COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL",
-         "BOOT_FAIL", "DEADLINE", "PREEMPTED", "COMPLETING")  # fmt: skip
+         "BOOT_FAIL", "DEADLINE", "PREEMPTED", "COMPLETING")
 
 
 def live_tasks(job_id: str) -> dict[str, str]:
@@ -158,7 +159,7 @@ def live_tasks(job_id: str) -> dict[str, str]:
         if "Invalid job id" in done.stderr:
             return {}
         raise PlacementError(f"squeue -j {job_id}: {_one_line(done.stderr)}; the job array "
-                             f"may still run: campaign status, scancel {job_id}")  # fmt: skip
+                             f"may still run: campaign status, scancel {job_id}")
     tasks = {}
     for line in done.stdout.splitlines():
         task, _, state = line.partition("|")
@@ -177,10 +178,10 @@ def launch_on_slurm(
     """Submit the array and follow it to the end; (the last snapshot, interrupted)."""
     job_id = submit(url, options, slurm)
     print(f"campaign: submitted SLURM job array {job_id} ({slurm.workers} worker(s)); "
-          f"logs in {slurm.folder}", file=sys.stderr)  # fmt: skip
+          f"logs in {slurm.folder}", file=sys.stderr)
     signals: list[int] = []
     previous = {s: signal.signal(s, lambda signum, _: signals.append(signum))
-                for s in (signal.SIGTERM, signal.SIGINT)}  # fmt: skip
+                for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         with Ledger.open(url) as ledger:
             _follow(ledger, job_id, options, slurm, display, signals)
@@ -195,7 +196,7 @@ def launch_on_slurm(
 
 
 def _follow(ledger: Ledger, job_id: str, options: WorkerOptions, slurm: SlurmOptions,
-            display: ProgressDisplay, signals: list[int]) -> None:  # fmt: skip
+            display: ProgressDisplay, signals: list[int]) -> None:
     """Until no task of the array is queued or running (and, after a stop, the grace)."""
     stopped_at: float | None = None
     while True:
@@ -213,7 +214,7 @@ def _follow(ledger: Ledger, job_id: str, options: WorkerOptions, slurm: SlurmOpt
             elif len(signals) > 1:  # asked twice: stop waiting, say what is left
                 scancel(job_id)
                 raise PlacementError(f"stopped waiting for SLURM job {job_id}: cancelled; "
-                                     "its runs end as its tasks are killed")  # fmt: skip
+                                     "its runs end as its tasks are killed")
             elif not snapshot.running or time.monotonic() - stopped_at > slurm.grace_s:
                 scancel(job_id)
         time.sleep(POLL_S)

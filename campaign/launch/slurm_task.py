@@ -50,7 +50,7 @@ def this_task(environment: Mapping[str, str] | None = None) -> ArrayTask | None:
     if not job_id:
         return None
     return ArrayTask(job_id, env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID"),
-                     int(env.get("SLURM_RESTART_COUNT") or 0))  # fmt: skip
+                     int(env.get("SLURM_RESTART_COUNT") or 0))
 
 
 class RequeueRefused(RuntimeError):
@@ -69,7 +69,7 @@ def requeue(task: ArrayTask, max_requeues: int) -> bool:
     # By ARRAYJOB_TASK, never SLURM_JOB_ID: one task's job id is the array's own, and
     # requeueing it requeued every task of the array, killing the runs of the others.
     done = subprocess.run([scontrol, "requeue", task.name], capture_output=True, text=True,
-                          timeout=60, check=False)  # fmt: skip
+                          timeout=60, check=False)
     if done.returncode != 0:
         raise RequeueRefused(f"scontrol requeue {task.name}: {done.stderr.strip()}")
     return True

@@ -44,22 +44,22 @@ from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
+from campaign.errors import LeaseLost, RunSetupFailed
 from campaign.host import calls
 from campaign.host.client import HOST_GONE, Child, HostError
-from campaign.host.processes import ended_how, process_state, signal_name
-from campaign.launch.run_process import ARTIFACTS_ENV, SUPERVISOR_ENV, ChildJob
+from campaign.host.processes import ended_how, signal_name
+from campaign.launch.run_process import (
+    ARTIFACTS_ENV,
+    RUN_PRELOAD,
+    SUPERVISOR_ENV,
+    ChildJob,
+    run_child,
+)
+from campaign.launch.run_watch import Limits, RunWatch, Signals, Verdict
 from campaign.ledger import Claim, Ledger, LedgerError, RefusedWrite, StopRecord
-from campaign.ledger.errors import LeaseLost
 from campaign.loop import progress_page
-from campaign.loop.errors import RunSetupFailed
 from campaign.loop.outcome import RunOutcome
 from campaign.loop.run_files import record_file
-from campaign.loop.signals import WALL_TIME_SIGNAL
-from campaign.loop.stop import parse_duration
-
-DEFAULT_STALL_S = 600.0
-LEASE_GONE = "the lease is gone (declared lost or taken by another worker); its process was stopped"
-LONGEST_ENDING = 10  # graces a signalled run that still makes progress may take to end
 
 
 @dataclass(frozen=True)
@@ -69,23 +69,6 @@ class Supervision:
     heartbeat_s: float
     grace_s: float = 30.0
     poll_s: float = 0.05
-
-
-@dataclass
-class _Verdict:
-    """What the parent records when the child does not record its own end."""
-
-    status: str
-    cause: str
-    detail: str
-
-
-@dataclass
-class _Signals:
-    """What reached this process while the child ran: stop signals, and a continue."""
-
-    received: list[int]
-    continued: bool = False
 
 
 def supervise(
@@ -111,23 +94,23 @@ def supervise(
     log, board_path = logs / f"{stem}.log", logs / f".{stem}.progress"
     result = logs / f".{stem}.json"
     job = ChildJob(ledger.engine.url.render_as_string(hide_password=False), body[0],
-                   list(body[1]), str(log), str(board_path), str(result))  # fmt: skip
+                   list(body[1]), str(log), str(board_path), str(result))
     environment = {**os.environ, SUPERVISOR_ENV: str(os.getpid()),
                    # task code (a tokenizer's cache) finds the artifacts folder
-                   ARTIFACTS_ENV: str(folder.absolute().parent)}  # fmt: skip
+                   ARTIFACTS_ENV: str(folder.absolute().parent)}
     result.unlink(missing_ok=True)
     board = progress_page.ProgressBoard(board_path, create=True)
     child: Child | None = None
     try:
         with _forwarding(lambda: child) as signals:
             try:
-                child = calls.start("campaign.launch.run_process:run_child", [job.document()],
+                child = calls.start(run_child, [job.document()],
                                     follow=os.getpid(), stop_with=True, env=environment,
-                                    task=task, preload=calls.RUN_PRELOAD)  # fmt: skip
+                                    task=task, preload=RUN_PRELOAD)
             except HostError as error:  # a claimed run must still end, and say why
                 detail = f"the task host could not start the run's process: {error}"
                 ledger.finish(claim.run_id, "failed", StopRecord("exception", 0, "setup", detail),
-                              lease=claim.lease)  # fmt: skip
+                              lease=claim.lease)
                 raise RunSetupFailed(f"run {claim.run_id}: {detail}") from None
             verdict = _watch(ledger, claim, child, board, supervision, config, signals, stopping)
         if signals.received and stopping is not None:  # it came as the run was ending
@@ -148,11 +131,11 @@ def supervise(
         if "outcome" in answer:
             return RunOutcome(**answer["outcome"])
         return RunOutcome(row.id, row.status, str(row.stop_cause), int(row.stop_step or 0),
-                          str(row.stop_detail or ""))  # fmt: skip
+                          str(row.stop_detail or ""))
     if verdict is None and signals.received:  # a job-wide signal before the run's handler
-        verdict = _Verdict("interrupted", "interrupted",
+        verdict = Verdict("interrupted", "interrupted",
                            f"{signal_name(signals.received[0])} received; the run's process "
-                           f"{ended_how(child.exitcode)} before it could checkpoint")  # fmt: skip
+                           f"{ended_how(child.exitcode)} before it could checkpoint")
     verdict = verdict or _died(child.exitcode, answer, seen)
     stop = StopRecord(verdict.cause, seen.step, seen.phase, verdict.detail)
     with contextlib.suppress(OSError, LedgerError, SQLAlchemyError):
@@ -162,80 +145,19 @@ def supervise(
     return RunOutcome(claim.run_id, verdict.status, verdict.cause, seen.step, verdict.detail)
 
 
-def _watch(
-    ledger: Ledger,
-    claim: Claim,
-    child: Child,
-    board: progress_page.ProgressBoard,
-    supervision: Supervision,
-    config: Mapping[str, Any],
-    signals: _Signals,
-    stopping: Any,
-) -> _Verdict | None:
-    """Poll the child until it exits; kill it when a limit says so. Returns the end the parent
-    must record if the child did not (None: it died on its own)."""
-    stop = config.get("stop", {})
-    wall_s = parse_duration(stop.get("wall_time"))
-    stall = parse_duration(stop.get("stall"))
-    stall_s = DEFAULT_STALL_S if stall is None else stall
-    grace = supervision.grace_s
-    started = last_progress = next_beat = time.monotonic()
-    last_ticks, kill_at, latest_kill, verdict = -1, None, None, None
-    wall_signalled = forwarded = ended = False
+def _watch(ledger: Ledger, claim: Claim, child: Child, board: progress_page.ProgressBoard,
+           supervision: Supervision, config: Mapping[str, Any], signals: Signals,
+           stopping: Any) -> Verdict | None:
+    """Watch the child until it exits (:class:`RunWatch`); the end the parent must record if
+    the child did not (None: it recorded its own, or died on its own)."""
+    limits = Limits.of(config, supervision.grace_s, supervision.heartbeat_s)
+    watch = RunWatch(claim.run_id, child, board, limits, signals, stopping,
+                     beat=lambda: _beat(ledger, claim),
+                     still_ours=lambda: _still_ours(ledger, claim))
     while child.exitcode is None:
-        now = time.monotonic()
-        if stopping is not None and stopping.is_set() and not signals.received:
-            # came before the fork, or a preemption signal the worker's own handler caught
-            signals.received.append(getattr(stopping, "signum", signal.SIGTERM))
-        if signals.continued:  # this process was stopped with the run: no stall of the run
-            signals.continued, last_progress = False, now
-        seen = board.read()
-        if process_state(child.pid) == "T":  # stopped with this process, which runs: continue it
-            _signal(child.pid, signal.SIGCONT)
-        if seen.ticks != last_ticks:
-            last_ticks, last_progress = seen.ticks, now
-            if kill_at is not None and latest_kill is not None:  # ending visibly: more time
-                kill_at = min(max(kill_at, now + grace), latest_kill)
-        if forwarded and len(signals.received) > 1:  # asked twice: no more waiting
-            kill_at = now
-        if signals.received and not forwarded:
-            forwarded = True
-            if stopping is not None:
-                stopping.signum = signals.received[0]
-                stopping.set()
-            _signal(child.pid, signals.received[0])  # SIGTERM, SIGINT or a preemption signal
-            kill_at, latest_kill = now + grace, now + LONGEST_ENDING * grace
-        if wall_s is not None and not wall_signalled and now - started >= wall_s:
-            wall_signalled = True
-            _signal(child.pid, WALL_TIME_SIGNAL)
-            kill_at = min(kill_at or float("inf"), now + grace)
-            latest_kill = min(latest_kill or float("inf"), now + LONGEST_ENDING * grace)
-            verdict = verdict or _Verdict("stopped", "wall_time",
-                                          f"hard wall-time limit {stop['wall_time']}: the run did "
-                                          f"not stop within {grace:g} s in {seen.phase} and was "
-                                          "killed")  # fmt: skip
-        if now - last_progress >= stall_s and kill_at is None:
-            kill_at = now
-            verdict = _Verdict("failed", "stalled",
-                               f"no progress for {stall_s:g} s in {seen.phase} after update "
-                               f"{seen.step} (stop.stall); the run's process was killed",
-                               )  # fmt: skip
-        if kill_at is not None and now >= kill_at:
-            if forwarded and verdict is None:  # said only when it is true: it was killed
-                verdict = _Verdict("interrupted", "interrupted",
-                                   f"{signal_name(signals.received[0])} received; the run did not "
-                                   f"stop within {grace:g} s and was killed")  # fmt: skip
-            child.kill()
-        if now >= next_beat and not ended:
-            next_beat = now + supervision.heartbeat_s
-            if now - last_progress < stall_s and not _beat(ledger, claim):
-                if not _still_ours(ledger, claim):
-                    child.kill()
-                    child.join()
-                    raise LeaseLost(f"run {claim.run_id}: {LEASE_GONE}")
-                ended = True  # the child recorded its end and is on its way out
+        watch.tick(time.monotonic())
         child.join(supervision.poll_s)
-    return verdict
+    return watch.verdict
 
 
 def _beat(ledger: Ledger, claim: Claim) -> bool:
@@ -261,20 +183,15 @@ def _still_ours(ledger: Ledger, claim: Claim) -> bool:
 
 def _died(
     exitcode: int | None, answer: Mapping[str, Any], board: progress_page.Progress
-) -> _Verdict:
+) -> Verdict:
     how = "died with its task host" if exitcode == HOST_GONE else ended_how(exitcode)
     detail = (f"the run's process {how} in {board.phase} after update {board.step} "
-              "without recording its end")  # fmt: skip
+              "without recording its end")
     if answer.get("error"):
         detail += f": {answer['error']}"
     if answer.get("resumable"):  # the ledger was away even for its end: resume it later
-        return _Verdict("interrupted", "interrupted", detail)
-    return _Verdict("failed", "exception", detail + " (its output: the run's log artifact)")
-
-
-def _signal(pid: int, signum: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signum)
+        return Verdict("interrupted", "interrupted", detail)
+    return Verdict("failed", "exception", detail + " (its output: the run's log artifact)")
 
 
 def _read_result(path: Path) -> dict[str, Any]:
@@ -287,10 +204,10 @@ def _read_result(path: Path) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _forwarding(child: Callable[[], Child | None]) -> Iterator[_Signals]:
+def _forwarding(child: Callable[[], Child | None]) -> Iterator[Signals]:
     """While the child runs: SIGTERM/SIGINT to this process are remembered (the watch forwards
     them); a SIGCONT after this process was stopped continues the run's process group."""
-    signals = _Signals([])
+    signals = Signals([])
     if threading.current_thread() is not threading.main_thread():
         yield signals
         return
@@ -306,7 +223,7 @@ def _forwarding(child: Callable[[], Child | None]) -> Iterator[_Signals]:
                 os.killpg(process.pid, signal.SIGCONT)
 
     wanted = {signal.SIGTERM: stop_handler, signal.SIGINT: stop_handler,
-              signal.SIGCONT: continue_handler}  # fmt: skip
+              signal.SIGCONT: continue_handler}
     previous = {s: signal.signal(s, handler) for s, handler in wanted.items()}
     try:
         yield signals

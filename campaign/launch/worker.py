@@ -27,13 +27,14 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from campaign.errors import RESUME_REFUSED, CheckpointError, RunSetupFailed
 from campaign.gates.launch_gate import stack_warnings
 from campaign.gates.stack_gate import unfit_problems
 from campaign.host import calls
 from campaign.launch.defaults import DEFAULT_HEARTBEAT_S, DEFAULT_LEASE_S
+from campaign.launch.run_process import RUN_PRELOAD
 from campaign.launch.supervisor import Supervision, supervise
 from campaign.ledger import Claim, IllegalTransition, Ledger
-from campaign.loop.errors import RESUME_REFUSED, CheckpointError, RunSetupFailed
 from campaign.loop.outcome import RunOutcome
 from campaign.loop.resume import choose_resume_point
 
@@ -101,7 +102,7 @@ class StackRefused(RunSetupFailed):
 def refuse_unfit_stack(ledger: Ledger, campaign: str, device: str, *,
                        meanwhile: Callable[[], None] | None = None,
                        compare_as: str | None = None,
-                       on_warning: Callable[[str], None] | None = None) -> None:  # fmt: skip
+                       on_warning: Callable[[str], None] | None = None) -> None:
     """Raise :class:`StackRefused` naming what this stack misses, before any claim.
     ``meanwhile``: work done while the check's child of the task host runs (a worker's host
     imports the run's modules while that child imports the task's). ``compare_as`` (a
@@ -121,7 +122,7 @@ def refuse_unfit_stack(ledger: Ledger, campaign: str, device: str, *,
     else:
         url = ledger.engine.url.render_as_string(hide_password=False)
         checking = calls.begin(stack_check_at, url, campaign, device, compare_as, task=task,
-                               what=what)  # fmt: skip
+                               what=what)
         try:
             if meanwhile is not None:
                 meanwhile()
@@ -133,11 +134,11 @@ def refuse_unfit_stack(ledger: Ledger, campaign: str, device: str, *,
             on_warning(warning)
     if found["problems"]:
         raise StackRefused(f"worker on {device} refuses to claim runs of {campaign!r}: "
-                           + "; ".join(found["problems"]))  # fmt: skip
+                           + "; ".join(found["problems"]))
 
 
 def stack_check(ledger: Ledger, campaign: str, device: str,
-                compare_as: str | None) -> dict[str, list[str]]:  # fmt: skip
+                compare_as: str | None) -> dict[str, list[str]]:
     """What :func:`refuse_unfit_stack` asks, where torch is: this stack's problems for the
     waiting runs' precisions, and (``compare_as``) its differences from the pilots'."""
     runs = ledger.runs(campaign)
@@ -150,7 +151,7 @@ def stack_check(ledger: Ledger, campaign: str, device: str,
 
 
 def stack_check_at(url: str, campaign: str, device: str,
-                   compare_as: str | None) -> dict[str, list[str]]:  # fmt: skip
+                   compare_as: str | None) -> dict[str, list[str]]:
     """:func:`stack_check` on the ledger at ``url``, in a child of the task host."""
     with Ledger.open(url) as ledger:
         return stack_check(ledger, campaign, device, compare_as)
@@ -175,7 +176,7 @@ def run_worker(
     try:
         refuse_unfit_stack(ledger, options.campaign, options.device,
                            meanwhile=lambda: warm_up(task), compare_as=options.compare_stack_as,
-                           on_warning=on_warning)  # fmt: skip
+                           on_warning=on_warning)
     except StackRefused as refused:  # recorded: a launcher that placed it says why
         ledger.add_event(options.campaign, "stack_refused", f"{report.worker}: {refused}")
         raise
@@ -220,19 +221,18 @@ def _may_be_lost(ledger: Ledger, options: WorkerOptions) -> bool:
     Runs that beat on time keep no worker waiting (on a cluster, an idle allocation)."""
     if "lost" not in options.resume:
         return False
-    from campaign.launch.live_table import take_snapshot
+    from campaign.ledger.progress import take_snapshot
 
     silent = 2 * options.heartbeat_s
     return any(run.heartbeat_age_s is not None and run.heartbeat_age_s > silent
-               for run in take_snapshot(ledger, options.campaign).running)  # fmt: skip
+               for run in take_snapshot(ledger, options.campaign).running)
 
 
 def warm_up(task_reference: str) -> None:
     """Before a worker claims a run: its task host started and ready (torch and the built-in
     task's preloads imported), so a run's first heartbeat never waits for it."""
-    probe = calls.start(
-        "os:getpid", [], follow=os.getpid(), task=task_reference, preload=calls.RUN_PRELOAD
-    )
+    probe = calls.start(os.getpid, [], follow=os.getpid(), task=task_reference,
+                        preload=RUN_PRELOAD)
     probe.join()
 
 
@@ -314,23 +314,23 @@ def _execute(
     point = None
     if claim is None:
         point = choose_resume_point(ledger, record.campaign, run_id, record.config_sha256,
-                                    options.artifacts)  # fmt: skip
+                                    options.artifacts)
         checkpoint = point.checkpoint
         try:
             claim = ledger.start(run_id, worker,
                                  start_step=checkpoint["step"] if checkpoint else 0,
-                                 resumed_from=checkpoint["id"] if checkpoint else None)  # fmt: skip
+                                 resumed_from=checkpoint["id"] if checkpoint else None)
         except IllegalTransition:  # another worker took it between list and start
             return None
 
     placed = replace(options, artifacts=options.artifacts.absolute())
     body = ("campaign.launch.run_body:supervised_body",
             [options_document(placed), worker, asdict(claim), None if point is None else
-             asdict(point)])  # fmt: skip
+             asdict(point)])
     supervision = Supervision(options.heartbeat_s, options.grace_s)
     return supervise(ledger, claim, body, supervision, folder=options.artifacts / run_id,
                      config=record.config_document, stopping=stopping,
-                     task=ledger.campaign(record.campaign).task)  # fmt: skip
+                     task=ledger.campaign(record.campaign).task)
 
 
 def execute_one(ledger: Ledger, run_id: str, options: WorkerOptions) -> RunOutcome:

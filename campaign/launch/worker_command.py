@@ -10,7 +10,7 @@ from campaign.launch.worker import WorkerOptions
 
 
 def worker_command(options: WorkerOptions, device: str, threads: int | None = None,
-                   *extra: str) -> list[str]:  # fmt: skip
+                   *extra: str) -> list[str]:
     """``python -m campaign worker CAMPAIGN --launched ...`` for ``options`` on ``device``."""
     o = options
     line = [
@@ -18,7 +18,7 @@ def worker_command(options: WorkerOptions, device: str, threads: int | None = No
         "--device", device, "--artifacts", str(o.artifacts.absolute()),
         "--heartbeat-s", f"{o.heartbeat_s:g}", "--lease-s", f"{o.lease_s:g}", "--launched",
         "--stop-grace-s", f"{o.grace_s:g}",
-    ]  # fmt: skip
+    ]
     if threads:
         line += ["--threads", str(threads)]
     for status in o.resume:

@@ -1,6 +1,6 @@
 """The campaign ledger: schema, migrations, the Ledger API. Imports nothing else of ours.
 
-Names are loaded on first use (PEP 562): ``from campaign.ledger.errors import
+Names are loaded on first use (PEP 562): ``from campaign.errors import
 LedgerError`` or the default URL must not pull in SQLAlchemy and pandas.
 """
 
@@ -10,7 +10,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from campaign.ledger.errors import (
+    from campaign.errors import (
         IllegalTransition,
         LedgerError,
         LedgerInputError,
@@ -38,7 +38,7 @@ _WHERE = {
         ("IllegalTransition", "LedgerError", "LedgerInputError", "LedgerRevisionError",
          "LedgerUnreachable", "LedgerUrlError", "NoLedger", "NotALedger", "NotFound",
          "RefusedWrite"),
-        "campaign.ledger.errors",
+        "campaign.errors",
     ),
     **dict.fromkeys(
         ("CampaignRecord", "Claim", "NewRun", "NewVariant", "RunRecord", "StopRecord"),
@@ -46,7 +46,7 @@ _WHERE = {
     ),
     "LedgerReader": "campaign.ledger.reads",
     "Ledger": "campaign.ledger.store",
-}  # fmt: skip
+}
 
 __all__ = [
     "CampaignRecord",

@@ -30,7 +30,7 @@ def claim_next_without_commit(conn: Connection, campaign_id: int, worker: str) -
 def start_without_commit(
     conn: Connection, campaign_id: int, run_id: str, status: str, config: str, worker: str,
     start_step: int = 0, resumed_from: int | None = None,
-) -> Claim:  # fmt: skip
+) -> Claim:
     """Move ``run_id`` from ``status`` to running and open its next segment."""
     lease = new_lease_token()
     changed = conn.execute(
@@ -46,11 +46,11 @@ def start_without_commit(
         sql.INSERT_SEGMENT,
         {"run_id": run_id, "ordinal": ordinal, "start_step": start_step, "worker": worker,
          "resumed_from": resumed_from, "lease_token": lease},
-    ).scalar_one()  # fmt: skip
+    ).scalar_one()
     kind = "running" if status == PLANNED else "resumed"
     conn.execute(
         sql.INSERT_EVENT,
         {"campaign_id": campaign_id, "run_id": run_id, "kind": kind,
          "detail": f"{status} -> running, segment {ordinal}, worker {worker}"},
-    )  # fmt: skip
+    )
     return Claim(run_id, segment_id, ordinal, config, worker, lease)

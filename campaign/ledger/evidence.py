@@ -10,10 +10,10 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Connection, insert, select, update
 
+from campaign.errors import LedgerInputError, NotFound
 from campaign.ledger import statements as sql
 from campaign.ledger.canonical import canonical_json
-from campaign.ledger.engine import run_in_transaction
-from campaign.ledger.errors import LedgerInputError, NotFound
+from campaign.ledger.connections import run_in_transaction
 from campaign.ledger.leases import hold_lease
 from campaign.ledger.models import Artifact, Note, PhaseMeasurement, Pilot, Run
 from campaign.ledger.reads import LedgerReader
@@ -33,7 +33,7 @@ class EvidenceWrites(LedgerReader):
         return run_in_transaction(self.engine, work, write=True, what=what)
 
     def add_event(self, campaign: str, kind: str, detail: str | None = None,
-                  run_id: str | None = None, *, lease: str | None = None) -> None:  # fmt: skip
+                  run_id: str | None = None, *, lease: str | None = None) -> None:
         """Append a lifecycle event (campaign-level when ``run_id`` is None)."""
 
         def work(conn: Connection) -> None:
@@ -46,7 +46,7 @@ class EvidenceWrites(LedgerReader):
         self._write(work, f"recording event {kind!r}")
 
     def add_run_events(self, campaign: str, kind: str, detail: str,
-                       run_ids: Sequence[str]) -> None:  # fmt: skip
+                       run_ids: Sequence[str]) -> None:
         """The same event for each of ``run_ids`` (a decision that covers exactly these
         runs, such as a recorded skip of the pilot), in one transaction."""
 
@@ -57,7 +57,7 @@ class EvidenceWrites(LedgerReader):
             if run_ids:
                 conn.execute(sql.INSERT_EVENT, [
                     {"campaign_id": campaign_id, "run_id": r, "kind": kind, "detail": detail}
-                    for r in run_ids])  # fmt: skip
+                    for r in run_ids])
 
         self._write(work, f"recording event {kind!r} for {len(run_ids)} runs")
 
@@ -97,7 +97,7 @@ class EvidenceWrites(LedgerReader):
 
     def create_pilot(self, campaign: str, config_sha256: str,
                      environment: Mapping[str, Any] | None = None,
-                     gate_class: str | None = None) -> int:  # fmt: skip
+                     gate_class: str | None = None) -> int:
         """Record a pilot of the frozen spec ``config_sha256`` for one gate class."""
         stack = None if environment is None else canonical_json(dict(environment))
 
@@ -108,7 +108,7 @@ class EvidenceWrites(LedgerReader):
                         config_sha256=config_sha256,
                         environment=stack, gate_class=gate_class)
                 .returning(pilots_t.c.id)
-            ).scalar_one()  # fmt: skip
+            ).scalar_one()
 
         return self._write(work, f"recording a pilot of {campaign!r}")
 
@@ -156,7 +156,7 @@ def run_campaign(conn: Connection, run_id: str, campaign_id: int) -> None:
 
 
 def record_event(conn: Connection, campaign_id: int, run_id: str | None, kind: str,
-           detail: str | None) -> None:  # fmt: skip
+           detail: str | None) -> None:
     conn.execute(
         sql.INSERT_EVENT,
         {"campaign_id": campaign_id, "run_id": run_id, "kind": kind, "detail": detail},

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine
 
+from campaign.ledger.connections import translated
 from campaign.ledger.dialects import placeholder
-from campaign.ledger.engine import translated
 from campaign.ledger.records import as_utc
 
 if TYPE_CHECKING:

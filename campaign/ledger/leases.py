@@ -23,9 +23,9 @@ from typing import Any
 
 from sqlalchemy import Connection, DateTime, bindparam, func, or_, select, update
 
+from campaign.errors import LeaseLost
 from campaign.ledger import statements as sql
 from campaign.ledger.dialects import utcnow
-from campaign.ledger.errors import LeaseLost
 from campaign.ledger.models import Metric
 from campaign.ledger.vocabulary import RUNNING
 
@@ -164,7 +164,7 @@ def mark_stale_lost_without_commit(
             MARK_LOST,
             {"p_run_id": row.id, "p_cutoff": cutoff, "p_dead": dead, "p_stop_step": last_step,
              "p_stop_detail": detail},
-        ).rowcount  # fmt: skip
+        ).rowcount
         if changed != 1:
             continue
         conn.execute(sql.END_OPEN_SEGMENTS,
@@ -173,7 +173,7 @@ def mark_stale_lost_without_commit(
             sql.INSERT_EVENT,
             {"campaign_id": row.campaign_id, "run_id": row.id, "kind": "lost",
              "detail": f"running -> lost: heartbeat_lost: {detail}"},
-        )  # fmt: skip
+        )
         lost.append(LostRun(row.id, row.campaign_id, row.worker, silent, last_step))
     return lost
 

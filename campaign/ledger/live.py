@@ -58,7 +58,7 @@ class LiveReads:
             entry = overview.setdefault(row["name"], {
                 "name": row["name"], "question": row["question"], "task": row["task"],
                 "counts": {}, "runs": 0, "last_activity": row["created_at"],
-            })  # fmt: skip
+            })
             if row["status"] is not None:
                 entry["counts"][row["status"]] = int(row["n"])
                 entry["runs"] += int(row["n"])
@@ -71,7 +71,7 @@ class LiveReads:
         """The database's clock (read after the rows), and one lean row per run (no config)."""
         campaign_id = self._read(lambda c: self._campaign_id(c, campaign), "reading runs")
         rows = frames.query_rows(self.engine, _LIVE_RUNS, [campaign_id],
-                                 f"reading the runs of {campaign!r}")  # fmt: skip
+                                 f"reading the runs of {campaign!r}")
         # The clock after the rows: every start or end committed before the read is older.
         now = as_utc(self._read(database_now, "reading the database's clock"))
         return now.astimezone(UTC), rows
@@ -115,7 +115,7 @@ class LiveReads:
         rows = frames.query_rows(
             self.engine, f"SELECT id, config FROM runs WHERE id IN {frames.in_list(run_ids)}",
             list(run_ids), "reading run budgets",
-        )  # fmt: skip
+        )
         return {
             str(row["id"]): int(row["config"].get("budget", {}).get("updates") or 0)
             for row in rows
@@ -162,7 +162,7 @@ class LiveReads:
         for run_id, step in starts.items():
             if keys:
                 clauses.append(f"(m.run_id = ? AND m.key IN {frames.in_list(keys)} "
-                               "AND m.step >= ?)")  # fmt: skip
+                               "AND m.step >= ?)")
                 params += [run_id, *keys, int(step)]
             else:
                 clauses.append("(m.run_id = ? AND m.step >= ?)")
@@ -176,4 +176,4 @@ class LiveReads:
             "reading new metric points",
         )
         return [(r["run_id"], r["key"], int(r["step"]), int(r["segment_id"]), r["value"])
-                for r in rows]  # fmt: skip
+                for r in rows]

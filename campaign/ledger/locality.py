@@ -12,8 +12,8 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from campaign.ledger.engine import sqlite_path
-from campaign.ledger.errors import LedgerError
+from campaign.errors import LedgerError
+from campaign.ledger.connections import sqlite_path
 from campaign.ledger.leases import live_runs
 from campaign.ledger.store import Ledger
 
@@ -21,7 +21,7 @@ NETWORK_FILESYSTEMS = frozenset({
     "nfs", "nfs4", "cifs", "smb3", "smbfs", "ncpfs", "afs", "9p", "ceph", "glusterfs",
     "fuse.glusterfs", "lustre", "gpfs", "beegfs", "fuse.sshfs", "fuse.s3fs", "fuse.gcsfuse",
     "fuse.rclone", "fuse.juicefs", "davfs", "fuse.davfs2",
-})  # fmt: skip
+})
 SHARE_HINT = "use a PostgreSQL ledger (--ledger postgresql://USER@HOST/DB) to share work"
 
 

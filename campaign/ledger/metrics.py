@@ -23,7 +23,14 @@ from typing import Any
 
 from sqlalchemy import Engine, exc
 
+from campaign.errors import LeaseLost, RefusedWrite
 from campaign.ledger.closing import Closing
+from campaign.ledger.connections import (
+    REFUSAL_PREFIX,
+    Retries,
+    bulk_metric_connection,
+    translate_error,
+)
 from campaign.ledger.dialects import (
     insert_metric_rows,
     metric_insert_sql,
@@ -31,13 +38,6 @@ from campaign.ledger.dialects import (
     placeholder,
     share_lock,
 )
-from campaign.ledger.engine import (
-    REFUSAL_PREFIX,
-    Retries,
-    bulk_metric_connection,
-    translate_error,
-)
-from campaign.ledger.errors import LeaseLost, RefusedWrite
 
 MetricRow = tuple[str, int, str, int, float | None, int | None, float]
 
@@ -96,7 +96,7 @@ class MetricWriter(Closing):
         self._buffer.append(
             (self.run_id, self.segment_id, key, step, None if number != number else number,
              examples_seen, now)
-        )  # fmt: skip
+        )
         if len(self._buffer) >= self.batch_size or now - self._last_flush >= self.interval_s:
             self.flush()
 

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Connection, Engine, inspect, text
 from sqlalchemy.engine import URL
 
-from campaign.ledger.engine import (
+from campaign.errors import LedgerRevisionError, NotALedger
+from campaign.ledger.connections import (
     create_ledger_engine,
     enable_wal,
     parse_url,
@@ -32,7 +33,6 @@ from campaign.ledger.engine import (
     translated,
     write_connection,
 )
-from campaign.ledger.errors import LedgerRevisionError, NotALedger
 
 if TYPE_CHECKING:
     from alembic.config import Config

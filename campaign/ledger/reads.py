@@ -15,16 +15,16 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import Connection, Engine, select
 
+from campaign.errors import LedgerInputError, NoLedger, NotFound
 from campaign.ledger import frames, migrate
 from campaign.ledger.closing import Closing
-from campaign.ledger.engine import (
+from campaign.ledger.connections import (
     create_ledger_engine,
     parse_url,
     run_in_transaction,
     safe_url,
     sqlite_path,
 )
-from campaign.ledger.errors import LedgerInputError, NoLedger, NotFound
 from campaign.ledger.leases import database_now
 from campaign.ledger.live import LiveReads
 from campaign.ledger.location import resolve_url
@@ -122,7 +122,7 @@ class LedgerReader(LiveReads, Closing):
                 .join(campaigns_t, campaigns_t.c.id == runs_t.c.campaign_id)
                 .join(variants_t, variants_t.c.id == runs_t.c.variant_id)
                 .where(runs_t.c.id == run_id)
-            ).first()  # fmt: skip
+            ).first()
             if row is None:
                 raise NotFound(f"no run {run_id!r} in ledger {self.url}")
             return run_record(row._mapping)
@@ -286,7 +286,7 @@ class LedgerReader(LiveReads, Closing):
                 .join(variants_t, variants_t.c.id == runs_t.c.variant_id)
                 .where(runs_t.c.campaign_id == campaign_id)
                 .order_by(runs_t.c.id)
-            ).all()  # fmt: skip
+            ).all()
             return now, [dict(row._mapping) for row in rows]
 
         now, rows = self._read(work, f"reading the progress of {campaign!r}")

@@ -112,7 +112,7 @@ def run_record(m: Mapping[str, Any]) -> RunRecord:
         worker=m["worker"], created_at=as_utc(m["created_at"]),
         started_at=as_utc(m["started_at"]), ended_at=as_utc(m["ended_at"]),
         heartbeat_at=as_utc(m["heartbeat_at"]),
-    )  # fmt: skip
+    )
 
 
 def campaign_record(m: Mapping[str, Any], run_ids: tuple[str, ...]) -> CampaignRecord:
@@ -120,4 +120,4 @@ def campaign_record(m: Mapping[str, Any], run_ids: tuple[str, ...]) -> CampaignR
     return CampaignRecord(
         id=m["id"], name=m["name"], question=m["question"], task=m["task"], spec=m["spec"],
         spec_sha256=m["spec_sha256"], created_at=as_utc(m["created_at"]), run_ids=run_ids,
-    )  # fmt: skip
+    )

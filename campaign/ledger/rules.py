@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from campaign.ledger.errors import LedgerInputError
+from campaign.errors import LedgerInputError
 from campaign.ledger.records import NewRun, NewVariant, StopRecord
 from campaign.ledger.vocabulary import (
     CAUSES_BY_STATUS,

@@ -17,14 +17,14 @@ from typing import Any
 
 from sqlalchemy import Connection, insert, select, update
 
+from campaign.errors import IllegalTransition, LedgerInputError, NoLedger, NotFound
 from campaign.ledger import migrate
 from campaign.ledger import statements as sql
 from campaign.ledger.canonical import canonical_json, sha256_text
 from campaign.ledger.claims import claim_next_without_commit, start_without_commit
+from campaign.ledger.connections import create_ledger_engine, parse_url, sqlite_path
+from campaign.ledger.connections import patient as engine_patience
 from campaign.ledger.dialects import utcnow
-from campaign.ledger.engine import create_ledger_engine, parse_url, sqlite_path
-from campaign.ledger.engine import patient as engine_patience
-from campaign.ledger.errors import IllegalTransition, LedgerInputError, NoLedger, NotFound
 from campaign.ledger.evidence import EvidenceWrites, record_event, run_campaign, run_row
 from campaign.ledger.ids import new_run_id
 from campaign.ledger.leases import (
@@ -67,7 +67,7 @@ class Ledger(EvidenceWrites):
 
     @classmethod
     def open(cls, url: str | None = None, *, create: bool = False, check: bool = True,
-             patient: bool = False) -> Ledger:  # fmt: skip
+             patient: bool = False) -> Ledger:
         """Open the ledger at ``url`` (else ``CAMPAIGN_LEDGER``, else ``sqlite:///campaign.db``).
 
         With ``create``, a missing SQLite file or an empty database is created
@@ -117,7 +117,7 @@ class Ledger(EvidenceWrites):
             {"id": new_run_id(), "variant": run.variant, "seed": run.seed,
              "config": canonical_json(run.config)}
             for run in runs
-        ]  # fmt: skip
+        ]
 
         def work(conn: Connection) -> CampaignRecord:
             campaign_id = conn.execute(
@@ -125,7 +125,7 @@ class Ledger(EvidenceWrites):
                 .values(name=name, question=question, spec=spec_text,
                         spec_sha256=sha256_text(spec_text), task=task)
                 .returning(campaigns_t.c.id)
-            ).scalar_one()  # fmt: skip
+            ).scalar_one()
             variant_ids = {}
             for variant in variants:
                 variant_ids[variant.name] = conn.execute(
@@ -134,7 +134,7 @@ class Ledger(EvidenceWrites):
                             is_control=variant.is_control,
                             overrides=canonical_json(dict(variant.overrides)))
                     .returning(variants_t.c.id)
-                ).scalar_one()  # fmt: skip
+                ).scalar_one()
             if run_rows:
                 conn.execute(
                     insert(runs_t),
@@ -144,7 +144,7 @@ class Ledger(EvidenceWrites):
                          "config": r["config"], "config_sha256": sha256_text(r["config"])}
                         for r in run_rows
                     ],
-                )  # fmt: skip
+                )
                 conn.execute(
                     insert(events_t),
                     [
@@ -152,7 +152,7 @@ class Ledger(EvidenceWrites):
                          "detail": f"variant {r['variant']}, seed {r['seed']}"}
                         for r in run_rows
                     ],
-                )  # fmt: skip
+                )
             return campaign_by_id(conn, campaign_id, tuple(r["id"] for r in run_rows))
 
         return self._write(work, f"recording campaign {name!r}")
@@ -193,7 +193,7 @@ class Ledger(EvidenceWrites):
                 {"id": run_id, "campaign_id": campaign_id, "variant_id": variant_id, "seed": seed,
                  "config": config_text, "config_sha256": sha256_text(config_text),
                  "relaunch_of": relaunch_of, "relaunch_reason": reason},
-            )  # fmt: skip
+            )
             detail = f"variant {variant}, seed {seed}"
             if relaunch_of is not None:
                 detail += f", relaunch of {relaunch_of}: {reason}"
@@ -227,7 +227,7 @@ class Ledger(EvidenceWrites):
                 return start_without_commit(
                     conn, row.campaign_id, run_id, row.status, row.config, worker,
                     start_step, resumed_from,
-                )  # fmt: skip
+                )
             except LookupError as race:
                 raise IllegalTransition(f"{race} (another worker took it)") from None
 
@@ -266,13 +266,13 @@ class Ledger(EvidenceWrites):
             record_event(conn, row.campaign_id, run_id, status, detail)
             # Its segments end first: the database refuses a terminal run with an open one.
             conn.execute(sql.END_OPEN_SEGMENTS, {"p_run_id": run_id, "p_end_step": stop.step,
-                                                 "p_training_s": training_s})  # fmt: skip
+                                                 "p_training_s": training_s})
             changed = conn.execute(
                 sql.END_RUN if lease is None else sql.END_LEASED_RUN,
                 {"p_run_id": run_id, "p_old_status": row.status, "p_status": status,
                  "p_stop_cause": stop.cause, "p_stop_step": stop.step,
                  "p_stop_phase": stop.phase, "p_stop_detail": stop.detail, "p_lease": lease},
-            ).rowcount  # fmt: skip
+            ).rowcount
             if changed != 1:  # (the transaction, segment ends included, is rolled back)
                 raise IllegalTransition(f"run {run_id} changed status while it was being ended")
 
@@ -340,7 +340,7 @@ class Ledger(EvidenceWrites):
                 record_event(conn, row.campaign_id, run_id, "environment_differs",
                              "this segment runs on another stack than the run's first: "
                              + ", ".join(f"{k}: {first.get(k)!r} -> {now.get(k)!r}"
-                                         for k in changed))  # fmt: skip
+                                         for k in changed))
 
         self._write(work, f"recording the environment of run {run_id}")
 

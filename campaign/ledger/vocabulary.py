@@ -69,7 +69,7 @@ TRANSITIONS: Final[dict[str, frozenset[str]]] = {
 
 ARTIFACT_KINDS: Final = (
     "checkpoint", "final", "predictions", "report", "config", "log", "traceback",
-)  # fmt: skip
+)
 PHASES: Final = (
     "data",
     "forward",

@@ -51,7 +51,7 @@ def accumulation_warning(layers: list[str], configs: Iterable[Mapping[str, Any]]
     if accumulated:
         reasons.append(f"accumulation {', '.join(map(str, accumulated))} normalises each "
                        "microbatch by its own statistics, so an update is not one big batch's "
-                       "gradient")  # fmt: skip
+                       "gradient")
     if len(microbatches) > 1:
         reasons.append(f"variants with microbatch {', '.join(map(str, microbatches))} also "
                        "differ in their batch statistics, not only in the key they set")

@@ -28,8 +28,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from campaign.errors import CheckpointError
 from campaign.loop.checkpoint_file import ALIASES_KEY, FORMAT_VERSION, STATE_KEY, file_sha256
-from campaign.loop.errors import CheckpointError
 
 __all__ = ["ALIASES_KEY", "FORMAT_VERSION", "STATE_KEY", "CheckpointError", "file_sha256"]
 
@@ -51,7 +51,7 @@ def save(path: Path, tensors: dict[str, torch.Tensor], state: Mapping[str, Any])
     temporary = path.with_name(f".{path.name}.{os.getpid()}.partial")
     unique, aliases = stored_once(tensors)
     document = json.dumps({"format": FORMAT_VERSION, **state, ALIASES_KEY: aliases},
-                          allow_nan=True)  # fmt: skip
+                          allow_nan=True)
     try:
         save_file(unique, str(temporary), metadata={STATE_KEY: document})
         with open(temporary, "rb") as handle:
@@ -89,7 +89,7 @@ def prune(folder: Path, keep_last: int, newest: Path) -> list[Path]:
     resume skips a pruned file for the newest one still there. Returns what was deleted."""
     segment = _step_and_segment(newest)[1]
     files = sorted((f for f in folder.glob("step-*.safetensors")
-                    if _step_and_segment(f)[1] == segment), key=_step_and_segment)  # fmt: skip
+                    if _step_and_segment(f)[1] == segment), key=_step_and_segment)
     doomed = [f for f in files[: max(0, len(files) - keep_last)] if f != newest]
     for path in doomed:
         path.unlink(missing_ok=True)
@@ -148,7 +148,7 @@ def stored_once(
         tensor = tensors[name].detach()
         storage = (str(tensor.device), tensor.untyped_storage().data_ptr())
         identity = (*storage, tensor.storage_offset(), tuple(tensor.shape), tensor.stride(),
-                    tensor.dtype)  # fmt: skip
+                    tensor.dtype)
         if tensor.numel() and identity in seen:
             aliases[name] = seen[identity]
             continue

@@ -27,7 +27,7 @@ class DataOrder:
     """
 
     def __init__(self, size: int, seed: int, per_update: int, last_batch: str,
-                 sampling: str = "epochs") -> None:  # fmt: skip
+                 sampling: str = "epochs") -> None:
         self.size, self.seed, self.per_update, self.last_batch = size, seed, per_update, last_batch
         self.sampling = sampling
         self.epoch, self.cursor = 0, 0
@@ -43,7 +43,7 @@ class DataOrder:
         """The example indices of the next update (a new epoch starts when one is used up)."""
         if self._order is None:  # with replacement: update ``epoch + 1``'s own draw
             generator = torch.Generator().manual_seed(
-                self.seed * 1_000_003 + 500_000_009 * (self.epoch + 1))  # fmt: skip
+                self.seed * 1_000_003 + 500_000_009 * (self.epoch + 1))
             self.epoch, self.cursor = self.epoch + 1, self.per_update
             return torch.randint(self.size, (self.per_update,), generator=generator).tolist()
         remaining = self.size - self.cursor
@@ -75,7 +75,7 @@ def to_device(batch: Batch, device: torch.device, blocking: bool = True) -> Batc
     """Every tensor of a collated batch on ``device``; other values as they are (a copy from
     pinned memory need not block: ``blocking=False``)."""
     return {k: v.to(device, non_blocking=not blocking) if isinstance(v, torch.Tensor) else v
-            for k, v in batch.items()}  # fmt: skip
+            for k, v in batch.items()}
 
 
 def describe_inputs(batches: Sequence[Batch], microbatch: int) -> dict[str, Any]:

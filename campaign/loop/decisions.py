@@ -38,7 +38,7 @@ STOP_DECIDED = "stop_decided"  # the event that holds a decided stop (JSON of St
 
 
 def record_stop(ledger: Ledger, campaign: str, run_id: str, stop: StopDecision,
-                step: int, lease: str | None) -> None:  # fmt: skip
+                step: int, lease: str | None) -> None:
     """Record ``stop``, taken at ``step``, before anything the end may be killed in."""
     detail = json.dumps({**asdict(stop), "step": step}, sort_keys=True)
     ledger.add_event(campaign, STOP_DECIDED, detail, run_id=run_id, lease=lease)
@@ -67,14 +67,14 @@ def stop_at_resume(ledger: Ledger, campaign: str, run_id: str, step: int,
 
 
 def final_recorded(ledger: Ledger, campaign: str, run_id: str, step: int,
-                   artifacts: Path) -> bool:  # fmt: skip
+                   artifacts: Path) -> bool:
     """Whether the ledger names a final artifact of ``step`` whose file, where it is now
     (its recorded path, else under ``artifacts`` as a resume finds checkpoints), still
     matches its hash (a damaged or missing one is left alone: the resumed segment writes
     its own, under its own name)."""
     frame = ledger.artifacts(campaign)
     finals = frame[(frame["run_id"] == run_id) & (frame["kind"] == "final")
-                   & (frame["step"] == step)]  # fmt: skip
+                   & (frame["step"] == step)]
     for row in finals.itertuples():
         path = locate(str(row.path), artifacts, run_id)
         if path.is_file() and file_sha256(path) == row.sha256:
@@ -85,7 +85,7 @@ def final_recorded(ledger: Ledger, campaign: str, run_id: str, step: int,
 def agree(
     stop: StopDecision | None, signals: SignalLatch, lease_lost: threading.Event,
     device: torch.device,
-) -> StopDecision | None:  # fmt: skip
+) -> StopDecision | None:
     """Every rank takes the same decision after each update (one small all-reduce): a
     signal, a lost lease or a stop rule on any rank stops all of them."""
     mine = [signals.received is not None, lease_lost.is_set(), stop is not None]

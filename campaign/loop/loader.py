@@ -41,9 +41,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from campaign.errors import LoopError
 from campaign.loop import replicas as dp
 from campaign.loop.data import DataOrder
-from campaign.loop.errors import LoopError
 from campaign.loop.task import Batch, Task
 
 Key = tuple[int, int, int, int]  # (index in the split, epoch, position in the epoch, microbatch)
@@ -105,7 +105,7 @@ class SeededExamples(Dataset[Any]):
         except Exception as error:
             raise LoopError(f"reading training example at index {index} (epoch {epoch}, "
                             f"position {position}) failed: {type(error).__name__}: {error}"
-                            ) from error  # fmt: skip
+                            ) from error
 
 
 class UpdateSampler(Sampler[list[Key]]):
@@ -145,7 +145,7 @@ class CollateUpdate:
             except Exception as error:
                 ids = [e.get("id") for e in chunk if isinstance(e, dict)]
                 raise LoopError(f"collate() failed on examples {ids[:8]}: "
-                                f"{type(error).__name__}: {error}") from error  # fmt: skip
+                                f"{type(error).__name__}: {error}") from error
         return batches
 
 
@@ -162,7 +162,7 @@ class Feeder:
     def __init__(
         self, dataset: Any, task: Task, order: DataOrder, *, seed: int, microbatch: int,
         replica: dp.Replica, workers: int, prefetch: int, pin_memory: bool,
-    ) -> None:  # fmt: skip
+    ) -> None:
         position = order.copy()
         options: dict[str, Any] = {}
         if workers:  # forked from the run's process, as PyTorch does by default on Linux:
@@ -170,7 +170,7 @@ class Feeder:
             # one thread (torch's worker loop does), and forking is explicit whatever start
             # method the process that started this run used
             options = {"prefetch_factor": prefetch, "persistent_workers": False,
-                       "multiprocessing_context": _worker_context()}  # fmt: skip
+                       "multiprocessing_context": _worker_context()}
         seeded = draws_randomness(task)
         self.loader = DataLoader(
             SeededExamples(dataset, seed, seeded),

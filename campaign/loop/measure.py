@@ -108,7 +108,7 @@ class Probe:
                 record.duration_s = statistics.median(record.repeats)
                 record.inputs["repetitions"] = len(record.repeats)
                 record.inputs["range_s"] = [round(min(record.repeats), 6),
-                                            round(max(record.repeats), 6)]  # fmt: skip
+                                            round(max(record.repeats), 6)]
             if self.cuda:
                 record.allocated = torch.cuda.memory_allocated(self.device)
                 record.allocated_peak = torch.cuda.max_memory_allocated(self.device)

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from campaign.loop.errors import CheckpointError
+from campaign.errors import CheckpointError
 
 
 def trainable_only(task: Any) -> bool:
@@ -54,7 +54,7 @@ def as_text(base: Mapping[str, Any]) -> str:
 def load_saved_state(
     model: torch.nn.Module, state: Mapping[str, torch.Tensor], task: Any,
     base: Mapping[str, Any] | None, where: str,
-) -> None:  # fmt: skip
+) -> None:
     """The inverse of :func:`saved_state`, the base checked first (``where`` names the file)."""
     if not trainable_only(task):
         if base is not None:
@@ -68,7 +68,7 @@ def load_saved_state(
     for key, value in current.items():  # a tokenizer or a config apart from the weights
         if json.loads(json.dumps(value, default=str)) != base.get(key):
             raise CheckpointError(f"{where}: its base's {key} was {base.get(key)!r}, the task "
-                                  f"now builds {value!r}: refused")  # fmt: skip
+                                  f"now builds {value!r}: refused")
     found = frozen_sha256(model)
     if found != base.get("sha256"):
         raise CheckpointError(
@@ -78,7 +78,7 @@ def load_saved_state(
     if set(state) != trainable:
         extra, missing = sorted(set(state) - trainable), sorted(trainable - set(state))
         raise CheckpointError(f"{where}: its tensors are not the model's trainable parameters "
-                              f"(missing {missing[:3]}, unexpected {extra[:3]})")  # fmt: skip
+                              f"(missing {missing[:3]}, unexpected {extra[:3]})")
     model.load_state_dict(state, strict=False)
 
 

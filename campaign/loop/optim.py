@@ -77,7 +77,7 @@ def optimizer_classes() -> dict[str, type[torch.optim.Optimizer]]:
         name.lower(): kind for name, kind in vars(torch.optim).items()
         if isinstance(kind, type) and issubclass(kind, torch.optim.Optimizer)
         and kind is not torch.optim.Optimizer
-    }  # fmt: skip
+    }
 
 
 def _suggest(word: str, choices: list[str]) -> str:
@@ -92,14 +92,14 @@ REFUSED = {  # torch.optim classes the loop cannot drive, and why
                   "dense parameters need Adam or AdamW",
     "muon": "Muon takes only 2-D parameters and needs another optimizer for the rest; "
             "the loop drives one optimizer over every parameter",
-}  # fmt: skip
+}
 
 
 VALUE_KEYS = (  # words of torch's own value errors -> the key that set the value
     ("learning rate", "optimizer.lr"), ("beta parameter at index 0", "optimizer.beta1"),
     ("beta parameter at index 1", "optimizer.beta2"), ("momentum", "optimizer.momentum"),
     ("weight_decay", "optimizer.weight_decay"),
-)  # fmt: skip
+)
 
 
 def optimizer_problem(options: Mapping[str, Any]) -> tuple[str, str] | None:
@@ -111,7 +111,7 @@ def optimizer_problem(options: Mapping[str, Any]) -> tuple[str, str] | None:
     if name not in classes:
         return "optimizer.name", (f"no torch.optim optimizer named {options.get('name')!r}"
                                   f"{_suggest(name, sorted(classes))}; one of "
-                                  f"{', '.join(sorted(set(classes) - set(REFUSED)))}")  # fmt: skip
+                                  f"{', '.join(sorted(set(classes) - set(REFUSED)))}")
     if name in REFUSED:
         return "optimizer.name", REFUSED[name]
     kind = classes[name]
@@ -129,14 +129,14 @@ def optimizer_problem(options: Mapping[str, Any]) -> tuple[str, str] | None:
         if key not in others:
             return f"optimizer.args.{key}", (f"{kind.__name__} takes no argument {key!r}"
                                              f"{_suggest(key, others)}; it takes "
-                                             f"{', '.join(others)}")  # fmt: skip
+                                             f"{', '.join(others)}")
     keywords = _keywords(kind, options)
     for device_specific in ("fused", "foreach", "capturable"):  # checked on the run's device
         keywords.pop(device_specific, None)
     probe = torch.nn.Parameter(torch.zeros(2, 2))
     try:
         kind([{"params": [probe], "weight_decay": float(options.get("weight_decay", 0.0))}],
-             **keywords)  # fmt: skip
+             **keywords)
     except (ValueError, TypeError, RuntimeError) as error:
         words = str(error).lower()
         named = [(key.lower(), f"optimizer.args.{key}") for key in options.get("args") or {}]
@@ -213,7 +213,7 @@ def lr_factor(update: int, scheduler: Mapping[str, Any], updates: int, lr: float
 
 
 def _hf_factor(step: int, name: str, warmup: int, scheduler: Mapping[str, Any], updates: int,
-               lr: float) -> float:  # fmt: skip
+               lr: float) -> float:
     """transformers' lambda at the scheduler's ``step`` (0-based), floored at ``min_lr``."""
     if step < warmup:
         return step / max(1, warmup)

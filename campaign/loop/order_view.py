@@ -27,7 +27,7 @@ def update_order(
     microbatch = int(loop["microbatch"])
     per_update = microbatch * int(loop["accumulation"]) * int(loop["replicas"])
     order = DataOrder(len(train), int(config.get("seed", 0)), per_update, loop["last_batch"],
-                      loop.get("sampling", "epochs"))  # fmt: skip
+                      loop.get("sampling", "epochs"))
     rows = []
     for update in range(1, last + 1):
         indices = order.next_update()
@@ -39,5 +39,5 @@ def update_order(
             "epoch": order.epoch,
             "positions": f"{order.cursor - len(indices)}-{order.cursor - 1}",
             "microbatches": [ids[i : i + microbatch] for i in range(0, len(ids), microbatch)],
-        })  # fmt: skip
+        })
     return rows

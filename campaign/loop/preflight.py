@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from campaign.gates.stack_gate import precision_problem
-from campaign.loop.errors import LoopError
+from campaign.errors import LoopError
+from campaign.stack.devices import precision_problem
 
 
 def refuse_impossible(

@@ -21,6 +21,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
+from campaign.errors import LoopError, TaskContractError
 from campaign.host.calls import (
     FreshProcessFailed,
     HostedError,
@@ -39,12 +40,11 @@ from campaign.loop.checkpoint import (
     with_aliases,
 )
 from campaign.loop.data import to_device
-from campaign.loop.errors import LoopError, TaskContractError
 from campaign.loop.loader import PreservedGenerators, seed_generators
 from campaign.loop.model_state import base_record, load_saved_state, saved_state
 from campaign.loop.run_files import artifacts_environment
 from campaign.loop.task import build_task
-from campaign.plan.taskref import load_factory
+from campaign.loop.taskref import load_factory
 
 REPLAY_TIMEOUT_S = 600.0  # as `campaign replay` (campaign/cli/run.py)
 RUN_LIFETIME_S = 365 * 24 * 3600.0  # an early replay child waits as long as its run trains
@@ -115,7 +115,7 @@ def replay_device(device: str) -> str:
 
 
 def replay_artifact(path: Path, task_reference: str,
-                    device: str = "cpu") -> tuple[bool, list[Any], list[Any]]:  # fmt: skip
+                    device: str = "cpu") -> tuple[bool, list[Any], list[Any]]:
     """Load weights and recorded control outputs from ``path``; replay on ``device``; compare."""
     task, model, metadata = load_final_model(path, task_reference)
     expected = json.loads(metadata["control_outputs"])
@@ -183,7 +183,7 @@ def replay_file_in_subprocess(path: Path, task_reference: str) -> dict[str, Any]
     """``python -m campaign.loop.replay PATH TASK``: a fresh interpreter's verdict."""
     try:
         return dict(run_module(["-m", "campaign.loop.replay", str(path), task_reference],
-                               task=task_reference))  # fmt: skip
+                               task=task_reference))
     except FreshProcessFailed as error:
         return {"identical": False, "error": str(error)}
 
@@ -196,7 +196,7 @@ def replay_recorded(url: str, run_id: str, device: str = "cpu") -> dict[str, Any
 
 
 def replay_when_told(url: str, run_id: str, task_reference: str, go: str,
-                     device: str = "cpu") -> dict[str, Any]:  # fmt: skip
+                     device: str = "cpu") -> dict[str, Any]:
     """The replay's fresh child, started as its run starts: it imports the task's module (the
     slow part: a user's module and what it imports, seconds) while the run trains, waits for
     ``go`` (the final artifact is written), then replays it (:func:`replay_recorded`). It is a
@@ -214,7 +214,7 @@ class EarlyReplay:
     otherwise."""
 
     def __init__(self, ledger: Ledger, run_id: str, task_reference: str,
-                 device: str = "cpu") -> None:  # fmt: skip
+                 device: str = "cpu") -> None:
         url = ledger.engine.url
         self.why_not: str | None = None
         self.pending: Pending | None = None
@@ -225,7 +225,7 @@ class EarlyReplay:
         self.go = Path(self.folder.name) / "go"
         self.pending = begin(replay_when_told, url.render_as_string(hide_password=False),
                              run_id, task_reference, str(self.go), device, task=task_reference,
-                             what=f"replaying run {run_id}", timeout_s=RUN_LIFETIME_S)  # fmt: skip
+                             what=f"replaying run {run_id}", timeout_s=RUN_LIFETIME_S)
 
     def result(self) -> str | None:
         """Replay now. None when it answered (identical or not: the replay records its own
@@ -253,6 +253,6 @@ class EarlyReplay:
 if __name__ == "__main__":
     identical_, outputs_, expected_ = replay_artifact(Path(sys.argv[1]), sys.argv[2])
     verdict = {"identical": identical_, "outputs": outputs_, "expected": expected_,
-               "pid": os.getpid()}  # fmt: skip
+               "pid": os.getpid()}
     if not answer(verdict):  # through the answer file: a task's prints cannot corrupt it
         print(json.dumps(verdict))

@@ -27,8 +27,8 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
+from campaign.errors import LoopError
 from campaign.loop import progress_page
-from campaign.loop.errors import LoopError
 from campaign.loop.task import Batch, Task
 
 _T = TypeVar("_T")
@@ -71,7 +71,7 @@ def process_group(
     dist.init_process_group(
         backend, init_method=f"tcp://{address}:{port}", rank=replica.rank,
         world_size=replica.world, timeout=timedelta(seconds=timeout_s),
-    )  # fmt: skip
+    )
     try:
         yield replica
     finally:
@@ -161,7 +161,7 @@ def gather_json(document: Any, replica: Replica, device: torch.device) -> list[A
     if not replica.leader:
         return None
     return [json.loads(bytes(b[: int(n.item())].cpu().tolist()).decode())
-            for b, n in zip(buffers, sizes, strict=True)]  # fmt: skip
+            for b, n in zip(buffers, sizes, strict=True)]
 
 
 def environment_for(replica: Replica, address: str, port: int) -> dict[str, str]:
@@ -170,7 +170,7 @@ def environment_for(replica: Replica, address: str, port: int) -> dict[str, str]
         "RANK": str(replica.rank), "WORLD_SIZE": str(replica.world),
         "LOCAL_RANK": str(replica.rank), "MASTER_ADDR": address, "MASTER_PORT": str(port),
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-    }  # fmt: skip
+    }
 
 
 class DiscardedMetrics:
@@ -192,9 +192,9 @@ class DiscardedMetrics:
 
 
 def rows_of_every_rank(rows: list[dict[str, Any]], replica: Replica,
-                       device: torch.device) -> list[dict[str, Any]]:  # fmt: skip
+                       device: torch.device) -> list[dict[str, Any]]:
     """Phase rows of every rank on rank 0 (empty elsewhere), their device labelled by rank:
     each rank's memory is its own (the ranks measure the same steps, so all have rows)."""
     gathered = gather_json(rows, replica, device)
     return [{**row, "device": f"{row['device']} (rank {rank})"}
-            for rank, mine in enumerate(gathered or []) for row in mine]  # fmt: skip
+            for rank, mine in enumerate(gathered or []) for row in mine]

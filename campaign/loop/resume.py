@@ -21,9 +21,9 @@ from typing import Any
 
 from safetensors import SafetensorError, safe_open
 
+from campaign.errors import CheckpointError
 from campaign.ledger import Ledger
 from campaign.loop.checkpoint_file import FORMAT_VERSION, STATE_KEY, file_sha256
-from campaign.loop.errors import CheckpointError
 from campaign.loop.run_files import locate
 
 
@@ -49,7 +49,7 @@ def checkpoint_rows(ledger: Ledger, campaign: str, run_id: str) -> list[dict[str
     mine = frame[(frame["run_id"] == run_id) & (frame["kind"] == "checkpoint")]
     rows = mine.sort_values(["step", "id"], ascending=False)
     return [{"id": int(r["id"]), "path": str(r["path"]), "sha256": str(r["sha256"]),
-             "step": int(r["step"])} for _, r in rows.iterrows()]  # fmt: skip
+             "step": int(r["step"])} for _, r in rows.iterrows()]
 
 
 def choose_resume_point(

@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from campaign.ledger.errors import LedgerUnreachable
-from campaign.loop.errors import first_line, out_of_storage, storage_stop_detail
+from campaign.errors import LedgerUnreachable, first_line
+from campaign.loop.storage_faults import out_of_storage, storage_stop_detail
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -117,7 +117,7 @@ class StopRules:
 
 
 def failure_decision(error: BaseException, phase: str, step: int, run_id: str,
-                     ending: str | None = None) -> StopDecision:  # fmt: skip
+                     ending: str | None = None) -> StopDecision:
     """How a run ends after ``error`` in ``phase`` (``ending``: the cause of the stop it was
     ending): ``failed`` for good, except a volume with no space left, where nothing is lost
     but the updates since the last checkpoint: ``interrupted``, resumable once there is
@@ -126,11 +126,11 @@ def failure_decision(error: BaseException, phase: str, step: int, run_id: str,
     where = "" if ending is None else "while ending: "
     if full is not None:
         return StopDecision("interrupted", "interrupted",
-                            where + storage_stop_detail(full, phase, step, run_id))  # fmt: skip
+                            where + storage_stop_detail(full, phase, step, run_id))
     if isinstance(error, LedgerUnreachable):  # locked past the run's patience, or gone
         return StopDecision("interrupted", "interrupted", f"{where}{first_line(error)} in "
                             f"{phase} at update {step}; `campaign resume {run_id}` continues "
-                            "from its last checkpoint")  # fmt: skip
+                            "from its last checkpoint")
     where = "" if ending is None else f"while ending ({ending}): "
     return StopDecision("failed", "exception", f"{where}{type(error).__name__}: "
                                                f"{first_line(error)}")

@@ -12,8 +12,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from campaign.loop.errors import TaskContractError
-from campaign.plan.taskref import TaskReferenceError, load_factory
+from campaign.errors import TaskContractError
+from campaign.loop.taskref import TaskReferenceError, load_factory
 
 RECORD_KEYS = ("id", "prediction", "target")  # every record predict() returns
 CONTRACT = ("model", "splits", "collate", "loss", "predict", "score", "describe", "control_inputs")
@@ -62,11 +62,11 @@ def check_records(records: Any, where: str = "predict()") -> list[dict[str, Any]
     :class:`TaskContractError` naming the function and the missing key otherwise."""
     if not isinstance(records, list):
         raise TaskContractError(f"{where} must return a list of records, got "
-                                f"{type(records).__name__}")  # fmt: skip
+                                f"{type(records).__name__}")
     for index, record in enumerate(records):
         if not isinstance(record, Mapping):
             raise TaskContractError(f"{where} record {index} is a {type(record).__name__}, "
-                                    "not a dict with id, prediction and target")  # fmt: skip
+                                    "not a dict with id, prediction and target")
         missing = [key for key in RECORD_KEYS if key not in record]
         if missing:
             raise TaskContractError(

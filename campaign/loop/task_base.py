@@ -89,19 +89,19 @@ class Task:
                 raise ValueError(
                     f"{type(self).__name__}: the default predict() scores one output per "
                     f"example, the model gave shape {list(outputs.shape)} for {len(targets)} "
-                    "examples: write predict() and score() for several outputs")  # fmt: skip
+                    "examples: write predict() and score() for several outputs")
             predicted = outputs.reshape(-1).tolist()
             return [{"id": i, "prediction": float(p), "target": float(t)}
-                    for i, p, t in zip(batch["ids"], predicted, targets, strict=True)]  # fmt: skip
+                    for i, p, t in zip(batch["ids"], predicted, targets, strict=True)]
         names = self._class_names()
         if outputs.dim() == 0 or outputs.shape[-1] != len(names):
             raise ValueError(
                 f"{type(self).__name__}: the default predict() takes one logit per class "
                 f"({len(names)} classes), the model gave shape {list(outputs.shape)}: "
-                "a single-logit binary model writes its own predict()")  # fmt: skip
+                "a single-logit binary model writes its own predict()")
         predicted = outputs.argmax(dim=-1).tolist()
         return [{"id": i, "prediction": names[p], "target": names[t]}
-                for i, p, t in zip(batch["ids"], predicted, targets, strict=True)]  # fmt: skip
+                for i, p, t in zip(batch["ids"], predicted, targets, strict=True)]
 
     def default_metrics(self) -> tuple[str, ...]:
         """The names the default ``score()`` returns (what ``plan`` checks the spec's metric
@@ -145,7 +145,7 @@ class Task:
         if self.classes is None:
             raise NotImplementedError(
                 f"{type(self).__name__} has no 'classes' (label id -> name): set it for "
-                "classification, or kind = 'regression'")  # fmt: skip
+                "classification, or kind = 'regression'")
         return self.classes
 
 

@@ -3,7 +3,7 @@
 ``RunLoop`` follows torchtune's recipe shape: ``setup`` / ``train`` /
 ``save_checkpoint`` / ``cleanup``, invalid option combinations refused in
 ``__init__`` before any work. The step itself is the engine's
-(:class:`~campaign.loop.engine.Trainer`, shared with the pilot); this module
+(:class:`~campaign.loop.trainer.Trainer`, shared with the pilot); this module
 adds what makes it a recorded run. Features and their trade-offs:
 
 - Metrics every update through the buffered ledger writer; the loss is read
@@ -33,17 +33,14 @@ from typing import Any
 
 import torch
 
-from campaign.gates.stack import environment
+from campaign.errors import RESUME_REFUSED, LeaseLost, LoopError, RunSetupFailed, first_line
 from campaign.ledger import Claim, Ledger, StopRecord
 from campaign.ledger.canonical import canonical_json
-from campaign.ledger.errors import LeaseLost
 from campaign.loop import checkpoint as ckpt
 from campaign.loop import model_state, progress_page
 from campaign.loop import replicas as dp
 from campaign.loop.data import describe_inputs
 from campaign.loop.decisions import agree, final_recorded, record_stop, stop_at_resume, validated_at
-from campaign.loop.engine import Trainer, seed_everything
-from campaign.loop.errors import RESUME_REFUSED, LoopError, RunSetupFailed, first_line
 from campaign.loop.heartbeat import Heartbeat
 from campaign.loop.measure import Probe
 from campaign.loop.outcome import RunOutcome
@@ -54,6 +51,8 @@ from campaign.loop.run_files import record_file, record_log, save_traceback, wri
 from campaign.loop.signals import SignalLatch
 from campaign.loop.stop import StopDecision, StopRules, failure_decision
 from campaign.loop.task import Batch, build_task
+from campaign.loop.trainer import Trainer, seed_everything
+from campaign.stack.software import environment
 
 LEASE_GONE = (
     "heartbeat refused, the lease is gone (declared lost or taken by another worker); "
@@ -103,7 +102,7 @@ class RunLoop:
         self.segment_id: int | None = None
         self.segment_ordinal = 0
         self.heartbeat = Heartbeat(lambda: self.ledger.heartbeat(self.run_id, lease=self.lease),
-                                   heartbeat_s, f"heartbeat-{run_id}")  # fmt: skip
+                                   heartbeat_s, f"heartbeat-{run_id}")
         self.signals = SignalLatch(preempt_signals)
         self.probe = Probe(self.device)
         self.rules = StopRules(self.config)
@@ -135,7 +134,7 @@ class RunLoop:
             # Chosen and verified before the run leaves its status: a bad checkpoint changes
             # nothing (CheckpointError), a newer damaged one is passed over and named.
             point = choose_resume_point(self.ledger, self.record.campaign, self.run_id,
-                                        self.record.config_sha256, self.artifacts)  # fmt: skip
+                                        self.record.config_sha256, self.artifacts)
         resume_from = point.checkpoint
         claim = self._claim or self.ledger.start(
             self.run_id,
@@ -164,7 +163,7 @@ class RunLoop:
             step = int(resume_from["step"]) if resume_from else self.step  # where it waits
             self.ledger.finish(self.run_id, status, StopRecord(
                 cause, step, self.phase, ("resume refused: " if resumed else "") + detail),
-                lease=self.lease, training_s=0.0)  # fmt: skip
+                lease=self.lease, training_s=0.0)
             how = RESUME_REFUSED if resumed else f"failed in {self.phase}"
             raise RunSetupFailed(f"run {self.run_id} {how}: {detail}", status) from error
 
@@ -188,7 +187,7 @@ class RunLoop:
         if resume_from:
             self._restore(resume_from)
         self.metrics = (self.ledger.metric_writer(self.run_id, self.segment_id, lease=self.lease)
-                        if self.writes else dp.DiscardedMetrics())  # fmt: skip
+                        if self.writes else dp.DiscardedMetrics())
         for key, step, value, seen, wall in self._pending:
             self.metrics.log(key, step, float("nan") if value is None else value, seen, wall)
         self.signals.install()
@@ -244,7 +243,7 @@ class RunLoop:
         decided, at_start = None, None
         if self.replayed_from is not None:  # killed in its last update or while ending?
             decided, at_start = stop_at_resume(self.ledger, self.record.campaign, self.run_id,
-                                               self.step, self.rules)  # fmt: skip
+                                               self.step, self.rules)
             self._resumed_stop = decided
         if at_start is not None:  # no update past it; at the budget, end on a validation
             if at_start.cause == "budget_reached" and not validated_at(
@@ -316,7 +315,7 @@ class RunLoop:
         self.step, self.examples_seen = next_step, self.examples_seen + count
         values = {"train/loss": loss, "train/grad_norm": grad_norm, "train/units": float(units),
                   "train/data_wait_s": waited, "train/lr": used_lr,  # the rate it stepped with
-                  "train/update_s": time.perf_counter() - began}  # fmt: skip
+                  "train/update_s": time.perf_counter() - began}
         self.metrics.log_dict(self.step, values, self.examples_seen)
         self._write_phases(every_rank=True)
         return None
@@ -380,7 +379,7 @@ class RunLoop:
         artifact = record_file(
             self.ledger, self.run_id, "checkpoint", saved.path, saved.step,
             lease=self.lease, sha256=saved.sha256,
-        )  # fmt: skip
+        )
         self._checkpointed = saved.step
         keep = int(self.config.get("checkpoint", {}).get("keep_last", 3))
         ckpt.prune(saved.path.parent, keep, saved.path)
@@ -398,10 +397,10 @@ class RunLoop:
         phase = stop.phase or self.phase
         try:
             if (stop.status in ("completed", "stopped") and stop.cause != "budget_reached"
-                    and stop != self._resumed_stop):  # fmt: skip
+                    and stop != self._resumed_stop):
                 step = self.step if stop.step is None else stop.step
                 record_stop(self.ledger, self.record.campaign, self.run_id,
-                            replace(stop, phase=phase), step, self.lease)  # fmt: skip
+                            replace(stop, phase=phase), step, self.lease)
             if stop.status in ("interrupted", "completed", "stopped") and (
                 self._checkpointed != self.step
             ):  # the loop may have saved this very update already
@@ -423,7 +422,7 @@ class RunLoop:
         step = self.step if stop.step is None else stop.step
         ended = StopRecord(stop.cause, step, phase, detail)
         self.ledger.finish(self.run_id, stop.status, ended, lease=self.lease,
-                           training_s=round(self.training_s, 4))  # fmt: skip
+                           training_s=round(self.training_s, 4))
         self.heartbeat.stop()
         return RunOutcome(self.run_id, stop.status, stop.cause, self.step, detail)
 
@@ -440,14 +439,14 @@ class RunLoop:
             with self.probe.phase("export", {"step": self.step}):
                 stack = canonical_json(self.stack)  # the code this segment imported and ran
                 write_final(path, trainer.model, trainer.task, self.record.config, stack,
-                            self.device)  # fmt: skip
+                            self.device)
             record_file(self.ledger, self.run_id, "final", path, self.step, lease=self.lease)
             self._write_phases()
         if self.replay is not None:
             failure = self.replay.result()
             if failure is not None:
                 self._event("replay", f"replay of the final artifact in a fresh process failed: "
-                            f"{failure}")  # fmt: skip
+                            f"{failure}")
 
     def _record_replayed_steps(self) -> None:
         if self.replayed_from is None or self.segment_id is None:

@@ -14,10 +14,10 @@ from typing import Any
 
 from campaign.gates.classes import GateClass, run_classes
 from campaign.gates.rule import gate_state, pilot_decisions
-from campaign.gates.stack_gate import refuse_missing_device
 from campaign.ledger import Ledger, LedgerInputError
 from campaign.pilot.phase_gates import PilotOptions, PilotReport, run_pilot
 from campaign.plan.grid import current_pilot_table
+from campaign.stack.devices import refuse_missing_device
 
 
 def classes_to_pilot(
@@ -29,10 +29,10 @@ def classes_to_pilot(
     if not executable:  # nothing left to run: pilot the plan as a whole, by class
         runs = ledger.runs(campaign)
         executable = run_classes(ledger, campaign, list(runs[runs["status"] != "withdrawn"][
-            "run_id"]))  # fmt: skip
+            "run_id"]))
     if not executable:
         raise LedgerInputError(f"campaign {campaign!r} has no run that will execute (every run "
-                               "is withdrawn): nothing to pilot")  # fmt: skip
+                               "is withdrawn): nothing to pilot")
     if only is not None:
         matches = [c for c in executable if c.startswith(only)]
         if len(matches) != 1:
@@ -45,7 +45,7 @@ def classes_to_pilot(
     pilots, events = ledger.pilots(campaign), ledger.events(campaign)
     return [(found, ids) for class_id, (found, ids) in executable.items()
             if gate_state(pilot_decisions(pilots, events, record.spec_sha256, class_id), []).how
-            != "pass"]  # fmt: skip
+            != "pass"]
 
 
 def pilot_classes(
@@ -71,19 +71,19 @@ def pilot_classes(
         chosen: dict[str, Any] = ordered.iloc[0].to_dict()
         report = run_pilot(ledger, campaign, artifacts=artifacts, device=device,
                            options=options, run=chosen,
-                           gate_class=found.id)  # fmt: skip
+                           gate_class=found.id)
         reports.append((found, report))
     return reports
 
 
 def pilot_documents(url: str, campaign: str, artifacts: str, device: str,
                     overrides: dict[str, Any], only: str | None,
-                    every: bool) -> list[dict[str, Any]]:  # fmt: skip
+                    every: bool) -> list[dict[str, Any]]:
     """:func:`pilot_classes` on the ledger at ``url``, as JSON values: what ``campaign pilot``
     runs in a child of the task host (the command imports no torch)."""
     with Ledger.open(url) as ledger:
         reports = pilot_classes(ledger, campaign, artifacts=Path(artifacts), device=device,
-                                overrides=overrides, only=only, every=every)  # fmt: skip
+                                overrides=overrides, only=only, every=every)
     return [
         {"pilot_id": report.pilot_id, "number": report.number, "label": report.label,
          "gate_class": found.id, "variant": report.variant,
@@ -93,4 +93,4 @@ def pilot_documents(url: str, campaign: str, artifacts: str, device: str,
                      "allocated_peak": r.allocated_peak, "reserved_peak": r.reserved_peak,
                      "rss_peak": r.rss_peak, "detail": r.detail} for r in report.records]}
         for found, report in reports
-    ]  # fmt: skip
+    ]

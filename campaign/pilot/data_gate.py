@@ -54,7 +54,7 @@ def check_data(
     batches = {name: _collated(task, examples) for name, examples in splits.items()}
     allow_cut = bool(config.get("loop", {}).get("allow_target_truncation", False))
     sampled = [Finding("sampled", True, "checked on " + "; ".join(notes) + " (ids, groups and "
-                       "labels of the rest are not read)")] if notes else []  # fmt: skip
+                       "labels of the rest are not read)")] if notes else []
     return [
         *sampled,
         _ids_unique(splits),
@@ -119,7 +119,7 @@ def _groups_disjoint(splits: Mapping[str, list[dict[str, Any]]]) -> Finding:
             "conversation, patient or document in two splits) cannot be checked",
             "give every example a 'group' (what must never be split across train and val)",
             warning=True,
-        )  # fmt: skip
+        )
     leaking = {g: sorted(s) for g, s in seen.items() if len(s) > 1}
     if not leaking:
         return Finding("groups_disjoint", True, f"{len(seen)} groups, each in one split")

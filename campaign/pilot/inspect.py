@@ -67,7 +67,7 @@ def summary(task: Task, split: str, config: Mapping[str, Any]) -> dict[str, Any]
 
 
 def inspect_task(reference: str, config: dict[str, Any], campaign: str, split: str,
-                 count: int) -> dict[str, Any]:  # fmt: skip
+                 count: int) -> dict[str, Any]:
     """The task side of :func:`campaign.pilot.inspect_hosted.inspect_campaign` (run in a
     guarded child of the task host)."""
     from campaign.loop.task import build_task
@@ -76,7 +76,7 @@ def inspect_task(reference: str, config: dict[str, Any], campaign: str, split: s
     task = build_task(reference, config)
     names = list(task.splits())
     if split not in names:
-        from campaign.ledger.errors import LedgerInputError
+        from campaign.errors import LedgerInputError
 
         raise LedgerInputError(f"--split {split!r}: the task's splits are {', '.join(names)}")
     findings = check_data(task, config)

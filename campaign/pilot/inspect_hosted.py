@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from campaign.host import calls
+from campaign.pilot.child_entries import inspect_task
 
 if TYPE_CHECKING:
     from campaign.ledger.reads import LedgerReader
@@ -19,6 +20,6 @@ def inspect_campaign(ledger: LedgerReader, campaign: str, split: str, count: int
     runs = ledger.runs(campaign)
     config = runs[runs["is_control"]].iloc[0]["config"]
     inspected: dict[str, Any] = calls.call(
-        "campaign.pilot.inspect:inspect_task", record.task, config, campaign, split, count,
-        what=f"inspecting the {split} split", task=record.task)  # fmt: skip
+        inspect_task, record.task, config, campaign, split, count,
+        what=f"inspecting the {split} split", task=record.task)
     return inspected

@@ -55,17 +55,17 @@ def check_targets(task: Task, splits: Mapping[str, Sequence[dict[str, Any]]]) ->
         except Exception as error:  # the task's own code: a finding, not a crash
             findings.append(Finding(label, False, f"collate() or predict() failed: "
                                     f"{type(error).__name__}: {error}",
-                                    "make predict() report every example's target"))  # fmt: skip
+                                    "make predict() report every example's target"))
             continue
         # A target cut by max_length is the truncation check's finding.
         expected = {e["id"]: _expected(e, classes) for e in chosen if e["id"] not in cut}
         declared = f" (a seeded sample of {len(chosen)} of {len(examples)})" if len(
-            chosen) < len(examples) else ""  # fmt: skip
+            chosen) < len(examples) else ""
         problem = _compare(expected, seen) or _degenerate(chosen, expected, seen)
         if problem:
             findings.append(Finding(label, False, problem + declared,
                                     "the targets the loss trains on are not the examples' "
-                                    "labels: fix collate() (or the class table)"))  # fmt: skip
+                                    "labels: fix collate() (or the class table)"))
         else:
             compared = sum(v is not None for v in expected.values())
             what = (f"{compared} targets at the loss equal the examples' labels"
@@ -147,29 +147,29 @@ def _compare(expected: Mapping[Any, Any], seen: Mapping[Any, str]) -> str | None
     missing = [i for i in expected if str(i) not in seen]
     if missing:
         return (f"predict() reported no record for {len(missing)} examples: "
-                f"{', '.join(map(repr, missing[:5]))}")  # fmt: skip
+                f"{', '.join(map(repr, missing[:5]))}")
     wrong = [(i, e[0], seen[str(i)]) for i, e in expected.items()
-             if e is not None and not _matches(seen[str(i)], e)]  # fmt: skip
+             if e is not None and not _matches(seen[str(i)], e)]
     if not wrong:
         return None
     pairs = Counter((e, s) for _, e, s in wrong).most_common(4)
     shown = "; ".join(f"{e!r} -> {s!r} ({n})" for (e, s), n in pairs)
     ids = ", ".join(repr(i) for i, _, _ in wrong[:5])
     return (f"{len(wrong)} of {len(expected)} targets at the loss differ from the examples' "
-            f"labels (expected -> seen: {shown}); first ids: {ids}")  # fmt: skip
+            f"labels (expected -> seen: {shown}); first ids: {ids}")
 
 
 def _degenerate(examples: Sequence[dict[str, Any]], expected: Mapping[Any, Any],
-                seen: Mapping[Any, str]) -> str | None:  # fmt: skip
+                seen: Mapping[Any, str]) -> str | None:
     values = set(seen.values())
     stated = {v[0] for v in expected.values() if v is not None}
     if len(values) == 1 and len(stated) > 1:
         return (f"every target at the loss is {next(iter(values))!r} while the examples "
                 f"hold {len(stated)} different labels; first ids: "
-                f"{', '.join(repr(e['id']) for e in examples[:5])}")  # fmt: skip
+                f"{', '.join(repr(e['id']) for e in examples[:5])}")
     if len(values) == 1 and not stated and len(examples) > 1 and _numeric(values):
         return (f"every target at the loss is {next(iter(values))} (no variance over "
-                f"{len(examples)} examples)")  # fmt: skip
+                f"{len(examples)} examples)")
     return None
 
 

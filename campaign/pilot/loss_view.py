@@ -65,7 +65,7 @@ def _sequence(field: str, values: Any, decode: Any, masked: bool) -> dict[str, s
     listed = values.tolist()
     integral = not values.is_floating_point()
     shown = " ".join(_scalar_text(v) for v in listed[:SHOWN]) + (" ..." if len(listed) > SHOWN
-                                                                   else "")  # fmt: skip
+                                                                   else "")
     out = {field: f"[{len(listed)}] {shown}"}
     if integral and masked:
         out[f"{field} in loss"] = "".join("." if v == IGNORE else "L" for v in listed)

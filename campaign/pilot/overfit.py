@@ -72,7 +72,7 @@ class PilotOptions:
         if threshold is None:
             if mode == "min":  # no natural floor for an error: the spec must say (plan checks)
                 raise ValueError(f"[pilot] overfit_metric {metric!r} is minimised: "
-                                 "set overfit_threshold, the value it must fall to")  # fmt: skip
+                                 "set overfit_threshold, the value it must fall to")
             threshold = 1.0
         return OverfitCriterion(metric, float(threshold), mode)
 
@@ -80,11 +80,11 @@ class PilotOptions:
         """The criterion in words, recorded with the verdict."""
         return (f"{self.overfit_examples} examples, {self.overfit_steps} steps at lr "
                 f"{self.overfit_lr:g}: loss falls {self.overfit_factor:g}x and "
-                f"{self.learned(kind).words()}")  # fmt: skip
+                f"{self.learned(kind).words()}")
 
 
 FIELDS = ("overfit_examples", "overfit_steps", "overfit_factor", "overfit_lr", "overfit_metric",
-          "overfit_threshold", "overfit_mode")  # fmt: skip
+          "overfit_threshold", "overfit_mode")
 
 
 def varied(examples: Sequence[dict[str, Any]], count: int) -> list[dict[str, Any]]:

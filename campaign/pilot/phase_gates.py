@@ -23,23 +23,18 @@ import torch
 
 from campaign.gates.classes import gate_class as class_of
 from campaign.gates.classes import worst_case
-from campaign.gates.stack import environment
-from campaign.gates.stack_gate import (
-    precision_problem,
-    refuse_missing_device,
-    stack_problems,
-)
+from campaign.gates.stack_gate import stack_problems
 from campaign.host.calls import FreshProcessFailed, run_module
 from campaign.ledger import Ledger
 from campaign.ledger.canonical import canonical_json
 from campaign.loop import checkpoint as ckpt
 from campaign.loop.batch_stats import accumulation_warning, batch_stat_layers
 from campaign.loop.data import describe_inputs, gate_view
-from campaign.loop.engine import SeededSplits
 from campaign.loop.measure import PhaseRecord, Probe
 from campaign.loop.replay import replay_file_in_subprocess, write_final
 from campaign.loop.run_files import artifacts_environment
 from campaign.loop.task import Task, build_task
+from campaign.loop.trainer import SeededSplits
 from campaign.pilot import activations
 from campaign.pilot.advice import ADVICE
 from campaign.pilot.data_gate import check_data, gate_samples
@@ -47,6 +42,8 @@ from campaign.pilot.overfit import PilotOptions, varied
 from campaign.pilot.replica_check import check_replicas
 from campaign.pilot.session import PilotSession
 from campaign.plan.metric_names import metric_problem, produced
+from campaign.stack.devices import precision_problem, refuse_missing_device
+from campaign.stack.software import environment
 
 
 class PhaseFailure(Exception):
@@ -120,11 +117,11 @@ class Pilot:
             return
         try:
             self.probe.records += check_replicas(self.reference, self.config, str(self.device),
-                                                 self.folder)  # fmt: skip
+                                                 self.folder)
         except Exception as error:  # a rank's task code, the group's setup
             self.probe.records.append(PhaseRecord(
                 "replicas", str(self.device), verdict="fail",
-                detail=f"{type(error).__name__}: {error} -> {ADVICE['replicas']}"))  # fmt: skip
+                detail=f"{type(error).__name__}: {error} -> {ADVICE['replicas']}"))
         if any(r.phase == "replicas" and r.verdict == "fail" for r in self.probe.records):
             self.failed = self.failed or "replicas"
 
@@ -168,14 +165,14 @@ class Pilot:
         self.splits = SeededSplits.of(self.task, int(self.config.get("seed", 0)))
         samples = gate_samples(self.splits.splits)  # read once, for this phase's three uses
         findings = check_data(self.task, self.config, datasets=self.splits.splits,
-                              samples=samples)  # fmt: skip
+                              samples=samples)
         record.inputs = {"splits": {k: len(v) for k, v in self.splits.splits.items()}}
         failed = [f for f in findings if not f.ok]
         if failed:
             raise PhaseFailure("; ".join(f"{f.check}: {f.detail} ({f.advice})" for f in failed))
         started = time.perf_counter()
         self.session = self.session_factory(self.task, self.config, self.device,
-                                            splits=self.splits)  # fmt: skip
+                                            splits=self.splits)
         # What every run pays before its first update: building the task and the model.
         record.inputs["setup_s"] = round(built + time.perf_counter() - started, 6)
         train = samples["train"][0]  # the session's training split (the same splits), as read
@@ -277,7 +274,7 @@ class Pilot:
         if not math.isfinite(loss):
             raise PhaseFailure(f"non-finite loss {loss} in the second update")
         return (f"loss {loss:.4g}; waited {share:.0%} of the update for data "
-                f"({workers} loader workers)")  # fmt: skip
+                f"({workers} loader workers)")
 
     def _validation(self, record: PhaseRecord) -> str:
         session = self.session
@@ -312,7 +309,7 @@ class Pilot:
         scores = session.task.score(records)
         record.inputs["metrics"] = produced(scores)  # what a run's validation will log
         named = {"validation": {"metric": self.config["validation"]["metric"]},
-                 "pilot": {"overfit_metric": self.options.overfit_metric}}  # fmt: skip
+                 "pilot": {"overfit_metric": self.options.overfit_metric}}
         problem = metric_problem(named, scores)
         if problem is not None:
             raise PhaseFailure(problem)
@@ -389,7 +386,7 @@ class Pilot:
         config["scheduler"] = {"name": "constant", "warmup": 0}
         session = self.session_factory(self.task, config, self.device, splits=self.splits)
         examples = self.overfit_examples or varied(gate_view(session.train_set)[0],
-                                                   options.overfit_examples)  # fmt: skip
+                                                   options.overfit_examples)
         criterion = options.criterion(getattr(self.task, "kind", "classification"))
         record.inputs = {"examples": len(examples), "steps": options.overfit_steps,
                          "lr": options.overfit_lr, "criterion": criterion}
@@ -412,9 +409,9 @@ class Pilot:
         # loss counts; every other example must be recovered.
         flags = self.task.collate(list(examples)).get("target_cut")
         cut = {e["id"] for e, f in zip(examples, flags.tolist(), strict=True) if f} if (
-            flags is not None) else set()  # fmt: skip
+            flags is not None) else set()
         wrong = [r["id"] for r in records
-                 if r["id"] not in cut and str(r["prediction"]) != str(r["target"])]  # fmt: skip
+                 if r["id"] not in cut and str(r["prediction"]) != str(r["target"])]
         ratio = losses[0] / max(losses[-1], 1e-12)
         if ratio < options.overfit_factor:
             raise PhaseFailure(
@@ -429,11 +426,11 @@ class Pilot:
                          else f"a regression's default overfit criterion ({learned.words()})")
                 raise PhaseFailure(f"{named} is not one of the task's scores "
                                    f"({', '.join(scores) or 'none'}): set [pilot] "
-                                   "overfit_metric and overfit_threshold")  # fmt: skip
+                                   "overfit_metric and overfit_threshold")
             value = float(scores[learned.metric])
             if not learned.passes(value):
                 raise PhaseFailure(f"{learned.metric} {value:.4g} after overfitting, needed "
-                                   f"{learned.words()} ({criterion})")  # fmt: skip
+                                   f"{learned.words()} ({criterion})")
             return (f"loss {losses[0]:.4g} -> {losses[-1]:.4g} ({ratio:.0f}x), "
                     f"{learned.metric} {value:.4g} ({criterion})")
         if wrong:
@@ -474,7 +471,7 @@ def run_pilot(
     folder = Path(artifacts) / "pilots" / f"{campaign}-{pilot_id}"
     with artifacts_environment(Path(artifacts)):  # task code finds the artifacts folder
         records = Pilot(record.task, chosen["config"], folder, device=device,
-                        options=options).run()  # fmt: skip
+                        options=options).run()
     passed = all(r.verdict == "pass" for r in records)
     ledger.add_phase_measurements(
         [{**r.row(pilot_id=pilot_id), "inputs": r.inputs} for r in records]

@@ -28,7 +28,7 @@ def declared_randomness(task: Task, train: Any = None) -> Finding:
     the caller has it)."""
     if draws_randomness(task):
         return Finding("random_examples_declared", True, "reads and collates are seeded "
-                       "from each example's place (the task may draw)")  # fmt: skip
+                       "from each example's place (the task may draw)")
     train = task.splits()["train"] if train is None else train
     count = min(READS, len(train))
     first, second = (_read(task, train, count, seed) for seed in (1, 2))
@@ -42,7 +42,7 @@ def declared_randomness(task: Task, train: Any = None) -> Finding:
         f"collated under two seeds differ in {different!r}",
         "remove random_examples = False (the loader then seeds every read and collate from "
         "the example's place), or stop drawing from the global generators",
-    )  # fmt: skip
+    )
 
 
 def _read(task: Task, train: Any, count: int, seed: int) -> Mapping[str, Any]:

@@ -32,9 +32,9 @@ from typing import Any
 import torch
 
 from campaign.loop import replicas as dp
-from campaign.loop.engine import seed_everything
 from campaign.loop.measure import PhaseRecord, Probe
 from campaign.loop.task import build_task
+from campaign.loop.trainer import seed_everything
 from campaign.pilot.session import PilotSession
 
 ADDRESS = "127.0.0.1"
@@ -44,7 +44,7 @@ TOLERANCE = 1e-5  # relative: the group's sums are in another order than one pro
 
 
 def _session(reference: str, config: dict[str, Any], device: str,
-             replica: dp.Replica) -> PilotSession:  # fmt: skip
+             replica: dp.Replica) -> PilotSession:
     seed_everything(int(config["seed"]))  # as a run's setup does, on every rank
     return PilotSession(build_task(reference, config), config, torch.device(device), replica)
 
@@ -70,7 +70,7 @@ def single_process_digest(reference: str, config: dict[str, Any], device: str) -
 
 
 def rank_measure(reference: str, config: dict[str, Any], device: str,
-                 replica: dp.Replica) -> dict[str, Any]:  # fmt: skip
+                 replica: dp.Replica) -> dict[str, Any]:
     """On one rank, in the group: the first update (its digest), then ``REPEATS`` updates timed
     and measured as this rank's ``replicas`` row."""
     session = _session(reference, config, device, replica)
@@ -89,7 +89,7 @@ def rank_measure(reference: str, config: dict[str, Any], device: str,
 
 
 def check_replicas(reference: str, config: dict[str, Any], device: str,
-                   folder: Path) -> list[PhaseRecord]:  # fmt: skip
+                   folder: Path) -> list[PhaseRecord]:
     """Rank 0's side: start the followers, measure in the group, compare; one record per rank
     (every rank's verdict is the group's)."""
     world = int(config["loop"]["replicas"])
@@ -101,7 +101,7 @@ def check_replicas(reference: str, config: dict[str, Any], device: str,
         [sys.executable, "-m", "campaign.pilot.replica_check", reference, str(document),
          dp.device_for(device, rank)],
         env={**os.environ, **dp.environment_for(dp.Replica(rank, world), ADDRESS, port)},
-    ) for rank in range(1, world)]  # fmt: skip
+    ) for rank in range(1, world)]
     leader = dp.Replica(0, world)
     try:
         with dp.process_group(leader, ADDRESS, port, torch.device(device), GROUP_TIMEOUT_S):
@@ -128,7 +128,7 @@ def _verdict(results: list[dict[str, Any]], single: list[float], world: int) -> 
                         f"{', '.join(map(str, apart))}): every rank must build the same model "
                         "from the run's seed (a task that seeds by rank or process id does not)")
     worst = max((abs(a - b) / max(abs(b), 1e-12) for a, b in zip(leader, single, strict=True)),
-                default=0.0)  # fmt: skip
+                default=0.0)
     if worst > TOLERANCE:
         return "fail", (f"the replicated update is not one big batch's: parameters apart from "
                         f"one process's by up to {worst:.2g} (relative) after one update")

@@ -1,6 +1,6 @@
 """A training session for the pilot: the run's engine without a run or a ledger.
 
-The pilot trains with the same :class:`~campaign.loop.engine.Trainer` as every
+The pilot trains with the same :class:`~campaign.loop.trainer.Trainer` as every
 run (batches, exact forward-backward, gradient norm and clipping, optimizer,
 scaler and scheduler step, evaluation, state capture), so what it proves
 holds for the runs. Only what the gates need on top lives here: an update
@@ -17,14 +17,14 @@ from typing import Any
 import torch
 
 from campaign.loop import replicas as dp
-from campaign.loop.engine import SeededSplits, Trainer
 from campaign.loop.task import Example, Task
+from campaign.loop.trainer import SeededSplits, Trainer
 
 
 class PilotSession(Trainer):
     def __init__(self, task: Task, config: Mapping[str, Any], device: torch.device,
                  replica: dp.Replica | None = None,
-                 splits: SeededSplits | None = None) -> None:  # fmt: skip
+                 splits: SeededSplits | None = None) -> None:
         super().__init__(task, config, device, replica, splits)
         self.updates = 0
         self.waits: list[float] = []

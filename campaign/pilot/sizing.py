@@ -8,7 +8,7 @@ by seed, the control first, then the variants in spec order, relaunches
 last) and the sheet says how many fit in a 3-, 7- and 30-day rental. With a
 card's memory it checks each class's measured CUDA peaks (allocated and
 reserved, per device, never added) against it. The projection's arithmetic
-lives in :mod:`campaign.projection` (the report projects planned runs too).
+lives in :mod:`campaign.plan.time_projection` (the report projects planned runs too).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import pandas as pd
 
 from campaign.gates.classes import EXECUTABLE, gate_class
 from campaign.gates.rule import gate_state, pilot_decisions
-from campaign.projection import (
+from campaign.plan.time_projection import (
     RENTAL_DAYS,
     Projection,
     counts,
@@ -78,11 +78,11 @@ class SizingSheet:
 
     def document(self) -> dict[str, Any]:
         return {**self.header, "classes": self.classes, "packages": self.packages,
-                "phases": self.phases}  # fmt: skip
+                "phases": self.phases}
 
 
 UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
-         "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}  # fmt: skip
+         "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
 
 
 def parse_memory(text: str) -> int:
@@ -102,7 +102,7 @@ def sizing_sheet(
     gpu_memory: int | None = None,
 ) -> SizingSheet:
     """The sizing sheet of ``campaign`` from each gate class's latest passing pilot."""
-    from campaign.ledger.errors import LedgerInputError
+    from campaign.errors import LedgerInputError
 
     record = ledger.campaign(campaign)
     runs = ledger.runs(campaign)
@@ -116,9 +116,9 @@ def sizing_sheet(
     ordered = _by_priority(chosen)
     lines, per_run, tables, warnings = [], {}, [], []
     for class_id, members in ordered.groupby(ordered["config"].map(lambda c: gate_class(c).id),
-                                             sort=False):  # fmt: skip
+                                             sort=False):
         line, table, seconds = _class_line(class_id, members, pilots, phases, events,
-                                           record.spec_sha256, gpu_memory)  # fmt: skip
+                                           record.spec_sha256, gpu_memory)
         lines.append(line)
         tables += table
         per_run.update(seconds)
@@ -127,7 +127,7 @@ def sizing_sheet(
                             f"pilot: its runs are not projected (`campaign pilot {campaign}`)")
         elif target is not None and target.split(":")[0] != line["device"].split(":")[0]:
             warnings.append(f"the pilot ran on {line['device']}, this sheet is for {target}: its "
-                            "times and memory are not measurements of that device")  # fmt: skip
+                            "times and memory are not measurements of that device")
     projected = [per_run[r] for r in ordered["run_id"] if r in per_run]
     compute = sum(projected)
     total = compute * (1 + reserve)
@@ -155,7 +155,7 @@ def _by_priority(runs: pd.DataFrame) -> pd.DataFrame:
     rank = {v: (v not in controls, i) for i, v in enumerate(variants)}
     seeds = {s: i for i, s in enumerate(sorted(set(runs["seed"])))}
     keys = [(r.relaunch_of is not None and not pd.isna(r.relaunch_of), seeds[r.seed],
-             rank[r.variant], r.created_at) for r in runs.itertuples()]  # fmt: skip
+             rank[r.variant], r.created_at) for r in runs.itertuples()]
     order = sorted(range(len(runs)), key=lambda i: keys[i])
     return runs.iloc[order]
 
@@ -163,7 +163,7 @@ def _by_priority(runs: pd.DataFrame) -> pd.DataFrame:
 def _class_line(class_id: str, members: pd.DataFrame, pilots: pd.DataFrame,
                 phases: pd.DataFrame, events: pd.DataFrame, spec_sha256: str,
                 gpu_memory: int | None) -> tuple[dict[str, Any], list[dict[str, Any]],
-                                                 dict[str, float]]:  # fmt: skip
+                                                 dict[str, float]]:
     decided = pilot_decisions(pilots, events, spec_sha256, class_id)
     line: dict[str, Any] = {"gate_class": class_id, "runs": len(members),
                             "variants": ", ".join(dict.fromkeys(members["variant"]))}
@@ -182,7 +182,7 @@ def _class_line(class_id: str, members: pd.DataFrame, pilots: pd.DataFrame,
         "fixed_s": round(figures["fixed_s"], 3),
         "seconds_per_run": round(sum(seconds.values()) / len(seconds), 3),
         **_memory(rows, gpu_memory),
-    })  # fmt: skip
+    })
     return line, [{"gate_class": class_id, **r} for r in phase_table(rows)], seconds
 
 
@@ -207,13 +207,13 @@ def _memory(rows: pd.DataFrame, gpu_memory: int | None) -> dict[str, Any]:
 
 
 def _packages(ordered: pd.DataFrame, per_run: dict[str, float],
-              reserve: float) -> list[dict[str, Any]]:  # fmt: skip
+              reserve: float) -> list[dict[str, Any]]:
     """For each rental period: how many runs, in priority order, its time holds."""
     packages = []
     for days in RENTAL_DAYS:
         budget, used, fitted, last = days * 86400, 0.0, 0, None
         for run_id, variant, seed in zip(ordered["run_id"], ordered["variant"],
-                                         ordered["seed"], strict=True):  # fmt: skip
+                                         ordered["seed"], strict=True):
             seconds = per_run.get(run_id)
             if seconds is None or used + seconds * (1 + reserve) > budget:
                 break
@@ -221,5 +221,5 @@ def _packages(ordered: pd.DataFrame, per_run: dict[str, float],
             fitted, last = fitted + 1, f"{variant} seed {seed}"
         packages.append({"days": days, "runs_that_fit": fitted, "of": len(ordered),
                          "all_fit": fitted == len(ordered), "last_run": last,
-                         "hours_used": round(used / 3600, 3)})  # fmt: skip
+                         "hours_used": round(used / 3600, 3)})
     return packages

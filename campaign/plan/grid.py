@@ -16,12 +16,12 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from campaign.errors import RefusedWrite
 from campaign.ledger import CampaignRecord, Ledger, LedgerInputError, NewRun, NewVariant, NotFound
 from campaign.ledger.canonical import canonical_json, sha256_text
-from campaign.ledger.errors import RefusedWrite
+from campaign.loop.taskref import load_factory
 from campaign.plan.config_keys import held_deviations
 from campaign.plan.spec import ResolvedSpec, SpecError, resolve_config
-from campaign.plan.taskref import load_factory
 
 ACCOUNTING_KEYS = ("examples_per_update", "examples_seen", "updates_per_epoch", "fixed")
 MAX_UPDATES = 10**9  # as budget.updates allows (config_schema)
@@ -71,13 +71,13 @@ def account(
         if float(epochs).is_integer():
             updates = int(epochs) * per_epoch
             seen = int(epochs) * (train_examples if last_batch == "partial"
-                                  else per_epoch * per_update)  # fmt: skip
+                                  else per_epoch * per_update)
         else:
             updates = max(1, math.floor(epochs * train_examples / per_update))
             seen = updates * per_update
         if updates > MAX_UPDATES:
             raise ValueError(f"budget.epochs = {epochs:g} is {updates:,} updates; at most "
-                             f"{MAX_UPDATES:,} are planned")  # fmt: skip
+                             f"{MAX_UPDATES:,} are planned")
     else:
         assert updates is not None
         seen = updates * per_update
@@ -88,7 +88,7 @@ def account(
     return Accounting(
         microbatch, accumulation, replicas, per_update, updates, seen,
         epochs_done, train_examples, per_epoch, last_batch,
-    )  # fmt: skip
+    )
 
 
 def account_config(config: Mapping[str, Any], train_examples: int | None = None) -> Accounting:
@@ -99,7 +99,7 @@ def account_config(config: Mapping[str, Any], train_examples: int | None = None)
         epochs=budget.get("epochs"),
         train_examples=budget.get("train_examples") or train_examples,
         last_batch=loop["last_batch"],
-    )  # fmt: skip
+    )
 
 
 def with_accounting(config: Mapping[str, Any], accounting: Accounting) -> dict[str, Any]:
@@ -146,7 +146,7 @@ class Plan:
 
 
 def make_plan(spec: ResolvedSpec, *, where: str | None = None,
-              sizes: Mapping[str, int | str] | None = None) -> Plan:  # fmt: skip
+              sizes: Mapping[str, int | str] | None = None) -> Plan:
     """Resolve the accounting of every variant and one run per (variant, seed). ``sizes``:
     the training-set size per task config (:func:`task_facts`), when already asked."""
     accounting: dict[str, Accounting] = {}
@@ -181,12 +181,12 @@ def count_train_examples(task: str, config: Mapping[str, Any], needed: bool) -> 
     ``needed``: an epoch budget cannot be planned without it (an error); for an
     update budget a task that cannot tell leaves the epochs unknown.
     """
+    from campaign.errors import TaskContractError
     from campaign.host import calls
-    from campaign.loop.errors import TaskContractError
 
     try:
         counted = calls.call(train_size, task, dict(config), task=task,
-                             what="counting the task's training examples")  # fmt: skip
+                             what="counting the task's training examples")
     except TaskContractError as error:  # it hung, exited or killed its process: say so
         raise ValueError(str(error)) from None
     return _size_from(counted, needed)
@@ -205,7 +205,7 @@ def _size_from(counted: int | str, needed: bool) -> int | None:
 
 
 def task_facts(task: str, control: dict[str, Any], configs: list[dict[str, Any]],
-               variants: list[str] | None = None) -> dict[str, Any]:  # fmt: skip
+               variants: list[str] | None = None) -> dict[str, Any]:
     """Everything planning asks the task, in one guarded child (the user's module is imported
     once, not once per question): whether the reference imports (``reference``: the problem
     or None), the training-set size per task config (``sizes``: canonical task config -> int,
@@ -214,8 +214,8 @@ def task_facts(task: str, control: dict[str, Any], configs: list[dict[str, Any]]
     (``contract``: the problem or None), the metrics it declares (``metrics``) and
     whether batch-statistics layers make accumulation inexact (``batch_stats``, a warning);
     or, alone, a ``task.*`` key its declared schema refuses (``keys``: [key, message])."""
+    from campaign.errors import TaskContractError
     from campaign.loop.batch_stats import accumulation_warning, layers_on_meta
-    from campaign.loop.errors import TaskContractError
     from campaign.loop.task import build_task, plan_problem, splits_problem
     from campaign.plan.metric_names import declared_metrics
     from campaign.plan.spec import task_reference_problem
@@ -244,10 +244,10 @@ def task_facts(task: str, control: dict[str, Any], configs: list[dict[str, Any]]
         contract = str(error)
     except Exception as error:  # the user's task code
         contract = (f"task code failed while building the task with the control's config: "
-                    f"{type(error).__name__}: {error}")  # fmt: skip
+                    f"{type(error).__name__}: {error}")
     warning = accumulation_warning(layers or [], configs)
     return {"reference": None, "sizes": sizes, "contract": contract, "metrics": metrics,
-            "batch_stats": warning}  # fmt: skip
+            "batch_stats": warning}
 
 
 def train_size(task: str, config: dict[str, Any]) -> int | str:
@@ -372,7 +372,7 @@ def accounting_rows(plan: Plan) -> list[dict[str, Any]]:
             row["epochs"] = round(row["epochs"], 4)
         rows.append({"variant": name, **{k: row[k] for k in (
             "microbatch", "accumulation", "replicas", "examples_per_update", "updates",
-            "examples_seen", "epochs", "last_batch")}})  # fmt: skip
+            "examples_seen", "epochs", "last_batch")}})
     return rows
 
 

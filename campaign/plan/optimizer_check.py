@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from campaign.errors import SpecError
 from campaign.host.calls import with_torch
-from campaign.plan.spec_error import SpecError
 
 # What one check is: the optimizer table, where each key came from, and the spec's path.
 Deferred = tuple[dict[str, Any], Mapping[str, str], str]
@@ -23,7 +23,7 @@ def raise_first(deferred: Sequence[Deferred]) -> None:
         return
     problems = with_torch(problems_here, [options for options, _, _ in deferred],
                           what="checking the optimizer's settings",
-                          preload=("torch._dynamo",))  # fmt: skip
+                          preload=("torch._dynamo",))
     for (_, origins, where), problem in zip(deferred, problems, strict=True):
         if problem is not None:
             path, message = str(problem[0]), str(problem[1])

@@ -128,7 +128,7 @@ def write_skeleton(folder: Path) -> list[Path]:
         raise InitError(f"cannot use {folder}: {error.strerror or error}") from None
     if present:
         raise InitError(f"{', '.join(present)} already exist(s): nothing written "
-                        "(choose a new folder)")  # fmt: skip
+                        "(choose a new folder)")
     name = campaign_name(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)

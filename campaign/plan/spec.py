@@ -24,10 +24,11 @@ from pydantic import (
     ValidationError,
 )
 
+from campaign.errors import SpecError
 from campaign.ledger.canonical import canonical_json, sha256_text
+from campaign.loop.taskref import TaskReferenceError, load_factory
 from campaign.plan.config_schema import RunConfig, widen_integers
 from campaign.plan.optimizer_check import raise_first
-from campaign.plan.spec_error import SpecError
 from campaign.plan.spec_sections import (
     CAMPAIGN_WIDE,
     DURATION_PATTERN,
@@ -37,7 +38,6 @@ from campaign.plan.spec_sections import (
     TASK_PATTERN,
     SpecDocument,
 )
-from campaign.plan.taskref import TaskReferenceError, load_factory
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ class ResolvedSpec:
 
 
 def load_spec(path: str | Path, *, check_task: bool = True,
-              optimizers: list[Any] | None = None) -> ResolvedSpec:  # fmt: skip
+              optimizers: list[Any] | None = None) -> ResolvedSpec:
     """Read, validate and resolve the spec at ``path`` (a regular file of at most 1 MiB: a
     spec is a page of settings, and ``/dev/zero`` or a pipe must not be read for ever)."""
     where = str(path)
@@ -90,7 +90,7 @@ def load_spec(path: str | Path, *, check_task: bool = True,
         raise SpecError(f"{where}: not valid TOML ({error})") from None
     except RecursionError:
         raise SpecError(f"{where}: nested too deeply (tables or arrays inside each other "
-                        "hundreds of levels deep): not a spec") from None  # fmt: skip
+                        "hundreds of levels deep): not a spec") from None
 
 
 def _json_spec(data: bytes, where: str) -> dict[str, Any]:
@@ -185,7 +185,7 @@ def _variants(spec: SpecDocument, where: str) -> list[tuple[str, str, dict[str, 
                             f"at most {MAX_VARIANTS:,} are planned at once (split the question)")
         for combination in itertools.product(*(axes[k] for k in keys)):
             name = "_".join(f"{k.rsplit('.', 1)[-1]}-{_format(v)}" for k, v in
-                            zip(keys, combination, strict=True))  # fmt: skip
+                            zip(keys, combination, strict=True))
             if not re.fullmatch(NAME_PATTERN, name):
                 raise SpecError(
                     f"{where}: grid.axes: the variant name {name!r} made from the axis values "
@@ -200,7 +200,7 @@ def _variants(spec: SpecDocument, where: str) -> list[tuple[str, str, dict[str, 
     for name in names:
         if names.count(name) > 1:
             origin = "grid.axes" if any(n == name for n, p, _ in found if p.startswith(
-                "grid.axes")) else "grid.variants"  # fmt: skip
+                "grid.axes")) else "grid.variants"
             raise SpecError(f"{where}: {origin}: variant name {name!r} appears twice")
     if spec.grid.control not in names:
         close = difflib.get_close_matches(spec.grid.control, names, n=1)
@@ -222,8 +222,8 @@ def check_task_reference(reference: str, where: str) -> None:
     """The task reference ``package.module:factory`` must import and name a callable. The import
     runs in a guarded child of the task host: a module that exits, hangs or prints at import
     is one error line, never the command's own exit."""
+    from campaign.errors import TaskContractError
     from campaign.host import calls
-    from campaign.loop.errors import TaskContractError
 
     try:
         problem = calls.call(task_reference_problem, reference, what="importing the task",
@@ -270,7 +270,7 @@ def resolve_config(
     for key, value in dotted.items():
         if not _finite(value):  # JSON (the frozen config) has no inf or nan
             raise SpecError(f"{where}: {origins.get(key, key)}: expected a finite number, "
-                            f"got {value!r}")  # fmt: skip
+                            f"got {value!r}")
         _place(nested, key, value, origins, where)
     try:
         model = RunConfig.model_validate(widen_integers(nested))
@@ -302,7 +302,7 @@ def _non_finite(value: Any, at: tuple[Any, ...] = ()) -> tuple[tuple[Any, ...], 
     if isinstance(value, float) and not math.isfinite(value):
         return at, value
     items = value.items() if isinstance(value, Mapping) else (
-        enumerate(value) if isinstance(value, list | tuple) else ())  # fmt: skip
+        enumerate(value) if isinstance(value, list | tuple) else ())
     for key, inner in items:
         found = _non_finite(inner, (*at, key))
         if found is not None:
@@ -322,7 +322,7 @@ def _finite(value: Any) -> bool:
 
 
 def _place(nested: dict[str, Any], key: str, value: Any, origins: Mapping[str, str],
-           where: str) -> None:  # fmt: skip
+           where: str) -> None:
     parts = key.split(".")
     node = nested
     for part in parts[:-1]:

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from campaign.plan.taskref import load_factory
+from campaign.loop.taskref import load_factory
 
 
 def declared_schema(reference: str) -> type[BaseModel] | None:
@@ -24,7 +24,7 @@ def declared_schema(reference: str) -> type[BaseModel] | None:
     found = getattr(factory, "TASK_KEYS", None)
     if found is None:
         found = getattr(sys.modules.get(getattr(factory, "__module__", ""), None), "TASK_KEYS",
-                        None)  # fmt: skip
+                        None)
     return found if isinstance(found, type) and issubclass(found, BaseModel) else None
 
 
@@ -43,7 +43,7 @@ def task_keys_problem(reference: str, configs: Sequence[Mapping[str, Any]]) -> l
             members = _union_members(errors, first)
             if len(members) > 1:  # a value of none of a union's types: say every one
                 wanted = " or ".join(_message(e, schema).split(", got ")[0].removeprefix(
-                    "expected ") for e in members)  # fmt: skip
+                    "expected ") for e in members)
                 return [str(first["loc"][0]), f"expected {wanted}, got {first.get('input')!r}"]
             key = ".".join(str(part) for part in first["loc"])
             return [key, _message(first, schema)]
@@ -51,14 +51,14 @@ def task_keys_problem(reference: str, configs: Sequence[Mapping[str, Any]]) -> l
 
 
 def _union_members(errors: Sequence[Mapping[str, Any]],
-                   first: Mapping[str, Any]) -> list[Mapping[str, Any]]:  # fmt: skip
+                   first: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     """The errors of ``first``'s field that pydantic gives per member of a union type (their
     location's second part names the member: ``list[str]``, ``literal['all-linear']``)."""
     loc = first["loc"]
     if len(loc) != 2 or isinstance(loc[1], int):
         return [first]
     return [e for e in errors if len(e["loc"]) == 2 and e["loc"][0] == loc[0]
-            and not isinstance(e["loc"][1], int)]  # fmt: skip
+            and not isinstance(e["loc"][1], int)]
 
 
 def _message(error: Mapping[str, Any], schema: type[BaseModel]) -> str:

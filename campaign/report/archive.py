@@ -35,7 +35,7 @@ from campaign.report.render import html
 
 MANIFEST = "MANIFEST.json"
 FOLDERS = {"final": "finals", "predictions": "predictions", "log": "logs",
-           "traceback": "tracebacks"}  # fmt: skip
+           "traceback": "tracebacks"}
 PACKED_KINDS = tuple(FOLDERS)
 
 
@@ -44,7 +44,7 @@ class ArchiveError(Exception):
 
 
 def write_archive(ledger: Ledger, campaign: str, output: Path,
-                  data_limit: int = DATA_LIMIT) -> Path:  # fmt: skip
+                  data_limit: int = DATA_LIMIT) -> Path:
     """Pack ``campaign`` into ``output`` (a .tar.gz), atomically; at most ``data_limit`` bytes
     of the data its runs read are packed, the rest listed by hash (``inputs.json``)."""
     inputs = campaign_inputs(ledger, campaign)
@@ -60,7 +60,7 @@ def write_archive(ledger: Ledger, campaign: str, output: Path,
     add("spec.json", record.spec.encode())  # the text the ledger hashed, byte for byte
     add("campaign.json", _json({"name": record.name, "question": record.question,
                                 "task": record.task, "spec_sha256": record.spec_sha256,
-                                "created_at": str(record.created_at)}))  # fmt: skip
+                                "created_at": str(record.created_at)}))
     for run in runs.itertuples():
         add(f"runs/{run.run_id}/config.json", _json(run.config))
         add(f"runs/{run.run_id}/environment.json", _json(run.environment))
@@ -79,15 +79,15 @@ def write_archive(ledger: Ledger, campaign: str, output: Path,
         data = Path(artifact.path).read_bytes() if Path(artifact.path).exists() else None
         if data is None:
             raise ArchiveError(f"artifact {artifact.id} of run {artifact.run_id}: "
-                               f"{artifact.path} is missing")  # fmt: skip
+                               f"{artifact.path} is missing")
         if hashlib.sha256(data).hexdigest() != artifact.sha256:
             raise ArchiveError(f"artifact {artifact.id} of run {artifact.run_id}: {artifact.path} "
-                               "no longer matches the ledger's SHA-256: refused")  # fmt: skip
+                               "no longer matches the ledger's SHA-256: refused")
         folder = FOLDERS[artifact.kind]
         add(f"{folder}/{artifact.run_id}/{Path(artifact.path).name}", data)
     try:
         inputs_document = pack_inputs(runs, list(packed["path"]), add, data_limit,
-                                      " ".join(events["detail"].astype(str)))  # fmt: skip
+                                      " ".join(events["detail"].astype(str)))
     except InputsChanged as error:
         raise ArchiveError(str(error)) from None
     except OSError as error:
@@ -98,7 +98,7 @@ def write_archive(ledger: Ledger, campaign: str, output: Path,
         "campaign": record.name, "spec_sha256": record.spec_sha256,
         "members": {name: {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
                     for name, data in sorted(members.items())},
-    }  # fmt: skip
+    }
     members = {f"{root}/{MANIFEST}": _json(manifest), **members}  # first: checked before the rest
 
     def packed_into(temporary: Path) -> None:

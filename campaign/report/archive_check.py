@@ -154,7 +154,7 @@ def _manifest_of(path: Path) -> _Manifest:
                                       f"{MANIFEST}: not an archive written by campaign")
             if member.size > MANIFEST_LIMIT:
                 raise ArchiveUnusable(f"{path}: {member.name} is {member.size:,} bytes: not a "
-                                      "manifest")  # fmt: skip
+                                      "manifest")
             manifest = _parse_manifest(path, _read(path, handle, MANIFEST_LIMIT))
             listed = manifest.members
         elif is_manifest:
@@ -181,7 +181,7 @@ def _parse_manifest(path: Path, document: bytes) -> _Manifest:
         problem = error.errors()[0]
         where = ".".join(str(p) for p in problem["loc"]) or "the document"
         raise ArchiveUnusable(f"{path}: {MANIFEST} is malformed at {where}: "
-                              f"{problem['msg']}") from None  # fmt: skip
+                              f"{problem['msg']}") from None
     for name in manifest.members:
         _check_name(path, name)
     held = {name.split("/", 1)[-1] for name in manifest.members}
@@ -198,7 +198,7 @@ def _check_listed(path: Path, member: tarfile.TarInfo, listed: dict[str, _Listed
         raise ArchiveError(f"{path}: {member.name} is not in the manifest")
     if member.size != expected.bytes:
         raise ArchiveError(f"{path}: {member.name} holds {member.size:,} bytes, the manifest "
-                           f"says {expected.bytes:,}: refused unread")  # fmt: skip
+                           f"says {expected.bytes:,}: refused unread")
     return expected
 
 
@@ -213,7 +213,7 @@ def _members(path: Path) -> Iterator[tuple[tarfile.TarInfo, Any]]:
                 _check_name(path, member.name)
                 if member.sparse is not None or member.issparse():  # holes cost no input
                     raise ArchiveError(f"{path}: member {member.name} is a sparse file: "
-                                       "refused unread")  # fmt: skip
+                                       "refused unread")
                 if member.type not in (tarfile.REGTYPE, tarfile.AREGTYPE):
                     kind = "a link" if member.issym() or member.islnk() else "not a plain file"
                     raise ArchiveError(f"{path}: member {member.name} is {kind}: refused")

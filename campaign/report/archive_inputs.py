@@ -21,7 +21,7 @@ from typing import Any
 
 import pandas as pd
 
-from campaign.gates.provenance import files_digest
+from campaign.stack.provenance import files_digest
 
 DATA_LIMIT = 256 << 20  # bytes of data packed at most, by default (the rest: hashes only)
 
@@ -31,7 +31,7 @@ class InputsChanged(Exception):
 
 
 def pack_inputs(runs: pd.DataFrame, artifact_paths: list[str], add: Callable[[str, bytes], None],
-                data_limit: int = DATA_LIMIT, events_text: str = "") -> dict[str, Any]:  # fmt: skip
+                data_limit: int = DATA_LIMIT, events_text: str = "") -> dict[str, Any]:
     """Add every input of ``runs`` through ``add(name, bytes)``; return ``inputs.json``.
     ``events_text`` is the runs' event details, where a trained tokenizer's hash is named."""
     sources = _pack_sources(runs, add)
@@ -48,7 +48,7 @@ def pack_inputs(runs: pd.DataFrame, artifact_paths: list[str], add: Callable[[st
                 add(member, content)
                 packed_bytes += len(content)
             member_files.append({"file": relative, "sha256": digest, "bytes": len(content),
-                                 "member": member})  # fmt: skip
+                                 "member": member})
         data.append({**entry, "files": member_files})
     tokenizers = []
     for root in sorted({Path(p).absolute().parent.parent / "tokenizers" for p in artifact_paths}):
@@ -61,7 +61,7 @@ def pack_inputs(runs: pd.DataFrame, artifact_paths: list[str], add: Callable[[st
             add(member, content)
             tokenizers.append({"member": member, "sha256": digest})
     return {"task_sources": sources, "data": data, "data_limit": data_limit,
-            "data_packed_bytes": packed_bytes, "tokenizers": tokenizers}  # fmt: skip
+            "data_packed_bytes": packed_bytes, "tokenizers": tokenizers}
 
 
 def _pack_sources(runs: pd.DataFrame, add: Callable[[str, bytes], None]) -> list[dict[str, Any]]:
@@ -82,7 +82,7 @@ def _pack_sources(runs: pd.DataFrame, add: Callable[[str, bytes], None]) -> list
             raise InputsChanged(f"run {first}: its task source {missing[0]} is missing")
         if files_digest(root, files) != digest:
             raise InputsChanged(f"run {first}: its task source under {root} changed since the "
-                                "run recorded it: refused (commit or restore it)")  # fmt: skip
+                                "run recorded it: refused (commit or restore it)")
         for name, path in zip(entry["files"], files, strict=True):
             add(f"source/{digest[:16]}/{name}", path.read_bytes())
         entry["member_root"] = f"source/{digest[:16]}"
@@ -107,7 +107,7 @@ def _data_entries(runs: pd.DataFrame) -> Iterator[dict[str, Any]]:
             entry = seen.setdefault(str(resolved.resolve()), {
                 "key": key, "value": value, "working_directory": folder, "member_root": root,
                 "kind": "folder" if resolved.is_dir() else "file", "run_ids": [],
-                "resolved_path": resolved})  # fmt: skip
+                "resolved_path": resolved})
             entry["run_ids"].append(run.run_id)
     yield from seen.values()
 

@@ -38,7 +38,7 @@ RUN_COLUMNS = (
     "overhead_s", "data_wait_s", "input_bound", "wall_time_s", "projected_s",
     "peak_allocated_bytes", "peak_rss_bytes",
     "relaunch_of", "relaunch_reason", "lineage", "deviation", "flags",
-)  # fmt: skip
+)
 
 
 @dataclass
@@ -62,7 +62,7 @@ class BalanceSheet:
     def frames(self) -> dict[str, pd.DataFrame]:
         return {"runs": self.runs, "variants": self.variants, "deltas": self.deltas,
                 "relaunches": self.relaunches, "conclusions": self.conclusions,
-                "flags": self.flags, "phases": self.phases, "notes": self.notes}  # fmt: skip
+                "flags": self.flags, "phases": self.phases, "notes": self.notes}
 
 
 def balance_sheet(ledger: LedgerReader, campaign: str) -> BalanceSheet:
@@ -94,11 +94,11 @@ def balance_sheet(ledger: LedgerReader, campaign: str) -> BalanceSheet:
     table["peak_allocated_bytes"] = table["run_id"].map(peaks["allocated"]).astype("Int64")
     table["peak_rss_bytes"] = table["run_id"].map(peaks["rss"]).astype("Int64")
     relaunches = relaunch_table(runs, dict(zip(table["run_id"], table["final_metric"],
-                                               strict=True)), keys)  # fmt: skip
+                                               strict=True)), keys)
     context = table.assign(config=runs["config"], environment=runs["environment"],
-                           started_at=runs["started_at"])  # fmt: skip
+                           started_at=runs["started_at"])
     flags = integrity_flags(context, events, pilots, record.spec_sha256, spec.get("hold", {}),
-                            relaunches)  # fmt: skip
+                            relaunches)
     kinds = flags.groupby("run_id")["kind"].agg(lambda k: ", ".join(dict.fromkeys(k)))
     table["flags"] = table["run_id"].map(kinds)
     table = table[list(RUN_COLUMNS)]
@@ -128,7 +128,7 @@ def balance_sheet(ledger: LedgerReader, campaign: str) -> BalanceSheet:
         phases=_pilot_phases(pilots, phases),
         notes=ledger.notes(campaign),
         curves=curves,
-    )  # fmt: skip
+    )
 
 
 def _validation(spec: dict[str, Any], runs: pd.DataFrame) -> dict[str, str]:
@@ -155,13 +155,13 @@ def _run_order(runs: pd.DataFrame, keys: set[str]) -> list[int]:
         name: (not bool(row["is_control"]),
                tuple(_sortable(config_value(row["config"], k)) for k in ordered), name)
         for name, row in first.iterrows()
-    }  # fmt: skip
+    }
     chains = lineage(runs)
     variants, seeds = runs["variant"].tolist(), runs["seed"].tolist()
     ids, created = runs["run_id"].tolist(), runs["created_at"].tolist()
     return sorted(range(len(runs)), key=lambda i: (
         rank.get(variants[i], (True, (), variants[i])), int(seeds[i]), len(chains[ids[i]]),
-        created[i]))  # fmt: skip
+        created[i]))
 
 
 def _run_table(
@@ -169,7 +169,7 @@ def _run_table(
 ) -> pd.DataFrame:
     table = runs[["run_id", "variant", "is_control", "seed", "status", "stop_cause",
                   "stop_step", "stop_phase", "stop_detail", "relaunch_of",
-                  "relaunch_reason"]].copy()  # fmt: skip
+                  "relaunch_reason"]].copy()
     table["is_control"] = table["is_control"].astype(bool)
     # One original per (variant, seed), the earliest: the ledger refuses a second one (0006)
     # and marks those an older ledger held (``duplicate_of``); they keep a line, uncounted.
@@ -182,7 +182,7 @@ def _run_table(
     table["deviation"] = [", ".join(held_deviations(c, hold)) or None for c in runs["config"]]
     chains = lineage(runs)
     table["lineage"] = [" -> ".join(chains[r]) if len(chains[r]) > 1 else None
-                        for r in table["run_id"]]  # fmt: skip
+                        for r in table["run_id"]]
     loss = curves[curves["key"] == "train/loss"]
     table["updates_done"] = table["run_id"].map(loss.groupby("run_id")["step"].max())
     table["updates_done"] = table["updates_done"].fillna(0).astype(int)
@@ -191,7 +191,7 @@ def _run_table(
     points = curves[(curves["key"] == metric) & curves["value"].notna()].sort_values("step")
     final = points.groupby("run_id").last()
     best_index = (points.groupby("run_id")["value"].idxmax() if mode == "max"
-                  else points.groupby("run_id")["value"].idxmin())  # fmt: skip
+                  else points.groupby("run_id")["value"].idxmin())
     best = points.loc[best_index.to_numpy()].set_index("run_id") if len(points) else final
     table["final_metric"] = table["run_id"].map(final["value"])
     table["final_metric_step"] = table["run_id"].map(final["step"]).astype("Int64")
@@ -218,7 +218,7 @@ def _variant_table(runs: pd.DataFrame) -> pd.DataFrame:
         withdrawn = originals[originals["status"] == "withdrawn"]
         planned = originals[originals["status"] != "withdrawn"].sort_values("seed")
         valued = planned[planned["status"].isin(VALUED) & planned["final_metric"].notna()
-                         & _within_budget(planned)]  # fmt: skip
+                         & _within_budget(planned)]
         numbers = valued["final_metric"].astype(float)
         valued_ids = set(valued["run_id"].tolist())
         counts = {status: int((planned["status"] == status).sum()) for status in COUNTED}
@@ -238,7 +238,7 @@ def _variant_table(runs: pd.DataFrame) -> pd.DataFrame:
             "values": {str(int(s)): float(v) for s, v in zip(valued["seed"], numbers, strict=True)},
             "missing": {str(int(r.seed)): _without_value(r) for r in planned.itertuples()
                         if r.run_id not in valued_ids},
-        })  # fmt: skip
+        })
     return pd.DataFrame(rows)
 
 
@@ -271,7 +271,7 @@ def _deltas(originals: pd.DataFrame) -> pd.DataFrame:
         base = None if base is None or pd.isna(base) else float(base)
         delta = value - base if value is not None and base is not None else None
         rows.append({"variant": r.variant, "seed": int(r.seed), "run_id": r.run_id,
-                     "metric": value, "control": base, "delta": delta})  # fmt: skip
+                     "metric": value, "control": base, "delta": delta})
     return pd.DataFrame(rows, columns=["variant", "seed", "run_id", "metric", "control", "delta"])
 
 
@@ -280,15 +280,15 @@ def _pilot_phases(pilots: pd.DataFrame, phases: pd.DataFrame) -> pd.DataFrame:
     and the overfit criterion it was held to); one table, a ``gate_class`` column first."""
     columns = ["gate_class", "pilot_id", "phase", "device", "duration_s", "allocated_peak",
                "baseline_allocated", "reserved_peak", "rss", "rss_peak", "verdict",
-               "detail"]  # fmt: skip
+               "detail"]
     if pilots.empty or phases.empty:
         return pd.DataFrame(columns=columns)
     classes = pilots["gate_class"] if "gate_class" in pilots else pd.Series(
-        [None] * len(pilots), index=pilots.index)  # fmt: skip
+        [None] * len(pilots), index=pilots.index)
     latest = pilots.assign(gate_class=classes.fillna("(whole spec)")).groupby(
-        "gate_class", sort=False)["pilot_id"].max()  # fmt: skip
+        "gate_class", sort=False)["pilot_id"].max()
     chosen = phases[phases["pilot_id"].isin(latest.to_numpy())]
     owner = {int(p): c for c, p in latest.items()}
     table = chosen.assign(gate_class=chosen["pilot_id"].map(lambda p: owner[int(p)]),
-                          pilot_id=chosen["pilot_id"].astype(int))  # fmt: skip
+                          pilot_id=chosen["pilot_id"].astype(int))
     return table[columns].reset_index(drop=True)

@@ -26,7 +26,7 @@ import pandas as pd
 METHOD = "paired Student t"
 MIN_PAIRS = 3
 COLUMNS = ("variant", "pairs", "mean_delta", "ci_low", "ci_high", "better", "worse", "verdict",
-           "reason")  # fmt: skip
+           "reason")
 VALUED = ("completed", "stopped")  # statuses whose final metric is a result
 
 
@@ -77,7 +77,7 @@ def conclusions(
         line: dict[str, Any] = {"variant": row.variant, "pairs": len(values), "mean_delta": None,
                                 "ci_low": None, "ci_high": None,
                                 "better": sum(sign * v > 0 for v in values),
-                                "worse": sum(sign * v < 0 for v in values)}  # fmt: skip
+                                "worse": sum(sign * v < 0 for v in values)}
         if not values:
             if not control_has_values:
                 who = originals[originals["variant"] == control_name]
@@ -94,7 +94,7 @@ def conclusions(
         if interval is None:
             verdict = "within_noise"
             reason = (f"{len(values)} paired seed{'s' * (len(values) > 1)}: an interval is not "
-                      f"estimable under {MIN_PAIRS} pairs")  # fmt: skip
+                      f"estimable under {MIN_PAIRS} pairs")
         else:
             line["ci_low"], line["ci_high"] = interval
             if interval[0] > 0 or interval[1] < 0:
@@ -150,25 +150,25 @@ def campaign_conclusion(
         answer = f"No conclusion: the campaign has only its control {control}, nothing to compare."
     else:
         better = table[table["verdict"] == "better"].sort_values(
-            "mean_delta", ascending=mode != "max")  # fmt: skip
+            "mean_delta", ascending=mode != "max")
         if len(better):
             best = better.iloc[0]
             others = [v for v in better["variant"] if v != best["variant"]]
             answer = (f"{best['variant']} beats {against}: "
                       f"mean delta {_delta(best['mean_delta'])}, 95% interval "
                       f"[{_delta(best['ci_low'])}, {_delta(best['ci_high'])}] "
-                      f"({METHOD}, {best['pairs']} paired seeds).")  # fmt: skip
+                      f"({METHOD}, {best['pairs']} paired seeds).")
             if others:
                 answer += f" Also better: {', '.join(others)}."
         elif (table["verdict"] == "worse").all():
             answer = (f"The control {control} stays best on {metric}: every variant is worse "
-                      "beyond noise.")  # fmt: skip
+                      "beyond noise.")
         elif (table["verdict"] == "worse").any():
             answer = f"No variant beats the control {control} beyond noise on {metric}."
         elif (table["verdict"] == "within_noise").any():
             noise = table[table["verdict"] == "within_noise"]
             answer = (f"No variant differs from the control {control} beyond noise on "
-                      f"{metric} ({_pairs(noise)}).")  # fmt: skip
+                      f"{metric} ({_pairs(noise)}).")
         else:  # every variant without a valid run: nothing was compared
             answer = f"No conclusion: no variant has a value to compare with the control {control}."
         rest = [_verdict_words(r) for r in table.itertuples() if r.verdict != "better"]
@@ -179,7 +179,7 @@ def campaign_conclusion(
         answer += f" {runs} not finished: this may change."
     if flags:
         answer += (f" {flags} integrity flag{'s' * (flags > 1)} on the runs counted here: "
-                   "read them before relying on this.")  # fmt: skip
+                   "read them before relying on this.")
     return f"{question} {answer}".strip()
 
 

@@ -29,12 +29,12 @@ import pandas as pd
 
 from campaign.gates.classes import gate_class
 from campaign.gates.rule import gate_state, pilot_decisions, skip_decisions
-from campaign.gates.stack import stack_differences
 from campaign.plan.config_keys import config_value, held_deviations
+from campaign.stack.software import stack_differences
 
 KINDS = ("replay_differs", "determinism_differs", "pilot_skipped", "ungated", "stack_differs",
          "held_deviation", "changes_variant_key", "budget_not_reached",
-         "budget_exceeded", "base_differs")  # fmt: skip
+         "budget_exceeded", "base_differs")
 COLUMNS = ("run_id", "kind", "detail")
 ADAPTER_FACTS = {"lora", "adapter_init"}  # in a base_model event, of the adapter: per seed
 
@@ -58,21 +58,21 @@ def integrity_flags(
             detail = f"{key} is {config_value(row.config, key)!r}, held at {hold[key]!r}"
             found.append(_flag(row.run_id, "held_deviation", detail + " by the spec"))
         if (row.status in ("completed", "stopped") and row.updates_planned
-                and row.updates_done < row.updates_planned):  # fmt: skip
+                and row.updates_done < row.updates_planned):
             found.append(_flag(row.run_id, "budget_not_reached",
                                f"{row.status} at update {row.updates_done} of "
-                               f"{row.updates_planned} ({row.stop_cause})"))  # fmt: skip
+                               f"{row.updates_planned} ({row.stop_cause})"))
         if exceeds_budget(row):
             found.append(_flag(row.run_id, "budget_exceeded",
                                f"{row.updates_done} updates done of {row.updates_planned} "
                                "planned: the budget is a held key, this value is not "
-                               "counted"))  # fmt: skip
+                               "counted"))
     for row in relaunches.itertuples():
         for key in row.changes_variant_key:
             before, after = row.changes[key]
             found.append(_flag(row.run_id, "changes_variant_key",
                                f"{key} {before!r} -> {after!r}: the key that tells the variants "
-                               f"apart; this run is no longer a run of {row.variant}"))  # fmt: skip
+                               f"apart; this run is no longer a run of {row.variant}"))
     order = {run_id: i for i, run_id in enumerate(runs["run_id"])}
     found.sort(key=lambda f: (order.get(f["run_id"], len(order)), KINDS.index(f["kind"])))
     return pd.DataFrame(found, columns=list(COLUMNS))
@@ -147,7 +147,7 @@ def _gate_flags(
         state = gate_state(inputs[class_id], skips.of(row.run_id), row.started_at)
         if state.how == "closed":
             found.append(_flag(row.run_id, "ungated",
-                               "started with no passing pilot and no recorded skip"))  # fmt: skip
+                               "started with no passing pilot and no recorded skip"))
         elif state.how == "skip":
             found.append(_flag(row.run_id, "pilot_skipped", f"pilot skipped: {state.evidence}"))
         elif isinstance(row.environment, dict) and row.environment:
@@ -173,4 +173,4 @@ def campaign_flags(ledger: Any, campaign: str) -> pd.DataFrame:
     hold = record.spec_document.get("hold", {})
     relaunches = relaunch_table(runs, {}, defining_keys(runs))
     return integrity_flags(table, ledger.events(campaign), ledger.pilots(campaign),
-                           record.spec_sha256, hold, relaunches)  # fmt: skip
+                           record.spec_sha256, hold, relaunches)

@@ -11,7 +11,7 @@ from typing import Any
 import pandas as pd
 
 BYTE_COLUMNS = frozenset({"allocated", "allocated_peak", "baseline_allocated", "reserved",
-                          "reserved_peak", "rss", "rss_peak"})  # fmt: skip
+                          "reserved_peak", "rss", "rss_peak"})
 
 
 def missing(value: Any) -> bool:

@@ -32,7 +32,7 @@ class CampaignInputs:
             return f"{path} is {what}: an output never replaces an input (choose another path)"
         if path.suffix == ".toml" and path.is_file() and _names_campaign(path, self.campaign):
             return (f"{path} is a spec of campaign {self.campaign!r}: an output never replaces "
-                    "an input (choose another path)")  # fmt: skip
+                    "an input (choose another path)")
         return None
 
 
@@ -47,7 +47,7 @@ def campaign_inputs(ledger: object, campaign: str) -> CampaignInputs:
             files[Path(f"{database}{suffix}").resolve()] = "the campaign's ledger"
     for row in ledger.artifacts(campaign).itertuples():  # type: ignore[attr-defined]
         files.setdefault(Path(row.path).resolve(), f"artifact {row.id} ({row.kind}) of run "
-                                                   f"{row.run_id}")  # fmt: skip
+                                                   f"{row.run_id}")
     return CampaignInputs(campaign, files)
 
 

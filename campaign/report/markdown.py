@@ -18,14 +18,14 @@ from campaign.report.humane import cell, label
 # causes such as non_finite_loss stay searchable.
 ESCAPED = str.maketrans({"\\": "\\\\", "|": "\\|", "<": "\\<", ">": "\\>", "*": "\\*",
                          "&": "\\&",
-                         "`": "\\`", "[": "\\[", "]": "\\]", "\n": " "})  # fmt: skip
+                         "`": "\\`", "[": "\\[", "]": "\\]", "\n": " "})
 # Every column of the run table but the control mark (the variants table has it).
 RUN_COLUMNS = ("run_id", "variant", "seed", "original", "status", "stop_cause", "stop_step",
                "stop_phase", "stop_detail", "updates_planned", "updates_done", "examples_seen",
                "final_metric", "final_metric_step", "best_metric", "best_metric_step",
                "training_s", "overhead_s", "wall_time_s", "projected_s",
                "peak_allocated_bytes", "peak_rss_bytes", "relaunch_of", "relaunch_reason",
-               "deviation", "flags")  # fmt: skip
+               "deviation", "flags")
 
 
 # A scheme that runs code or reads files when a renderer links it (linkify, an editor's
@@ -45,7 +45,7 @@ def table(frame: pd.DataFrame, columns: tuple[str, ...] | None = None) -> str:
     header = "| " + " | ".join(text(label(c)) for c in columns) + " |"
     rule = "|" + "|".join("---" for _ in columns) + "|"
     lines = ["| " + " | ".join(text(cell(c, row[c])) for c in columns) + " |"
-             for row in frame.to_dict("records")]  # fmt: skip
+             for row in frame.to_dict("records")]
     return "\n".join([header, rule, *lines])
 
 
@@ -54,7 +54,7 @@ def markdown(sheet: Any) -> str:
     direction = "higher" if sheet.mode == "max" else "lower"
     flags = sheet.flags
     summary = (", ".join(f"{k} {n}" for k, n in flags["kind"].value_counts().items())
-               if len(flags) else "none")  # fmt: skip
+               if len(flags) else "none")
     parts = [
         f"# {text(c['name'])}", "",
         f"task `{c['task']}` · spec sha256 `{c['spec_sha256']}` · metric "
@@ -72,5 +72,5 @@ def markdown(sheet: Any) -> str:
         "## Every run", "", table(sheet.runs, RUN_COLUMNS), "",
         "## Pilot: phases", "", table(sheet.phases), "",
         "## Notes", "", table(sheet.notes), "",
-    ]  # fmt: skip
+    ]
     return "\n".join(parts)

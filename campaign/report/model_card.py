@@ -54,7 +54,7 @@ def model_card(ledger: LedgerReader, run_id: str) -> str:
     if bases:  # an adapter: the frozen base it was trained on
         base = json.loads(bases[0])
         lines.append(f"- frozen base: SHA-256 `{base.get('sha256', '?')}`, tokenizer "
-                     f"{text(base.get('tokenizer', '?'))}")  # fmt: skip
+                     f"{text(base.get('tokenizer', '?'))}")
     lines += ["", "The resolved config of the run is in the ledger (`campaign show RUN_ID`).", "",
               ""]
     return "\n".join(lines)

@@ -59,9 +59,9 @@ def metric_chart(sheet: BalanceSheet, key: str) -> bytes | None:
     if relaunched:  # their own look and legend entry: never read as a variant's seed
         clipped = [np.column_stack([x, np.clip(y, low, high)]) for x, y in relaunched]
         axis.add_collection(LineCollection(clipped, colors=["0.45"], linewidths=0.8,
-                                           linestyles="--"))  # fmt: skip
+                                           linestyles="--"))
         axis.plot([], [], color="0.45", linestyle="--",
-                  label=f"relaunches ({len(relaunched)}, never pooled)")  # fmt: skip
+                  label=f"relaunches ({len(relaunched)}, never pooled)")
     originals = runs[runs["original"]]
     for index, variant in enumerate(dict.fromkeys(runs["variant"])):
         colour = colours(index % 10)
@@ -69,7 +69,7 @@ def metric_chart(sheet: BalanceSheet, key: str) -> bytes | None:
         if mine.empty:
             continue
         _seed_lines(axis, [series[r] for r in mine["run_id"] if r in series], colour,
-                    len(mine) > MANY)  # fmt: skip
+                    len(mine) > MANY)
         for run_id, status in zip(mine["run_id"], mine["status"], strict=True):
             if run_id in series and status in ENDED_BADLY:
                 _clipped_end(axis, *series[run_id], low, high, colour)
@@ -78,7 +78,7 @@ def metric_chart(sheet: BalanceSheet, key: str) -> bytes | None:
         if len(chosen):  # per step over the counted seeds (one point per run and step)
             band = chosen.groupby("step")["value"].agg(["min", "max", "mean"])
             axis.fill_between(band.index, band["min"], band["max"], color=colour, alpha=0.15,
-                              linewidth=0)  # fmt: skip
+                              linewidth=0)
             control = bool(mine["is_control"].iloc[0])
             label = f"{variant}{' (control)' if control else ''}"
             # The control on top of every variant (drawn first, it was hidden under one
@@ -87,7 +87,7 @@ def metric_chart(sheet: BalanceSheet, key: str) -> bytes | None:
                       zorder=6 if control else 4, label=f"{label}: mean of "
                       f"{chosen['run_id'].nunique()}",
                       path_effects=[patheffects.withStroke(linewidth=5, foreground="black")]
-                      if control else None)  # fmt: skip
+                      if control else None)
         else:
             axis.plot([], [], color=colour, linewidth=2.2, label=f"{variant}: no valid run")
     axis.autoscale_view()
@@ -101,7 +101,7 @@ def metric_chart(sheet: BalanceSheet, key: str) -> bytes | None:
     axis.set_xlabel("update")
     axis.set_ylabel(key)
     axis.set_title(f"{key}: mean over counted seeds, min-max band, thin line per seed; "
-                   "^ left the range, x stopped", fontsize=9)  # fmt: skip
+                   "^ left the range, x stopped", fontsize=9)
     axis.legend(fontsize=8, loc="best")
     axis.grid(alpha=0.3)
     return _png(figure)
@@ -127,7 +127,7 @@ def _arrays(points: pd.DataFrame) -> dict[str, tuple[np.ndarray, np.ndarray]]:
 
 
 def _seed_lines(axis: Any, lines: list[tuple[np.ndarray, np.ndarray]], colour: Any,
-                many: bool) -> None:  # fmt: skip
+                many: bool) -> None:
     if many:  # one collection: fast at a thousand runs
         arrays = [np.column_stack(line) for line in lines]
         axis.add_collection(LineCollection(arrays, colors=[colour], linewidths=0.5, alpha=0.3))
@@ -137,14 +137,14 @@ def _seed_lines(axis: Any, lines: list[tuple[np.ndarray, np.ndarray]], colour: A
 
 
 def _clipped_end(axis: Any, steps: np.ndarray, values: np.ndarray, low: float, high: float,
-                 colour: Any) -> None:  # fmt: skip
+                 colour: Any) -> None:
     """Markers for a run that ended badly: where it left the healthy range, where it stopped."""
     outside = np.flatnonzero((values < low) | (values > high) | ~np.isfinite(values))
     if len(outside):
         first = outside[0]
         edge = high if not values[first] < low else low
         axis.plot(steps[first], edge, marker="^" if edge == high else "v", color=colour,
-                  markersize=9, markeredgecolor="black")  # fmt: skip
+                  markersize=9, markeredgecolor="black")
     last = np.clip(values[-1], low, high) if np.isfinite(values[-1]) else high
     axis.plot(steps[-1], last, marker="x", color=colour, markersize=10, markeredgewidth=2)
 
@@ -176,6 +176,6 @@ def phase_memory(sheet: BalanceSheet) -> tuple[bytes | None, str]:
     axis.set_xlabel("MiB")
     axis.set_title(f"pilot id {int(phases['pilot_id'].iloc[0])} (gate class "
                    f"{phases['gate_class'].iloc[0]}): what each phase adds to memory",
-                   fontsize=10)  # fmt: skip
+                   fontsize=10)
     axis.legend(fontsize=8)
     return _png(figure), ""

@@ -18,7 +18,7 @@ import pandas as pd
 from campaign.plan.config_keys import config_changes, flatten
 
 COLUMNS = ("run_id", "relaunch_of", "original", "lineage", "variant", "seed", "reason", "status",
-           "stop_cause", "metric", "changes", "changes_variant_key")  # fmt: skip
+           "stop_cause", "metric", "changes", "changes_variant_key")
 
 
 def lineage(runs: pd.DataFrame) -> dict[str, list[str]]:
@@ -70,5 +70,5 @@ def relaunch_table(
             "metric": None if metric is None or pd.isna(metric) else float(metric),
             "changes": changes,
             "changes_variant_key": sorted(k for k in changes if k in variant_keys),
-        })  # fmt: skip
+        })
     return pd.DataFrame(rows, columns=list(COLUMNS))

@@ -30,15 +30,15 @@ from campaign.report.template import TEMPLATE
 
 # The run table's visible columns; every other field is in the row's details.
 RUN_SUMMARY = ("run", "variant", "seed", "status", "stop", "updates", "final_metric",
-               "best_metric", "training", "overhead", "peak", "flags")  # fmt: skip
+               "best_metric", "training", "overhead", "peak", "flags")
 RUN_DETAILS = ("run_id", "stop_detail", "stop_phase", "examples_seen", "final_metric_step",
                "best_metric_step", "wall_time_s", "data_wait_s", "input_bound", "projected_s",
                "peak_allocated_bytes", "peak_rss_bytes", "relaunch_of", "relaunch_reason",
-               "lineage", "deviation")  # fmt: skip
+               "lineage", "deviation")
 
 
 def write(sheet: BalanceSheet, output_format: str, path: Path,
-          inputs: CampaignInputs | None = None) -> Path:  # fmt: skip
+          inputs: CampaignInputs | None = None) -> Path:
     """Write ``sheet`` as ``output_format`` to ``path`` (atomically: a temporary file renamed)."""
     def written(temporary: Path) -> None:
         if output_format == "parquet":
@@ -78,7 +78,7 @@ def html(sheet: BalanceSheet) -> str:
     return template.from_string(TEMPLATE).render(
         **sheet_context(sheet), generated=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         charts=charts, memory=_b64(memory), memory_why=memory_why,
-    )  # fmt: skip
+    )
 
 
 def sheet_context(sheet: BalanceSheet) -> dict[str, Any]:
@@ -93,7 +93,7 @@ def sheet_context(sheet: BalanceSheet) -> dict[str, Any]:
         runs=run_rows(sheet),
         summary_columns=RUN_SUMMARY, phases=table_rows(sheet.phases.dropna(axis=1, how="all")),
         notes=table_rows(sheet.notes),
-    )  # fmt: skip
+    )
 
 
 def _b64(png: bytes | None) -> str | None:
@@ -105,7 +105,7 @@ def no_curve_reason(sheet: BalanceSheet, key: str) -> str:
         return "no run has started yet: `campaign launch` executes the planned runs"
     if key == sheet.metric:
         return (f"no run reached its first validation point yet ({key} is logged every "
-                "validation.every updates)")  # fmt: skip
+                "validation.every updates)")
     return f"no run logged {key}"
 
 
@@ -113,7 +113,7 @@ def table_rows(frame: pd.DataFrame) -> dict[str, Any]:
     """Columns and rows of ``frame`` with every cell formatted for people."""
     columns = list(frame.columns)
     rows = [[cell(c, v) for c, v in zip(columns, values, strict=True)]
-            for values in frame.itertuples(index=False)]  # fmt: skip
+            for values in frame.itertuples(index=False)]
     return {"columns": [label(c) for c in columns], "rows": rows}
 
 
@@ -135,7 +135,7 @@ def run_rows(sheet: BalanceSheet) -> list[dict[str, Any]]:
             "training": cell("training_s", run["training_s"]),
             "overhead": cell("overhead_s", run["overhead_s"]),
             "peak": cell("peak_bytes", peak), "flags": cell("flags", run["flags"]),
-        }  # fmt: skip
+        }
         details = {label(c): cell(c, run[c]) for c in RUN_DETAILS if cell(c, run[c])}
         rows.append({"run_id": run["run_id"], "status": run["status"], "cells": summary,
                      "details": details})
@@ -147,11 +147,11 @@ def document(sheet: BalanceSheet) -> dict[str, Any]:
 
     def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
         return json.loads(frame.to_json(orient="records", date_format="iso",
-                                        double_precision=15))  # fmt: skip
+                                        double_precision=15))
 
     return {
         "campaign": {k: str(v) if isinstance(v, datetime) else v
                      for k, v in sheet.campaign.items()},
         "metric": sheet.metric, "mode": sheet.mode, "conclusion": sheet.conclusion,
         **{name: records(frame) for name, frame in sheet.frames().items()},
-    }  # fmt: skip
+    }

@@ -73,7 +73,7 @@ def export(reader: LedgerReader, campaign: str, logdir: Path) -> Exported:
         for row in started:
             run_state = state["runs"].setdefault(row["id"], {
                 "steps": {}, "segment": None, "status": None, "hparams": False, "ended": False,
-            })  # fmt: skip
+            })
             if run_state["ended"]:
                 continue
             exported = bool(run_state["hparams"])  # by an earlier export
@@ -93,14 +93,14 @@ def export(reader: LedgerReader, campaign: str, logdir: Path) -> Exported:
                 saved = time.monotonic()
     except OSError as error:
         raise ExportError(f"cannot write under --logdir {logdir}: {error.strerror or error}"
-                          ) from None  # fmt: skip
+                          ) from None
     finally:
         if logdir.is_dir():
             try:
                 _save_state(logdir, state, inputs)
             except OSError as error:
                 raise ExportError(f"cannot write {logdir / STATE_FILE}: "
-                                  f"{error.strerror or error}") from None  # fmt: skip
+                                  f"{error.strerror or error}") from None
     finished = all(row["status"] in TERMINAL_STATUSES for row in rows)
     return Exported(touched, written_points, finished)
 
@@ -109,13 +109,13 @@ def _save_state(logdir: Path, state: dict[str, Any], inputs: CampaignInputs) -> 
     state["runs"] = {k: v for k, v in state["runs"].items() if v["steps"] or v["status"]}
     write_atomically(logdir / STATE_FILE,
                      lambda path: path.write_text(json.dumps(state, indent=1), encoding="utf-8"),
-                     inputs)  # fmt: skip
+                     inputs)
 
 
 def follow_export(
     reader: LedgerReader, campaign: str, logdir: Path, every_s: float,
     say: Callable[[str], None] | None = None,
-) -> None:  # fmt: skip
+) -> None:
     """Export every ``every_s`` seconds until every run is terminal (or Ctrl-C)."""
     import sys
 
@@ -137,13 +137,13 @@ def follow_export(
 def _run_records(
     reader: LedgerReader, row: dict[str, Any], run_state: dict[str, Any],
     segment: tuple[int, int] | None, protos: Any,
-) -> list[tuple[Any, ...]]:  # fmt: skip
+) -> list[tuple[Any, ...]]:
     """The records to append for one run: hparams once, new points, status when changed."""
     records: list[tuple[Any, ...]] = []
     if not run_state["hparams"]:
         run = reader.run(row["id"])
         lineage = {"relaunch_of": run.relaunch_of or "", "relaunch_reason": run.relaunch_reason
-                   or ""} if run.relaunch_of else {}  # fmt: skip
+                   or ""} if run.relaunch_of else {}
         records.append(("hparams", {**run.config_document, **lineage}))
         run_state["hparams"] = True
     steps: dict[str, int] = run_state["steps"]
@@ -176,13 +176,13 @@ def _run_records(
 
 
 def _append(folder: Path, run_state: dict[str, Any], records: list[tuple[Any, ...]],
-            protos: Any) -> None:  # fmt: skip
+            protos: Any) -> None:
     """Append ``records`` to this process's event file in ``folder`` (one file per exporting
     process and run, opened for each pass: a thousand runs never hold a thousand files)."""
     name = run_state.get("file")
     if not name or not (folder / name).exists() or run_state.get("pid") != os.getpid():
         name = (f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}."
-                f"{os.getpid()}.campaign")  # fmt: skip
+                f"{os.getpid()}.campaign")
         run_state["file"], run_state["pid"] = name, os.getpid()
         fresh = True
     else:
@@ -204,17 +204,17 @@ def _event(record: tuple[Any, ...], protos: Any) -> Any:
     if kind == "point":
         _, key, step, value = record
         tensor = protos.make_tensor_proto(float("nan") if value is None else float(value),
-                                          dtype="float64")  # fmt: skip
+                                          dtype="float64")
         metadata = protos.scalar_metadata(display_name=key, description="")
         summary = protos.Summary(value=[protos.Summary.Value(tag=key, tensor=tensor,
-                                                             metadata=metadata)])  # fmt: skip
+                                                             metadata=metadata)])
         return protos.Event(wall_time=now, step=int(step), summary=summary)
     if kind == "status":
         _, text, step = record
         tensor = protos.make_tensor_proto(text.encode("utf-8"))
         metadata = protos.text_metadata(display_name="run", description="status and stop")
         summary = protos.Summary(value=[protos.Summary.Value(tag="run/status", tensor=tensor,
-                                                             metadata=metadata)])  # fmt: skip
+                                                             metadata=metadata)])
         return protos.Event(wall_time=now, step=int(step), summary=summary)
     if kind == "hparams":
         info = protos.SessionStartInfo(start_time_secs=now)
@@ -229,13 +229,13 @@ def _event(record: tuple[Any, ...], protos: Any) -> Any:
         return _hparams_event(protos.SESSION_START_INFO_TAG, data, now, protos)
     status = protos.STATUS_SUCCESS if record[1] in SUCCEEDED else protos.STATUS_FAILURE
     data = protos.HParamsPluginData(session_end_info=protos.SessionEndInfo(
-        status=status, end_time_secs=now), version=0)  # fmt: skip
+        status=status, end_time_secs=now), version=0)
     return _hparams_event(protos.SESSION_END_INFO_TAG, data, now, protos)
 
 
 def _hparams_event(tag: str, data: Any, now: float, protos: Any) -> Any:
     summary = protos.Summary(value=[protos.Summary.Value(
-        tag=tag, metadata=protos.hparams_metadata(data), tensor=protos.NULL_TENSOR)])  # fmt: skip
+        tag=tag, metadata=protos.hparams_metadata(data), tensor=protos.NULL_TENSOR)])
     return protos.Event(wall_time=now, summary=summary)
 
 
@@ -277,16 +277,16 @@ def _load_state(logdir: Path, campaign: str) -> dict[str, Any]:
         state = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as error:
         raise ExportError(f"{path}: unreadable export state ({error}); remove the folder to "
-                          "export everything again") from None  # fmt: skip
+                          "export everything again") from None
     if not isinstance(state, dict) or not isinstance(state.get("runs"), dict) or not all(
         isinstance(v, dict) and set(v) >= _STATE_KEYS and isinstance(v["steps"], dict)
         for v in state["runs"].values()
     ):
         raise ExportError(f"{path}: not an export state this version wrote; remove the folder "
-                          "to export everything again")  # fmt: skip
+                          "to export everything again")
     if state.get("campaign") != campaign:
         raise ExportError(f"--logdir {logdir} holds campaign {state.get('campaign')!r}, not "
-                          f"{campaign!r}: give each campaign its own folder")  # fmt: skip
+                          f"{campaign!r}: give each campaign its own folder")
     return state
 
 
@@ -305,7 +305,7 @@ def _protos() -> Any:
         from tensorboard.util.tensor_util import make_tensor_proto
     except ImportError:
         raise ExportError("TensorBoard is not installed: pip install 'campaign[tensorboard]'"
-                          ) from None  # fmt: skip
+                          ) from None
 
     class Protos:
         Event = event_pb2.Event

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pandas as pd
 
 from campaign.gates.classes import gate_class
-from campaign.projection import counts, latest_passing_pilot, pilot_figures, project
+from campaign.plan.time_projection import counts, latest_passing_pilot, pilot_figures, project
 
 
 def run_times(segments: pd.DataFrame) -> dict[str, pd.Series]:
@@ -33,7 +33,7 @@ def run_times(segments: pd.DataFrame) -> dict[str, pd.Series]:
     training = by_run["training_s"].sum().where(complete)  # a partial sum would mislead
     overhead = (total - training).clip(lower=0)
     return {"wall_time_s": total.round(3), "training_s": training.round(3),
-            "overhead_s": overhead.round(3)}  # fmt: skip
+            "overhead_s": overhead.round(3)}
 
 
 def projected_seconds(

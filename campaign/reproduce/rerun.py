@@ -42,11 +42,11 @@ class Comparison:
     @property
     def identical(self) -> bool:
         return (self.status in ("completed", "stopped") and not self.differing
-                and self.weights_original == self.weights_reproduced)  # fmt: skip
+                and self.weights_original == self.weights_reproduced)
 
 
 def reproduce(archive: Path, folder: Path, run_id: str | None, invoke: Callable[..., None]
-              ) -> tuple[list[Comparison], tuple[tuple[str, str, str], ...]]:  # fmt: skip
+              ) -> tuple[list[Comparison], tuple[tuple[str, str, str], ...]]:
     """Re-execute ``run_id`` (else every completed or stopped run) of ``archive`` in ``folder``;
     ``invoke(arguments, quiet=False)`` runs a ``campaign`` command line in this process (the
     command line's own, passed down: this package sits below it). Returns the comparisons and
@@ -69,7 +69,7 @@ def reproduce(archive: Path, folder: Path, run_id: str | None, invoke: Callable[
             new_id = str(match["run_id"].iloc[0])
             invoke(["--ledger", url, "run", new_id, "--device", "cpu", "--skip-pilot",
                            "--reason", f"reproducing run {original.run_id} from {archive.name}",
-                           "--artifacts", str(unpacked.artifacts)])  # fmt: skip
+                           "--artifacts", str(unpacked.artifacts)])
             comparisons.append(_compare(unpacked, url, str(original.run_id), new_id))
     return comparisons, unpacked.moved
 
@@ -85,7 +85,7 @@ def _chosen(runs: pd.DataFrame, run_id: str | None) -> pd.DataFrame:
     if run_id not in set(done["run_id"]):
         status = runs.loc[runs["run_id"] == run_id, "status"].iloc[0]
         raise ReproduceError(f"run {run_id} is {status}: only a completed or stopped run has a "
-                             "final artifact to reproduce")  # fmt: skip
+                             "final artifact to reproduce")
     return done[done["run_id"] == run_id]
 
 
@@ -102,7 +102,7 @@ def _compare(unpacked: Unpacked, url: str, original: str, new_id: str) -> Compar
     a, b = merged["value_a"].to_numpy(float), merged["value_b"].to_numpy(float)
     same = (a == b) | (np.isnan(a) & np.isnan(b))
     differing = [f"{row.key} at update {row.step}: {row.value_a!r} != {row.value_b!r}"
-                 for row in merged[~same].head(5).itertuples()]  # fmt: skip
+                 for row in merged[~same].head(5).itertuples()]
     finals = sorted((unpacked.members / "finals" / original).glob("*.safetensors"))
     mine = artifacts[(artifacts["run_id"] == new_id) & (artifacts["kind"] == "final")]
     return Comparison(original, new_id, record.status, len(merged), differing,

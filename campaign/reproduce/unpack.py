@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from campaign.gates.provenance import files_digest
+from campaign.stack.provenance import files_digest
 
 
 class ReproduceError(Exception):
@@ -48,7 +48,7 @@ def unpack(archive: Path, folder: Path) -> Unpacked:
     inputs_path = members / "inputs.json"
     if not inputs_path.is_file():
         raise ReproduceError(f"{archive}: no inputs.json: written before archives carried "
-                             "what runs read; it cannot be reproduced alone")  # fmt: skip
+                             "what runs read; it cannot be reproduced alone")
     inputs = json.loads(inputs_path.read_text())
     work, artifacts = folder / "work", folder / "artifacts"
     work.mkdir()
@@ -102,7 +102,7 @@ def _place_source(members: Path, work: Path, source: dict[str, Any]) -> None:
         if same != source["sha256"]:
             raise ReproduceError(f"the installed campaign's {files[0]} is not the one run "
                                  f"{source['run_ids'][0]} ran: install the campaign version "
-                                 "its environment.json names")  # fmt: skip
+                                 "its environment.json names")
         return
     for name in files:
         target = work / name
@@ -121,7 +121,7 @@ def _place_data(members: Path, work: Path, entry: dict[str, Any]) -> None:
             original = original / file["file"] if file["file"] else original
             if not original.is_file():
                 raise ReproduceError(f"{what} is listed by hash only (past --data-limit) and "
-                                     f"not at {original}: place it there")  # fmt: skip
+                                     f"not at {original}: place it there")
             _place(original, target, file["sha256"], what)
         else:
             _place(members / file["member"], target, file["sha256"], what)

@@ -24,8 +24,8 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from campaign.errors import LedgerError, LedgerInputError, NotFound
 from campaign.ledger import LedgerReader
-from campaign.ledger.errors import LedgerError, LedgerInputError, NotFound
 from campaign.serve import pages
 from campaign.serve.guard import Guard
 from campaign.serve.watch import Cursor, Watcher
@@ -88,10 +88,10 @@ def _answer(make: Any, html: bool = False) -> Response:
 def _error(status: int, message: str, html: bool) -> Response:
     if html:
         return HTMLResponse(pages.render("error.html", status=status, message=message,
-                                         page={"kind": "error"}), status)  # fmt: skip
+                                         page={"kind": "error"}), status)
     return JSONResponse({"error": message}, status)
 
 
 def _jsonable(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: v.isoformat() if hasattr(v, "isoformat") else v for k, v in row.items()}
-            for row in rows]  # fmt: skip
+            for row in rows]

@@ -57,7 +57,7 @@ class Guard:
         headers = Headers(scope=scope)
         if self.hosts is not None and _host_name(headers.get("host", "")) not in self.hosts:
             await _secured(PlainTextResponse("400: unknown Host header", 400), scope, receive,
-                           send)  # fmt: skip
+                           send)
             return
         if self.token is not None:
             query = parse_qsl(scope.get("query_string", b"").decode("latin-1"))
@@ -70,7 +70,7 @@ class Guard:
                     "401: this dashboard needs its token: open the URL `campaign serve` "
                     "printed (it ends in ?token=...)", 401,
                     headers={"www-authenticate": "Bearer"},
-                )  # fmt: skip
+                )
                 await _secured(response, scope, receive, send)
                 return
         await self.app(scope, receive, _with_headers(send))
@@ -94,7 +94,7 @@ class Guard:
         path = "/" + scope["path"].lstrip("/")
         response = RedirectResponse(path + (f"?{rest}" if rest else ""), 303)
         response.set_cookie(_cookie_name(scope), self.token or "", httponly=True,
-                            samesite="strict")  # fmt: skip
+                            samesite="strict")
         return response
 
 
@@ -128,5 +128,5 @@ def _with_headers(send: Send) -> Send:
 
 
 async def _secured(response: PlainTextResponse | RedirectResponse, scope: Scope,
-                   receive: Receive, send: Send) -> None:  # fmt: skip
+                   receive: Receive, send: Send) -> None:
     await response(scope, receive, _with_headers(send))

@@ -28,9 +28,9 @@ DEFAULT_KEYS = ("train/loss",)
 def environment() -> jinja2.Environment:
     folder = resources.files("campaign.serve") / "templates"
     templates = {entry.name: entry.read_text(encoding="utf-8") for entry in folder.iterdir()
-                 if entry.name.endswith(".html")}  # fmt: skip
+                 if entry.name.endswith(".html")}
     return jinja2.Environment(loader=jinja2.DictLoader(templates), autoescape=True,
-                              undefined=jinja2.StrictUndefined)  # fmt: skip
+                              undefined=jinja2.StrictUndefined)
 
 
 def render(template: str, **context: Any) -> str:
@@ -40,7 +40,7 @@ def render(template: str, **context: Any) -> str:
 def campaigns_page(reader: LedgerReader) -> str:
     overview = reader.campaign_overview()
     return render("campaigns.html", campaigns=overview, ledger=reader.url,
-                  page={"kind": "campaigns"})  # fmt: skip
+                  page={"kind": "campaigns"})
 
 
 def campaign_page(watcher: Watcher, name: str) -> str:
@@ -67,7 +67,7 @@ def campaign_page(watcher: Watcher, name: str) -> str:
         "variants": list(dict.fromkeys(runs["variant"])),
         "ended_at_load": int(runs["status"].isin(tuple(TERMINAL_STATUSES)).sum()),
         "initial": initial,
-    }  # fmt: skip
+    }
     return render("campaign.html", **sheet_context(sheet), page=page, ledger=reader.url)
 
 
@@ -78,22 +78,22 @@ def run_page(reader: LedgerReader, run_id: str) -> str:
     config = run.config_document
     control = _control_run(reader, run)
     changes = {} if control is None or control.id == run.id else config_changes(
-        control.config_document, config)  # fmt: skip
+        control.config_document, config)
     rows = [{"key": key, "value": json.dumps(value), "differs": key in changes,
              "control": json.dumps(changes[key][0]) if key in changes else "(same)"}
-            for key, value in flatten(config).items()]  # fmt: skip
+            for key, value in flatten(config).items()]
     segments = reader.segments(run.campaign)
     events = reader.events(run.campaign, run.id)
     artifacts = reader.artifacts(run.campaign)
     page = {"kind": "run", "campaign": run.campaign, "run": run.id,
-            "keys": reader.metric_keys(run.campaign, run.id)}  # fmt: skip
+            "keys": reader.metric_keys(run.campaign, run.id)}
     return render(
         "run.html", run=run, page=page, ledger=reader.url, config=rows, control=control,
         changed=list(changes),
         segments=_records(segments[segments["run_id"] == run.id].drop(columns=["run_id"])),
         events=_records(events.drop(columns=["run_id", "id"])),
         artifacts=_records(artifacts[artifacts["run_id"] == run.id].drop(columns=["run_id"])),
-    )  # fmt: skip
+    )
 
 
 def _control_run(reader: LedgerReader, run: Any) -> Any:
@@ -110,5 +110,5 @@ def _records(frame: Any) -> dict[str, Any]:
 
     columns = list(frame.columns)
     rows = [["" if missing(v) else str(v) for v in values]
-            for values in frame.itertuples(index=False)]  # fmt: skip
+            for values in frame.itertuples(index=False)]
     return {"columns": columns, "rows": rows}

@@ -30,9 +30,9 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from campaign.launch.live_table import Snapshot, snapshot_of
+from campaign.errors import LedgerInputError, NotFound
 from campaign.ledger import LedgerReader
-from campaign.ledger.errors import LedgerInputError, NotFound
+from campaign.ledger.progress import Snapshot, snapshot_of
 from campaign.ledger.vocabulary import TERMINAL_STATUSES
 
 if TYPE_CHECKING:
@@ -68,14 +68,14 @@ class Cursor:
             raw = json.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
             cursor = cls(float(raw["at"]), str(raw["digest"]), {
                 str(run): [int(pair[0]), int(pair[1])] for run, pair in raw["open"].items()
-            })  # fmt: skip
+            })
             datetime.fromtimestamp(cursor.at, UTC)  # a time this server could have written
             if not 0 < cursor.at < 1e11:
                 raise ValueError(cursor.at)
         except (ValueError, KeyError, TypeError, AttributeError, IndexError, OverflowError,
-                OSError):  # fmt: skip
+                OSError):
             raise BadCursor(f"unreadable cursor {text[:40]!r}: not one this server made "
-                            "(reload the page)") from None  # fmt: skip
+                            "(reload the page)") from None
         return cursor
 
 
@@ -154,12 +154,12 @@ class Watcher:
             shown[run] = max(shown.get(run, 0), int(steps[-1]))
         digest = _digest(state.rows)
         had = {run: min(step, reset[run]) if run in reset else step  # what the page keeps
-               for run, (_segment, step) in seen.items()}  # fmt: skip
+               for run, (_segment, step) in seen.items()}
         fresh = Cursor(state.now.timestamp(), digest, {
             run: [segments[run][0] if run in segments else 0,
                   max(shown.get(run, 0), had.get(run, 0))]
             for run in state.still_open
-        })  # fmt: skip
+        })
         return {
             "now": state.now.isoformat(),
             "status": {**state.snapshot.document(), "summary": state.snapshot.summary()},
@@ -173,11 +173,11 @@ class Watcher:
     def _starts(
         self, rows: list[dict[str, Any]], cursor: Cursor | None,
         segments: dict[str, tuple[int, int]],
-    ) -> tuple[dict[str, int], dict[str, int]]:  # fmt: skip
+    ) -> tuple[dict[str, int], dict[str, int]]:
         """The step to read each run's points from, and the runs whose newest segment is not the
         one the page has seen (their curve is cut after the start of the first newer one)."""
         changed = {run: pair[0] for run, pair in (cursor.open.items() if cursor else ())
-                   if run in segments and segments[run][0] != pair[0]}  # fmt: skip
+                   if run in segments and segments[run][0] != pair[0]}
         starts_after = self.reader.segment_starts_after(changed)
         starts: dict[str, int] = {}
         reset: dict[str, int] = {}
@@ -223,7 +223,7 @@ def _frame_arrays(
         return {}
     for run, (segment, start) in segments.items():
         stale = (frame["run_id"] == run) & (frame["step"] > start) & (
-            frame["segment_id"] != segment)  # fmt: skip
+            frame["segment_id"] != segment)
         if stale.any():
             frame = frame[~stale]
     frame = frame.sort_values(["key", "run_id", "step"], kind="stable")
@@ -234,7 +234,7 @@ def _frame_arrays(
     bounds = np.flatnonzero(np.r_[True, (runs[1:] != runs[:-1]) | (names[1:] != names[:-1])])
     ends = np.r_[bounds[1:], len(runs)]
     return {(str(names[a]), str(runs[a])): (steps[a:b], values[a:b])
-            for a, b in zip(bounds, ends, strict=True)}  # fmt: skip
+            for a, b in zip(bounds, ends, strict=True)}
 
 
 def _row_arrays(
@@ -254,7 +254,7 @@ def _row_arrays(
             steps.append(step)
             values.append(number)
     return {pair: (np.asarray(steps, dtype=np.int64), np.asarray(values, dtype=float))
-            for pair, (steps, values) in lists.items()}  # fmt: skip
+            for pair, (steps, values) in lists.items()}
 
 
 def _encoded(arrays: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]]) -> dict[str, Any]:
@@ -272,7 +272,7 @@ def _encoded(arrays: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]]) -> di
             "s": [int(steps[0]), stride, len(steps)] if even
             else base64.b64encode(steps.astype("<i4").tobytes()).decode(),
             "v": base64.b64encode(np.ascontiguousarray(values, dtype="<f8").tobytes()).decode(),
-        }  # fmt: skip
+        }
     return points
 
 
@@ -305,4 +305,4 @@ def _run_list(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
          "seed": int(r["seed"]), "status": r["status"], "original": r["relaunch_of"] is None,
          "stop_cause": r["stop_cause"], "stop_step": r["stop_step"]}
         for r in rows
-    ]  # fmt: skip
+    ]

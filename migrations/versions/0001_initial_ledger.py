@@ -30,23 +30,23 @@ depends_on: str | Sequence[str] | None = None
 REFUSED = "campaign ledger refused"
 STATUSES = (
     "planned", "running", "completed", "diverged", "stopped", "failed", "oom", "interrupted", "lost",
-)  # fmt: skip
+)
 TERMINAL = ("completed", "diverged", "stopped", "failed", "oom")
 ENDED = (*TERMINAL, "interrupted", "lost")
 STOP_CAUSES = (
     "budget_reached", "non_finite_loss", "non_finite_grad", "loss_explosion", "early_stop",
     "wall_time", "out_of_memory", "exception", "interrupted", "preempted", "heartbeat_lost",
-)  # fmt: skip
+)
 
 # Nothing in the ledger is ever deleted.
 NO_DELETE = (
     "campaigns", "variants", "runs", "segments", "metrics", "events",
     "phase_measurements", "artifacts", "pilots", "notes",
-)  # fmt: skip
+)
 # Rows that are written once and never changed.
 NO_UPDATE = (
     "campaigns", "variants", "metrics", "events", "phase_measurements", "artifacts", "notes",
-)  # fmt: skip
+)
 # Columns that never change on tables whose other columns may.
 FROZEN = {
     "runs": (
@@ -55,11 +55,11 @@ FROZEN = {
     ),
     "segments": ("id", "run_id", "ordinal", "start_step", "started_at", "resumed_from"),
     "pilots": ("id", "campaign_id", "config_sha256", "created_at"),
-}  # fmt: skip
+}
 # Once a run is terminal these stay as they are.
 FINAL_ONCE_TERMINAL = (
     "status", "stop_cause", "stop_step", "stop_phase", "stop_detail", "started_at", "ended_at",
-)  # fmt: skip
+)
 
 
 def _in(column: str, values: Sequence[str]) -> str:
@@ -109,7 +109,7 @@ def downgrade() -> None:
     for table in (
         "metrics", "segments", "phase_measurements", "events", "artifacts",
         "runs", "variants", "pilots", "notes", "campaigns",
-    ):  # fmt: skip
+    ):
         op.drop_table(table)  # SQLite drops a table's triggers with it
 
 
@@ -134,7 +134,7 @@ def _create_tables() -> None:
         sa.Column("text", sa.Text(), nullable=False),
         sa.ForeignKeyConstraint(["campaign_id"], ["campaigns.id"], name="fk_notes_campaign_id_campaigns"),
         sa.PrimaryKeyConstraint("id", name="pk_notes"),
-    )  # fmt: skip
+    )
     op.create_index("ix_notes_campaign_id", "notes", ["campaign_id"])
     op.create_table(
         "pilots",
@@ -146,7 +146,7 @@ def _create_tables() -> None:
         _timestamp("created_at"),
         sa.ForeignKeyConstraint(["campaign_id"], ["campaigns.id"], name="fk_pilots_campaign_id_campaigns"),
         sa.PrimaryKeyConstraint("id", name="pk_pilots"),
-    )  # fmt: skip
+    )
     op.create_index("ix_pilots_campaign_id", "pilots", ["campaign_id"])
     op.create_table(
         "variants",
@@ -158,11 +158,11 @@ def _create_tables() -> None:
         sa.ForeignKeyConstraint(["campaign_id"], ["campaigns.id"], name="fk_variants_campaign_id_campaigns"),
         sa.PrimaryKeyConstraint("id", name="pk_variants"),
         sa.UniqueConstraint("campaign_id", "name", name="uq_variants_campaign_id_name"),
-    )  # fmt: skip
+    )
     op.create_index(
         "uq_variants_one_control", "variants", ["campaign_id"], unique=True,
         sqlite_where=sa.text("is_control"), postgresql_where=sa.text("is_control"),
-    )  # fmt: skip
+    )
     op.create_table(
         "runs",
         sa.Column("id", sa.String(32), nullable=False),
@@ -193,7 +193,7 @@ def _create_tables() -> None:
         sa.ForeignKeyConstraint(["relaunch_of"], ["runs.id"], name="fk_runs_relaunch_of_runs"),
         sa.ForeignKeyConstraint(["variant_id"], ["variants.id"], name="fk_runs_variant_id_variants"),
         sa.PrimaryKeyConstraint("id", name="pk_runs"),
-    )  # fmt: skip
+    )
     op.create_index("ix_runs_campaign_id_status", "runs", ["campaign_id", "status"])
     op.create_index("ix_runs_relaunch_of", "runs", ["relaunch_of"])
     op.create_table(
@@ -221,7 +221,7 @@ def _create_tables() -> None:
         sa.ForeignKeyConstraint(["campaign_id"], ["campaigns.id"], name="fk_events_campaign_id_campaigns"),
         sa.ForeignKeyConstraint(["run_id"], ["runs.id"], name="fk_events_run_id_runs"),
         sa.PrimaryKeyConstraint("id", name="pk_events"),
-    )  # fmt: skip
+    )
     op.create_index("ix_events_campaign_id_run_id", "events", ["campaign_id", "run_id"])
     op.create_index("ix_events_run_id", "events", ["run_id"])
     op.create_table(
@@ -244,7 +244,7 @@ def _create_tables() -> None:
         sa.ForeignKeyConstraint(["pilot_id"], ["pilots.id"], name="fk_phase_measurements_pilot_id_pilots"),
         sa.ForeignKeyConstraint(["run_id"], ["runs.id"], name="fk_phase_measurements_run_id_runs"),
         sa.PrimaryKeyConstraint("id", name="pk_phase_measurements"),
-    )  # fmt: skip
+    )
     op.create_index("ix_phase_measurements_pilot_id", "phase_measurements", ["pilot_id"])
     op.create_index("ix_phase_measurements_run_id", "phase_measurements", ["run_id"])
     op.create_table(
@@ -263,7 +263,7 @@ def _create_tables() -> None:
         sa.PrimaryKeyConstraint("id", name="pk_segments"),
         sa.UniqueConstraint("run_id", "id", name="uq_segments_run_id_id"),
         sa.UniqueConstraint("run_id", "ordinal", name="uq_segments_run_id_ordinal"),
-    )  # fmt: skip
+    )
     op.create_table(
         "metrics",
         sa.Column("run_id", sa.String(32), nullable=False),
@@ -279,7 +279,7 @@ def _create_tables() -> None:
         ),
         sa.PrimaryKeyConstraint("run_id", "key", "step", "segment_id", name="pk_metrics"),
         sqlite_with_rowid=False,
-    )  # fmt: skip
+    )
 
 
 def _sqlite_raise(message: str) -> str:

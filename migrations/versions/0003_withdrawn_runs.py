@@ -37,7 +37,7 @@ depends_on: str | Sequence[str] | None = None
 REFUSED = "campaign ledger refused"
 OLD_STATUSES = (
     "planned", "running", "completed", "diverged", "stopped", "failed", "oom", "interrupted", "lost",
-)  # fmt: skip
+)
 NEW_STATUSES = (*OLD_STATUSES, "withdrawn")
 OLD_TERMINAL = ("completed", "diverged", "stopped", "failed", "oom")
 NEW_TERMINAL = (*OLD_TERMINAL, "withdrawn")
@@ -46,7 +46,7 @@ OLD_NOT_ENDED = "(status IN ('planned', 'running')) = (stop_cause IS NULL)"
 NEW_NOT_ENDED = "(status IN ('planned', 'running', 'withdrawn')) = (stop_cause IS NULL)"
 FINAL_ONCE_TERMINAL = (
     "status", "stop_cause", "stop_step", "stop_phase", "stop_detail", "started_at", "ended_at",
-)  # fmt: skip
+)
 
 
 def _in(column: str, values: Sequence[str]) -> str:
@@ -83,7 +83,7 @@ def _set_status_rules(withdrawn: bool) -> None:
     if op.get_bind().dialect.name == "sqlite":
         before = (OLD_STATUSES, OLD_NOT_ENDED) if withdrawn else (NEW_STATUSES, NEW_NOT_ENDED)
         _rewrite_sqlite_checks({_in("status", before[0]): _in("status", statuses),
-                                before[1]: not_ended})  # fmt: skip
+                                before[1]: not_ended})
         _sqlite_status_triggers(terminal, _transition_ok(withdrawn))
     else:
         op.drop_constraint("ck_runs_status", "runs", type_="check")

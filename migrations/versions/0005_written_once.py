@@ -41,7 +41,7 @@ TERMINAL = ("completed", "diverged", "stopped", "failed", "oom", "withdrawn")
 OLD_CAUSES = (
     "budget_reached", "non_finite_loss", "non_finite_grad", "loss_explosion", "early_stop",
     "wall_time", "out_of_memory", "exception", "interrupted", "preempted", "heartbeat_lost",
-)  # fmt: skip
+)
 NEW_CAUSES = (*OLD_CAUSES, "stalled")
 SEGMENT_END = ("end_step", "ended_at", "training_s", "worker", "lease_token")
 RUN_TABLES = ("artifacts", "phase_measurements", "events")  # and metrics, by its segment
@@ -75,7 +75,7 @@ def downgrade() -> None:
         for table, name in _postgresql_trigger_names():
             op.execute(f"DROP TRIGGER IF EXISTS {name} ON {table}")
         for function in ("campaign_run_open", "campaign_segment_open", "campaign_written_once",
-                         "campaign_run_end_closes_segments"):  # fmt: skip
+                         "campaign_run_end_closes_segments"):
             op.execute(f"DROP FUNCTION IF EXISTS {function}()")
     _set_causes(OLD_CAUSES, NEW_CAUSES)
 
@@ -113,7 +113,7 @@ def _sqlite_raise(message: str) -> str:
 
 def _sqlite_trigger_names() -> list[str]:
     return ["runs_environment_once", "segments_end_once", "pilots_verdict_once", "metrics_open",
-            "runs_end_closes_segments", *(f"{t}_run_open" for t in RUN_TABLES)]  # fmt: skip
+            "runs_end_closes_segments", *(f"{t}_run_open" for t in RUN_TABLES)]
 
 
 def _sqlite_triggers() -> None:
@@ -160,7 +160,7 @@ def _postgresql_trigger_names() -> list[tuple[str, str]]:
     return [("runs", "runs_environment_once"), ("segments", "segments_end_once"),
             ("pilots", "pilots_verdict_once"), ("metrics", "metrics_open"),
             ("runs", "runs_end_closes_segments"),
-            *((t, f"{t}_run_open") for t in RUN_TABLES)]  # fmt: skip
+            *((t, f"{t}_run_open") for t in RUN_TABLES)]
 
 
 def _postgresql_triggers() -> None:

@@ -65,12 +65,12 @@ UNIQUE_KEYS: dict[str, tuple[tuple[str, ...], ...]] = {
 PARTIAL_KEYS = {
     "variants": "NEW.is_control AND EXISTS (SELECT 1 FROM variants WHERE variants.campaign_id "
                 "= NEW.campaign_id AND variants.is_control)",
-}  # fmt: skip
+}
 METRIC_KEY = ("run_id", "key", "step", "segment_id")
 METRIC_VALUES = ("value", "examples_seen")  # a retry logs the same point at a later wall time
 # What a planned run has not got yet: a run is inserted planned and empty.
 NOT_AT_INSERT = ("started_at", "ended_at", "worker", "heartbeat_at", "lease_token",
-                 "environment", "stop_step", "stop_phase", "stop_detail", "duplicate_of")  # fmt: skip
+                 "environment", "stop_step", "stop_phase", "stop_detail", "duplicate_of")
 
 
 def _sqlite_raise(message: str) -> str:
@@ -86,7 +86,7 @@ def upgrade() -> None:
     _mark_duplicates()
     op.create_index(ONE_ORIGINAL, "runs", ["variant_id", "seed"], unique=True,
                     sqlite_where=sa.text(ORIGINAL_WHERE),
-                    postgresql_where=sa.text(ORIGINAL_WHERE))  # fmt: skip
+                    postgresql_where=sa.text(ORIGINAL_WHERE))
     if op.get_bind().dialect.name == "sqlite":
         _sqlite_triggers()
     else:
@@ -98,7 +98,7 @@ def downgrade() -> None:
     marked = bind.execute(sa.text("SELECT count(*) FROM runs WHERE duplicate_of IS NOT NULL"))
     if marked.scalar_one():
         raise RuntimeError(f"{REFUSED}: the ledger marks duplicate originals; revision 0005 "
-                           "has no place for the mark")  # fmt: skip
+                           "has no place for the mark")
     if bind.dialect.name == "sqlite":
         for name in _sqlite_trigger_names():
             op.execute(f"DROP TRIGGER IF EXISTS {name}")
@@ -107,7 +107,7 @@ def downgrade() -> None:
         for table, name in _postgresql_trigger_names():
             op.execute(f"DROP TRIGGER IF EXISTS {name} ON {table}")
         for function in ("campaign_run_inserted_planned", "campaign_segment_of_running_run",
-                         "campaign_duplicate_of_once", "campaign_one_original"):  # fmt: skip
+                         "campaign_duplicate_of_once", "campaign_one_original"):
             op.execute(f"DROP FUNCTION IF EXISTS {function}()")
     op.drop_index(ONE_ORIGINAL, "runs")
     # Native on both engines (SQLite 3.35+): no table rebuild, so no trigger of 0001-0005 is lost.
@@ -120,26 +120,26 @@ def _mark_duplicates() -> None:
     rows = bind.execute(sa.text(
         "SELECT id, campaign_id, variant_id, seed FROM runs WHERE relaunch_of IS NULL "
         "ORDER BY variant_id, seed, created_at, id"
-    )).all()  # fmt: skip
+    )).all()
     first: dict[tuple[int, int], str] = {}
     for run_id, campaign_id, variant_id, seed in rows:
         original = first.setdefault((variant_id, seed), run_id)
         if original == run_id:
             continue
         bind.execute(sa.text("UPDATE runs SET duplicate_of = :o WHERE id = :r"),
-                     {"o": original, "r": run_id})  # fmt: skip
+                     {"o": original, "r": run_id})
         bind.execute(
             sa.text("INSERT INTO events (campaign_id, run_id, kind, detail) "
                     "VALUES (:c, NULL, 'duplicate_original', :d)"),
             {"c": campaign_id, "d": f"run {run_id} is a second original of seed {seed} beside "
                                     f"run {original}: marked by revision 0006, not counted"},
-        )  # fmt: skip
+        )
 
 
 def _sqlite_trigger_names() -> list[str]:
     names = [f"{t}_no_replace" for t in UNIQUE_KEYS]
     return [*names, "metrics_guard", "runs_inserted_planned", "runs_one_original",
-            "runs_duplicate_of_once", "segments_of_running_run"]  # fmt: skip
+            "runs_duplicate_of_once", "segments_of_running_run"]
 
 
 def _sqlite_raise_value(message: str) -> str:
@@ -175,7 +175,7 @@ METRICS_OPEN_0005 = (
 def _sqlite_triggers() -> None:
     for table, keys in UNIQUE_KEYS.items():
         exists = " OR ".join(f"EXISTS (SELECT 1 FROM {table} WHERE {_match(table, k)})"
-                             for k in keys)  # fmt: skip
+                             for k in keys)
         if table in PARTIAL_KEYS:  # a partial unique index: REPLACE resolves its conflicts too
             exists += f" OR ({PARTIAL_KEYS[table]})"
         op.execute(
@@ -217,7 +217,7 @@ def _sqlite_triggers() -> None:
 def _postgresql_trigger_names() -> list[tuple[str, str]]:
     return [("runs", "runs_inserted_planned"), ("runs", "runs_one_original"),
             ("runs", "runs_duplicate_of_once"),
-            ("segments", "segments_of_running_run")]  # fmt: skip
+            ("segments", "segments_of_running_run")]
 
 
 def _postgresql_triggers() -> None:

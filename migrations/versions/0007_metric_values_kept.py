@@ -28,7 +28,7 @@ down_revision: str | None = "0006"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
-REFUSED = "campaign ledger refused"  # a frozen copy (campaign.ledger.engine.REFUSAL_PREFIX)
+REFUSED = "campaign ledger refused"  # a frozen copy (campaign.ledger.connections.REFUSAL_PREFIX)
 _OPEN = f"""
             IF EXISTS (SELECT 1 FROM segments WHERE id = NEW.segment_id
                        AND ended_at IS NOT NULL) THEN
@@ -49,7 +49,7 @@ _KEPT = f"""
 def _function(body: str) -> str:
     return (f"CREATE OR REPLACE FUNCTION campaign_segment_open() RETURNS trigger "
             f"LANGUAGE plpgsql AS $$\n        BEGIN{body}\n            RETURN NEW;\n"
-            "        END $$")  # fmt: skip
+            "        END $$")
 
 
 def upgrade() -> None:

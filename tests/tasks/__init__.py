@@ -1,1 +1,0 @@
-"""Task modules used by the planning tests (the real built-in tasks come with the loop)."""

@@ -23,7 +23,7 @@ def build(config: dict[str, Any]) -> Any:
     missing = [name for name in needed if importlib.util.find_spec(name) is None]
     if missing:  # found without importing them (transformers takes seconds)
         raise ImportError(f"the causal_lm task needs {', '.join(missing)}: "
-                          "pip install 'campaign[hf]'")  # fmt: skip
+                          "pip install 'campaign[hf]'")
     from campaign.tasks.causal_lm.task import CausalLMTask
 
     return CausalLMTask(config)

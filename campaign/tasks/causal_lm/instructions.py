@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 WORDS = ("apple", "river", "stone", "cloud", "tiger", "lemon", "piano", "ocean", "maple",
-         "ember", "frost", "grape", "honey", "ivory", "jelly", "koala")  # fmt: skip
+         "ember", "frost", "grape", "honey", "ivory", "jelly", "koala")
 NUMBERS = ("zero", "one", "two", "three", "four", "five", "six")
 TEMPLATES: dict[str, tuple[str, Callable[[list[str]], str]]] = {
     "reverse": ("reverse the words: {words}", lambda w: " ".join(reversed(w))),
@@ -42,7 +42,7 @@ def make_splits(items: int = 400, seed: int = 0) -> dict[str, list[dict[str, Any
     cut_train = int(items * SHARES["train"])
     cut_val = cut_train + int(items * SHARES["val"])
     ranges = {"train": chosen[:cut_train], "val": chosen[cut_train:cut_val],
-              "test": chosen[cut_val:]}  # fmt: skip
+              "test": chosen[cut_val:]}
     splits: dict[str, list[dict[str, Any]]] = {}
     for split, words_list in ranges.items():
         rows = []
@@ -51,7 +51,7 @@ def make_splits(items: int = 400, seed: int = 0) -> dict[str, list[dict[str, Any
             for name, (prompt, answer) in TEMPLATES.items():
                 rows.append({"id": f"{group}-{name}", "group": group,
                              "prompt": prompt.format(words=" ".join(words)) + "\n",
-                             "response": answer(list(words))})  # fmt: skip
+                             "response": answer(list(words))})
         splits[split] = rows
     return splits
 

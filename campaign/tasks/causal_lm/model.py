@@ -30,7 +30,7 @@ DEFAULT_TARGETS = ("q_proj", "v_proj")
 SIZE_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
              "num_key_value_heads", "max_position_embeddings", "tie_word_embeddings",
              "n_embd", "n_layer", "n_head", "n_positions", "d_model", "num_layers",
-             "num_heads", "ffn_dim", "rms_norm_eps", "rope_theta")  # fmt: skip
+             "num_heads", "ffn_dim", "rms_norm_eps", "rope_theta")
 
 
 def model_settings(options: Mapping[str, Any]) -> dict[str, Any]:
@@ -38,26 +38,26 @@ def model_settings(options: Mapping[str, Any]) -> dict[str, Any]:
     path, config = options.get("model_path"), options.get("model_config")
     if bool(path) == bool(config):
         raise ValueError("task: name exactly one of model_path (a local folder) and "
-                         "model_config (an architecture and its sizes)")  # fmt: skip
+                         "model_config (an architecture and its sizes)")
     if config is not None:
         if not isinstance(config, Mapping) or not isinstance(config.get("architecture"), str):
             raise ValueError("task.model_config: a table with an architecture name "
-                             "(e.g. \"llama\") and its sizes")  # fmt: skip
+                             "(e.g. \"llama\") and its sizes")
         unknown = sorted(set(config) - {"architecture", *SIZE_KEYS})
         if unknown:
             raise ValueError(f"task.model_config.{unknown[0]}: not a size this task passes on "
-                             f"(one of {', '.join(SIZE_KEYS)})")  # fmt: skip
+                             f"(one of {', '.join(SIZE_KEYS)})")
     adapter = options.get("adapter", "none")
     if adapter not in ("none", "lora"):
         raise ValueError(f"task.adapter: {adapter!r} is not one of 'none', 'lora'")
     for key, low, kind in (("lora_rank", 1, int), ("lora_alpha", 1e-12, float),
                            ("max_new_tokens", 1, int), ("control_count", 1, int),
-                           ("base_seed", 0, int), ("vocab_size", 16, int)):  # fmt: skip
+                           ("base_seed", 0, int), ("vocab_size", 16, int)):
         value = options.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
                                   or value < low or (kind is int and value != int(value))):
             raise ValueError(f"task.{key}: expected {'an integer' if kind is int else 'a number'}"
-                             f" >= {low:g}, got {value!r}")  # fmt: skip
+                             f" >= {low:g}, got {value!r}")
     dropout = options.get("lora_dropout", 0.0)
     if not isinstance(dropout, int | float) or not 0 <= dropout < 1:
         raise ValueError(f"task.lora_dropout: expected a number in [0, 1), got {dropout!r}")
@@ -67,9 +67,9 @@ def model_settings(options: Mapping[str, Any]) -> dict[str, Any]:
                    **{k: v for k, v in config.items() if k != "architecture"})  # not at a run
     if path and not Path(str(path)).expanduser().is_dir():
         raise ValueError(f"task.model_path: {path} is not a folder here (a model's folder, "
-                         "with its config.json and weights)")  # fmt: skip
+                         "with its config.json and weights)")
     return {"path": Path(str(path)).expanduser() if path else None,
-            "config": dict(config) if config else None, "adapter": adapter}  # fmt: skip
+            "config": dict(config) if config else None, "adapter": adapter}
 
 
 def _known_architecture(name: str) -> None:
@@ -102,10 +102,10 @@ def architecture_config(settings: Mapping[str, Any], vocab_size: int) -> Any:
             return AutoConfig.from_pretrained(str(settings["path"]), local_files_only=True)
         except (OSError, ValueError) as error:
             raise ValueError(f"task.model_path: no model config in {settings['path']} "
-                             f"({error})") from None  # fmt: skip
+                             f"({error})") from None
     sizes = {k: v for k, v in settings["config"].items() if k != "architecture"}
     return config_for(settings["config"]["architecture"], "task.model_config",
-                      vocab_size=vocab_size, **sizes)  # fmt: skip
+                      vocab_size=vocab_size, **sizes)
 
 
 def config_for(model_type: str, where: str, **values: Any) -> Any:
@@ -149,7 +149,7 @@ def build_base(settings: Mapping[str, Any], vocab_size: int, base_seed: int) -> 
         try:
             with quiet_loading():
                 return AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True,
-                                                            dtype=torch.float32)  # fmt: skip
+                                                            dtype=torch.float32)
         except (OSError, ValueError) as error:
             raise ValueError(f"task.model_path: no causal LM in {path} ({error})") from None
     config = architecture_config(settings, vocab_size)
@@ -170,7 +170,7 @@ def with_adapter(base: torch.nn.Module, options: Mapping[str, Any]) -> torch.nn.
                         use_rslora=bool(options.get("lora_use_rslora", False)),
                         init_lora_weights=options.get("lora_init", True),
                         bias=str(options.get("lora_bias", "none")),
-                        task_type="CAUSAL_LM")  # fmt: skip
+                        task_type="CAUSAL_LM")
     with warnings.catch_warnings():  # PEFT asks through a name transformers 5 deprecates
         warnings.simplefilter("ignore", FutureWarning)
         return get_peft_model(base, config)
@@ -220,7 +220,7 @@ def _weight_names(model: torch.nn.Module) -> set[str]:
     """Names of the modules LoRA can adapt (a 2-D weight: Linear, GPT-2's Conv1D)."""
     return {n.rsplit(".", 1)[-1] for n, m in model.named_modules()
             if isinstance(getattr(m, "weight", None), torch.Tensor) and m.weight.dim() == 2
-            and n}  # fmt: skip
+            and n}
 
 
 def enable_checkpointing(model: torch.nn.Module) -> None:
@@ -228,7 +228,7 @@ def enable_checkpointing(model: torch.nn.Module) -> None:
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
     if hasattr(inner, "activation_checkpointing_enable"):  # transformers >= 5.x
         inner.activation_checkpointing_enable(activation_checkpointing_kwargs={
-            "use_reentrant": False})  # fmt: skip
+            "use_reentrant": False})
     else:
         inner.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if hasattr(inner, "enable_input_require_grads"):  # a frozen embedding feeds the blocks

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from campaign.tasks.causal_lm import model as lm
-from campaign.tasks.causal_lm.records import data_paths, read_pairs
+from campaign.tasks.causal_lm.pairs_file import data_paths, read_pairs
 from campaign.tasks.causal_lm.tokenizer import load_tokenizer
 from campaign.tasks.sequences import IGNORE, next_token_pairs
 
@@ -53,7 +53,7 @@ class CausalLMTask:
         if self._splits is None:
             self._splits = {split: [{**row, "target": row["response"].strip()}
                                     for row in read_pairs(path)]
-                            for split, path in self.paths.items()}  # fmt: skip
+                            for split, path in self.paths.items()}
         return self._splits
 
     @property
@@ -61,7 +61,7 @@ class CausalLMTask:
         if self._tokenizer is None:
             splits = self.splits()
             texts = [e[part] for split in ("train", "val") for e in splits[split]
-                     for part in ("prompt", "response")]  # fmt: skip
+                     for part in ("prompt", "response")]
             self._tokenizer, self.tokenizer_identity = load_tokenizer(self.options, texts)
         return self._tokenizer
 
@@ -73,7 +73,7 @@ class CausalLMTask:
         head = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
         prompt = head + prompt
         inputs, targets, cut = next_token_pairs(prompt, [*response, tokenizer.eos_token_id],
-                                                self.max_length)  # fmt: skip
+                                                self.max_length)
         return inputs, targets, len(prompt), cut
 
     def collate(self, examples: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -95,7 +95,7 @@ class CausalLMTask:
             "prompt_lengths": torch.tensor([length for _, _, length, _ in encoded]),
             "target_cut": torch.tensor([cut for *_, cut in encoded]),
             "ids": [e["id"] for e in examples],
-        }  # fmt: skip
+        }
 
     # -- model --------------------------------------------------------------------------------
     def model(self) -> torch.nn.Module:
@@ -103,7 +103,7 @@ class CausalLMTask:
         rows = base.get_input_embeddings().num_embeddings
         if len(self.tokenizer) > rows:  # an index error deep in a run otherwise
             raise ValueError(f"task.tokenizer_path: the tokenizer has {len(self.tokenizer)} "
-                             f"tokens, the model's embedding {rows} rows")  # fmt: skip
+                             f"tokens, the model's embedding {rows} rows")
         if self.settings["adapter"] == "lora":
             return lm.with_adapter(base, self.options)
         return base
@@ -117,7 +117,7 @@ class CausalLMTask:
                 rows = int(lm.architecture_config(self.settings, 0).vocab_size)
                 if len(self.tokenizer) > rows:
                     return (f"task.tokenizer_path: the tokenizer has {len(self.tokenizer)} "
-                            f"tokens, the model's embedding {rows} rows")  # fmt: skip
+                            f"tokens, the model's embedding {rows} rows")
             if self.settings["adapter"] == "lora":  # (a tokenizer to train is not trained here)
                 meta = lm.base_on_meta(self.settings, int(self.options.get("vocab_size", 512)))
                 lm.lora_targets(meta, self.options)
@@ -127,9 +127,9 @@ class CausalLMTask:
         return None
 
     def export_pretrained(self, model: torch.nn.Module, staging: Any, final: Any,
-                          merge: bool) -> str:  # fmt: skip
+                          merge: bool) -> str:
         """``campaign export``: folders transformers and PEFT load (see its module)."""
-        from campaign.tasks.causal_lm.export import export_pretrained
+        from campaign.tasks.causal_lm.hf_folders import export_pretrained
 
         return export_pretrained(self, model, staging, final, merge)
 
@@ -143,16 +143,16 @@ class CausalLMTask:
         path = self.settings["path"]
         source = ({"model_path": str(path), "config_sha256": lm.folder_config_hash(path)}
                   if path else {"model_config": self.settings["config"],
-                                "base_seed": self.base_seed})  # fmt: skip
+                                "base_seed": self.base_seed})
         _ = self.tokenizer  # the identity below is set when the tokenizer is loaded
         return {"base": source, "tokenizer": self.tokenizer_identity,
-                "adapter": self.settings["adapter"]}  # fmt: skip
+                "adapter": self.settings["adapter"]}
 
     def adapter_facts(self) -> dict[str, Any]:
         """What the ``base_model`` event records about the adapter beside the base: its
         settings as PEFT took them and where its initialisation came from."""
         keys = ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets",
-                "lora_modules_to_save", "lora_use_rslora", "lora_init", "lora_bias")  # fmt: skip
+                "lora_modules_to_save", "lora_use_rslora", "lora_init", "lora_bias")
         return {"lora": {k: self.options.get(k) for k in keys if k in self.options},
                 "adapter_init": f"torch's global generator, seeded with the run's seed "
                                 f"{self.config.get('seed')} before the model is built"}
@@ -167,7 +167,7 @@ class CausalLMTask:
         targets = batch["targets"]
         total = torch.nn.functional.cross_entropy(
             logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1),
-            ignore_index=IGNORE, reduction="sum")  # fmt: skip
+            ignore_index=IGNORE, reduction="sum")
         return total, (targets != IGNORE).sum()
 
     def targets_at_loss(self, batch: dict[str, Any]) -> list[tuple[Any, str]]:
@@ -185,15 +185,15 @@ class CausalLMTask:
         records = []
         device = batch["tokens"].device
         for (example_id, target), row in zip(self.targets_at_loss(batch),
-                                             range(len(batch["ids"])), strict=True):  # fmt: skip
+                                             range(len(batch["ids"])), strict=True):
             # a prompt that max_length cut (allowed truncation) ends at the row's end
             end = min(int(batch["prompt_lengths"][row]), int(batch["lengths"][row]))
             prompt = batch["tokens"][row, :end].tolist()
             generated = greedy(model, prompt, self.max_new_tokens, self.tokenizer.eos_token_id,
-                               device)  # fmt: skip
+                               device)
             text = self.tokenizer.decode(generated).strip()
             records.append({"id": example_id, "prediction": text, "target": target,
-                            "tokens": generated})  # fmt: skip
+                            "tokens": generated})
         return records
 
     def score(self, records: Sequence[dict[str, Any]]) -> dict[str, float]:
@@ -212,14 +212,14 @@ class CausalLMTask:
             "tokens": f"{len(inputs)} input tokens, {prompt_length} of them bos + prompt",
             "mask": f"{mask}  (L: position whose next token is in the loss)",
             "truncated": "response cut by max_length" if cut else "no",
-        }  # fmt: skip
+        }
 
     def control_inputs(self) -> Sequence[dict[str, Any]]:
         return self.splits()["val"][: self.control_count]
 
 
 def greedy(model: torch.nn.Module, prompt: list[int], steps: int, eos: int,
-           device: torch.device) -> list[int]:  # fmt: skip
+           device: torch.device) -> list[int]:
     """At most ``steps`` tokens after ``prompt``, each the argmax (no sampling, no cache: the
     same arithmetic in the training process and in a fresh one)."""
     was_training = model.training
@@ -232,7 +232,7 @@ def greedy(model: torch.nn.Module, prompt: list[int], steps: int, eos: int,
                 break
             ids = torch.tensor([tokens], device=device)
             logits = model(input_ids=ids, attention_mask=torch.ones_like(ids),
-                           use_cache=False).logits  # fmt: skip
+                           use_cache=False).logits
             token = int(logits[0, -1].float().argmax())
             if token == eos:
                 break

@@ -46,7 +46,7 @@ def load_tokenizer(options: dict[str, Any], texts: Sequence[str]) -> tuple[Any, 
     cached = _trained(texts, size)
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_file=str(cached), pad_token=SPECIALS[0], bos_token=SPECIALS[1],
-        eos_token=SPECIALS[2], unk_token=SPECIALS[3])  # fmt: skip
+        eos_token=SPECIALS[2], unk_token=SPECIALS[3])
     return tokenizer, f"trained byte-level BPE {size} ({_file_hash(cached)[:16]})"
 
 
@@ -70,7 +70,7 @@ def _trained(texts: Sequence[str], size: int) -> Path:
             tokenizer.decoder = decoders.ByteLevel()
             trainer = trainers.BpeTrainer(
                 vocab_size=size, special_tokens=list(SPECIALS), show_progress=False,
-                initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
+                initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
             tokenizer.train_from_iterator(texts, trainer)
             partial = folder / f"tokenizer.json.{os.getpid()}.partial"
             tokenizer.save(str(partial))
@@ -95,7 +95,7 @@ def _file_hash(path: Path) -> str:
 def _folder_hash(path: Path) -> str:
     digest = hashlib.sha256()
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
-                 "tokenizer.model", "special_tokens_map.json"):  # fmt: skip
+                 "tokenizer.model", "special_tokens_map.json"):
         file = path / name
         if file.is_file():
             digest.update(name.encode() + b"\0" + file.read_bytes())

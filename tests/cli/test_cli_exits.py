@@ -1,0 +1,118 @@
+"""Exit codes the contract promises (DESIGN.md §11), through the real command line in-process:
+1 for a failed run (in setup too) and a failing pilot gate; 3 and nothing created for a
+reading command on a SQLite ledger that does not exist; --ledger on either side of the
+subcommand."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from campaign.cli import main
+from campaign.ledger import Ledger
+from tests.support.loop_helpers import plan_loop
+
+READING = [
+    ["campaigns"], ["show", "loop"], ["runs", "loop"], ["status", "loop"], ["notes", "loop"],
+    ["report", "loop"], ["archive", "loop"], ["doctor"], ["replay", "01NOSUCHRUN"],
+]
+
+SKIP = ("--skip-pilot", "--reason", "a test of exit codes, not of the pilot")
+
+
+@pytest.mark.parametrize("command", READING, ids=lambda c: c[0])
+def test_a_reading_command_refuses_a_missing_ledger(tmp_path: Path, command: list[str]) -> None:
+    typo = tmp_path / "typo.db"
+    result = CliRunner().invoke(main, [*command, "--ledger", f"sqlite:///{typo}"])
+    assert result.exit_code == 3, result.output
+    assert result.stderr == f"campaign: ledger error: no ledger at {typo}\n"
+    assert result.stdout == ""
+    assert not typo.exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_api_creates_only_when_asked(tmp_path: Path) -> None:
+    from campaign.ledger import NoLedger
+
+    typo = tmp_path / "typo.db"
+    with pytest.raises(NoLedger, match=f"no ledger at {typo}"):
+        Ledger.open(f"sqlite:///{typo}")
+    assert not typo.exists()
+    with Ledger.open(f"sqlite:///{typo}", create=True) as ledger:
+        assert ledger.campaigns().empty
+    assert typo.exists()
+
+
+def test_ledger_option_before_or_after_the_subcommand(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    with Ledger.open(url, create=True) as ledger:
+        plan_loop(ledger)
+    runner = CliRunner()
+    before = runner.invoke(main, ["--ledger", url, "runs", "loop", "--format", "csv"])
+    after = runner.invoke(main, ["runs", "loop", "--format", "csv", "--ledger", url])
+    nested = runner.invoke(main, ["db", "current", "--ledger", url, "--format", "json"])
+    assert before.exit_code == after.exit_code == nested.exit_code == 0, after.output
+    assert after.stdout == before.stdout and after.stdout.count("\n") == 2  # header + one run
+    assert '"state": "up to date"' in nested.stdout
+    # After the subcommand wins over the environment, like the global option does.
+    env_only = runner.invoke(main, ["runs", "loop", "--ledger", url],
+                             env={"CAMPAIGN_LEDGER": "sqlite:///elsewhere.db"})
+    assert env_only.exit_code == 0, env_only.output
+
+
+def test_run_exits_1_when_the_run_fails_in_setup(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    with Ledger.open(url, create=True) as ledger:
+        run_id = plan_loop(ledger, task="tests.support.tasks.tiny:build_partial")[0]  # no model()
+    ungated = CliRunner().invoke(main, ["--ledger", url, "run", run_id])
+    assert ungated.exit_code == 1 and "has no passing pilot" in ungated.stderr  # nothing ran
+    with Ledger.open(url) as ledger:
+        assert ledger.run(run_id).status == "planned"
+    result = CliRunner().invoke(main, ["--ledger", url, "run", run_id, *SKIP,
+                                       "--artifacts", str(tmp_path / "a")])
+    assert result.exit_code == 1, result.output
+    assert result.stderr.startswith(f"run {run_id}: failed (exception) at update 0: run "
+                                    f"{run_id} failed in setup")
+    assert "Traceback" not in result.output
+    with Ledger.open(url) as ledger:
+        assert ledger.run(run_id).status == "failed"
+
+
+def test_run_exits_1_when_the_run_fails(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    with Ledger.open(url, create=True) as ledger:
+        run_id = plan_loop(
+            ledger, task="tests.support.tasks.faulty:build",
+            config={"task.fault": "raise", "task.at": 2},
+        )[0]
+    result = CliRunner().invoke(main, ["--ledger", url, "run", run_id, *SKIP,
+                                       "--artifacts", str(tmp_path / "a")])
+    assert result.exit_code == 1, result.output
+    assert f"run {run_id}: failed (exception)" in result.stderr
+
+
+def test_pilot_exits_1_on_a_failing_gate(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    with Ledger.open(url, create=True) as ledger:
+        plan_loop(ledger, task="tests.support.tasks.broken:digits",
+                  config={"task.fault": "duplicate_ids"})
+    result = CliRunner().invoke(main, ["--ledger", url, "pilot", "loop",
+                                       "--artifacts", str(tmp_path / "a")])
+    assert result.exit_code == 1, result.output
+    assert result.stderr.strip().endswith("FAILED")
+    assert "fail" in result.stdout.splitlines()[2]  # the data phase's row
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-5", "inf", "nan", "3000000"])
+def test_a_busy_timeout_that_is_not_seconds_is_one_ledger_error(
+    sqlite_ledger: Ledger, sqlite_url: str, value: str
+) -> None:
+    """Read when a connection is made (a run's process takes its command's value), never at
+    import: a bad value is exit 3 naming the variable, no traceback."""
+    result = CliRunner().invoke(main, ["--ledger", sqlite_url, "campaigns"],
+                                env={"CAMPAIGN_SQLITE_BUSY_TIMEOUT_S": value})
+    assert result.exit_code == 3, result.output
+    assert result.stderr == (f"campaign: ledger error: CAMPAIGN_SQLITE_BUSY_TIMEOUT_S={value!r}: "
+                             "not a number of seconds above 0 and at most 2,000,000\n")

@@ -1,0 +1,263 @@
+"""SLURM for real: the single-node cluster `scripts/test-services` starts (Debian's slurm-wlm
+and munge, JobRequeue=1, no accounting), jobs submitted by `campaign launch --executor slurm`
+through the real `sbatch`, signals sent with the real `scancel`, as a scheduler sends them to
+every process of a job step.
+
+Each launch is an array of `campaign worker` tasks that claim runs from a PostgreSQL ledger
+whose URL carries a password (trust authentication accepts any): the password must appear in
+no file under the artifacts and job folders and on no command line."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from campaign.ledger import Ledger
+from campaign.loop.train import execute
+from tests.conftest import REQUIRE_ALL
+from tests.support.engine_helpers import checkpoint_steps, no_secret_in, running_past, with_password
+from tests.support.launch_helpers import ROOT, invoke, last_step, losses, wait_for
+from tests.support.loop_helpers import plan_quick
+
+if shutil.which("sbatch") is None and not REQUIRE_ALL:
+    pytest.skip("capability: no SLURM cluster (scripts/test-services starts one)",
+                allow_module_level=True)
+
+SLOW = {"task": {"sleep_s": 0.03}, "hold": {"loop.checkpoint_every": 5}, "validation_every": 3}
+FAST_LEASE = ("--heartbeat-s", "0.5", "--lease-s", "5")
+
+
+@pytest.fixture
+def cluster() -> Iterator[list[str]]:
+    """The running test cluster; the campaigns a test names are cancelled after it."""
+    state = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True, check=False)
+    assert state.returncode == 0 and state.stdout.strip(), (
+        f"no SLURM cluster answers (scripts/test-services starts one): {state.stderr.strip()}"
+    )
+    names: list[str] = []
+    yield names
+    for name in names:
+        subprocess.run(["scancel", "--name", f"campaign:{name}"], check=False)
+
+
+def _launch(url: str, campaign: str, artifacts: Path, *extra: str) -> subprocess.Popen[str]:
+    """`campaign launch --executor slurm`, the URL (with its password) in the environment."""
+    env = {**os.environ, "CAMPAIGN_LEDGER": with_password(url), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "campaign", "launch", campaign, "--executor", "slurm",
+               "--skip-pilot", "--reason", "slurm test", "--artifacts", str(artifacts),
+               *FAST_LEASE, "--no-replay-check", *extra]
+    return subprocess.Popen(command, cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+
+
+def _tasks(campaign: str) -> dict[str, str]:
+    """``{job id of the task: state}`` for the array named ``campaign:NAME``."""
+    out = subprocess.run(["squeue", "-h", "-r", "--name", f"campaign:{campaign}", "-o", "%A|%T"],
+                         capture_output=True, text=True, check=True).stdout
+    return dict(line.split("|") for line in out.split())
+
+
+def _slurm_job_of(worker: str) -> str:
+    """The SLURM id of one array task (``ARRAY_TASK``) of the process named in a run's worker
+    column. Not its SLURM_JOB_ID: the first task's equals the array's own id, and scancel
+    given it signals every task of the array (two runs preempted at once, seen under load)."""
+    pid = int(worker.split(":")[1])
+    environment = (Path("/proc") / str(pid) / "environ").read_bytes().split(b"\0")
+    values = dict(item.decode().split("=", 1) for item in environment if b"=" in item)
+    if "SLURM_ARRAY_JOB_ID" in values:
+        return f"{values['SLURM_ARRAY_JOB_ID']}_{values['SLURM_ARRAY_TASK_ID']}"
+    return values["SLURM_JOB_ID"]
+
+
+def _release_requeued(campaign: str) -> bool:
+    """SLURM holds a requeued batch job about two minutes before it may start again; a
+    test does not wait for that: a pending task is made eligible now."""
+    for job, state in _tasks(campaign).items():
+        if state == "PENDING":
+            subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=False)
+    return False
+
+
+@pytest.mark.slow
+def test_an_array_of_workers_is_preempted_requeued_and_ends_exactly_as_uninterrupted(
+    postgresql_url: str, tmp_path: Path, cluster: list[str]
+) -> None:
+    cluster.append("sl-preempt")
+    with Ledger.open(postgresql_url, create=True) as ledger:
+        references = plan_quick(ledger, "sl-reference", runs=3, updates=40, **SLOW)
+        for reference in references:
+            execute(ledger, reference, artifacts=tmp_path / "reference", replay_in_subprocess=False)
+        run_ids = plan_quick(ledger, "sl-preempt", runs=3, updates=40, **SLOW)
+        launch = _launch(postgresql_url, "sl-preempt", tmp_path / "art", "--workers", "2")
+        found: list[tuple[str, str]] = []
+        wait_for(lambda: bool(found.extend(running_past(ledger, "sl-preempt", 7)) or found),
+                 240, "a run past update 7 in an array task")
+        assert set(_tasks("sl-preempt").values()) <= {"RUNNING", "PENDING"}
+        no_secret_in(tmp_path / "art")  # while the array runs: logs, script, ps
+        victim, worker = found[0]
+        job = _slurm_job_of(worker)
+        subprocess.run(["scancel", "--signal=USR2", job], check=True)
+
+        wait_for(lambda: ledger.run(victim).status != "running", 120, "the preempted run's end")
+        record = ledger.run(victim)
+        assert (record.status, record.stop_cause) == ("interrupted", "preempted"), record
+        assert "killed" not in str(record.stop_detail) and "SIGUSR2" in str(record.stop_detail)
+        assert record.stop_step in checkpoint_steps(ledger, "sl-preempt", victim)
+        wait_for(lambda: _release_requeued("sl-preempt") or launch.poll() is not None, 400,
+                 "the launcher's end", every=2)
+        _, stderr = launch.communicate(timeout=60)
+        assert launch.returncode == 0, stderr[-3000:]
+
+        runs = ledger.runs("sl-preempt").set_index("run_id")
+        assert (runs["status"] == "completed").all(), runs["status"]
+        segments = ledger.segments("sl-preempt")
+        assert len(segments[segments["run_id"] == victim]) == 2
+        assert int(segments[segments["run_id"] == victim]["start_step"].max()) == record.stop_step
+        by_seed = ledger.runs("sl-reference").set_index("seed")["run_id"]
+        for run_id in run_ids:
+            reference = by_seed[runs.loc[run_id, "seed"]]
+            assert losses(ledger, run_id).equals(losses(ledger, reference)), run_id
+        # One worker per array task, several runs each: no job per run (3 runs and a resumed
+        # segment on the two tasks and the requeued one).
+        assert segments["worker"].value_counts().max() >= 2
+    assert (tmp_path / "art" / "slurm").stat().st_mode & 0o777 == 0o700
+    no_secret_in(tmp_path / "art")
+    assert "Traceback" not in stderr
+
+
+@pytest.mark.slow
+def test_scancel_interrupts_with_a_checkpoint_at_the_stop_update(
+    postgresql_url: str, tmp_path: Path, cluster: list[str]
+) -> None:
+    cluster.append("sl-cancel")
+    with Ledger.open(postgresql_url, create=True) as ledger:
+        (run_id,) = plan_quick(ledger, "sl-cancel", runs=1, updates=400, **SLOW)
+        launch = _launch(postgresql_url, "sl-cancel", tmp_path / "art")
+        wait_for(lambda: last_step(ledger, run_id) >= 7, 240, "update 7 in the array task")
+        subprocess.run(["scancel", "--name", "campaign:sl-cancel"], check=True)
+        _, stderr = launch.communicate(timeout=120)
+        assert launch.returncode == 1, stderr[-3000:]  # an interrupted run needs attention
+        record = ledger.run(run_id)
+        assert (record.status, record.stop_cause) == ("interrupted", "interrupted"), record
+        assert "SIGTERM" in str(record.stop_detail) and "killed" not in str(record.stop_detail)
+        assert record.stop_step in checkpoint_steps(ledger, "sl-cancel", run_id)
+        assert record.stop_step < 400
+        assert "1 interrupted" in stderr and "Traceback" not in stderr
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_launcher_stops_every_task_with_checkpoints(
+    postgresql_url: str, tmp_path: Path, cluster: list[str]
+) -> None:
+    cluster.append("sl-stop")
+    with Ledger.open(postgresql_url, create=True) as ledger:
+        run_ids = plan_quick(ledger, "sl-stop", runs=3, updates=400, **SLOW)
+        launch = _launch(postgresql_url, "sl-stop", tmp_path / "art", "--workers", "2")
+        wait_for(lambda: len(running_past(ledger, "sl-stop", 4)) == 2, 240,
+                 "two runs past update 4")
+        launch.send_signal(signal.SIGTERM)
+        _, stderr = launch.communicate(timeout=120)
+        assert launch.returncode == 1, stderr[-3000:]
+        assert "launch interrupted" in stderr and "Traceback" not in stderr
+        runs = ledger.runs("sl-stop").set_index("run_id")
+        stopped = runs[runs["status"] == "interrupted"]
+        assert len(stopped) == 2 and (runs.loc[run_ids, "status"] != "running").all()
+        for run_id, row in stopped.iterrows():
+            assert row["stop_cause"] == "interrupted"
+            assert row["stop_step"] in checkpoint_steps(ledger, "sl-stop", str(run_id))
+        assert (runs["status"] == "planned").sum() == 1  # the third never started
+    assert _tasks("sl-stop") == {}  # nothing queued or running is left behind
+
+
+@pytest.mark.slow
+def test_a_killed_step_is_lost_then_resumed_by_a_live_array_task(
+    postgresql_url: str, tmp_path: Path, cluster: list[str]
+) -> None:
+    cluster.append("sl-crash")
+    with Ledger.open(postgresql_url, create=True) as ledger:
+        plan_quick(ledger, "sl-crash", runs=3, updates=60, **SLOW)
+        launch = _launch(postgresql_url, "sl-crash", tmp_path / "art", "--workers", "2",
+                         "--resume-lost")
+        found: list[tuple[str, str]] = []
+        wait_for(lambda: bool(found.extend(running_past(ledger, "sl-crash", 7)) or found),
+                 240, "a run past update 7")
+        victim, worker = found[0]
+        step = psutil.Process(int(worker.split(":")[1]))
+        for process in [step, *step.children(recursive=True)]:  # a node crash: no handler runs
+            try:
+                process.kill()
+            except psutil.NoSuchProcess:
+                continue
+        _, stderr = launch.communicate(timeout=400)
+        assert launch.returncode == 0, stderr[-3000:]
+        runs = ledger.runs("sl-crash").set_index("run_id")
+        assert (runs["status"] == "completed").all(), runs["status"]
+        events = ledger.events("sl-crash", victim)
+        assert {"lost", "resumed"} <= set(events["kind"])
+        segments = ledger.segments("sl-crash")
+        mine = segments[segments["run_id"] == victim]
+        assert len(mine) == 2 and mine["worker"].nunique() == 2
+
+
+@pytest.mark.slow
+def test_past_its_requeues_a_preempted_run_stays_interrupted_and_resumable(
+    postgresql_url: str, tmp_path: Path, cluster: list[str]
+) -> None:
+    cluster.append("sl-limit")
+    with Ledger.open(postgresql_url, create=True) as ledger:
+        (run_id,) = plan_quick(ledger, "sl-limit", runs=1, updates=120, **SLOW)
+        launch = _launch(postgresql_url, "sl-limit", tmp_path / "art", "--max-requeues", "0")
+        wait_for(lambda: last_step(ledger, run_id) >= 7, 240, "update 7")
+        subprocess.run(["scancel", "--signal=USR2", "--name", "campaign:sl-limit"], check=True)
+        _, stderr = launch.communicate(timeout=120)
+        assert launch.returncode == 1, stderr[-3000:]
+        record = ledger.run(run_id)
+        assert (record.status, record.stop_cause) == ("interrupted", "preempted")
+        assert len(ledger.segments("sl-limit")) == 1
+        logs = "".join(p.read_text() for p in (tmp_path / "art" / "slurm").glob("*.log"))
+        assert "used its 0 requeue(s)" in logs
+        resumed = invoke(postgresql_url, "resume", run_id, "--artifacts", str(tmp_path / "art"))
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        assert ledger.run(run_id).status == "completed"
+
+
+def test_without_slurm_the_executor_says_so(sqlite_url: str, tmp_path: Path) -> None:
+    with Ledger.open(sqlite_url, create=True) as ledger:
+        plan_quick(ledger, "no-slurm", runs=1)
+    env = {**os.environ, "PATH": "/nonexistent", "CAMPAIGN_LEDGER": sqlite_url}
+    refused = subprocess.run(
+        [sys.executable, "-m", "campaign", "launch", "no-slurm", "--executor", "slurm",
+         "--skip-pilot", "--reason", "test", "--artifacts", str(tmp_path)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert refused.returncode == 2
+    assert "no SLURM on this machine" in refused.stderr and "Traceback" not in refused.stderr
+
+
+@pytest.mark.slow
+def test_the_time_limit_warning_is_a_preemption(
+    postgresql_url: str, tmp_path: Path, cluster: list[str]
+) -> None:
+    """--slurm-time-min 3 with the warning 100 s ahead: SLURM itself sends SIGUSR2 20 to 80 s
+    in (it may signal up to 60 s early: the resolution of its time-limit checks), after the
+    worker started its run; with no requeue left the run stays preempted."""
+    cluster.append("sl-limit-time")
+    with Ledger.open(postgresql_url, create=True) as ledger:
+        (run_id,) = plan_quick(ledger, "sl-limit-time", runs=1, updates=5000, **SLOW)
+        launch = _launch(postgresql_url, "sl-limit-time", tmp_path / "art", "--slurm-time-min",
+                         "3", "--slurm-signal-s", "100", "--max-requeues", "0")
+        _, stderr = launch.communicate(timeout=240)
+        assert launch.returncode == 1, stderr[-3000:]
+        record = ledger.run(run_id)
+        assert (record.status, record.stop_cause) == ("interrupted", "preempted"), record
+        assert "SIGUSR2" in str(record.stop_detail) and "killed" not in str(record.stop_detail)
+        assert record.stop_step in checkpoint_steps(ledger, "sl-limit-time", run_id)
+        assert 0 < record.stop_step < 5000

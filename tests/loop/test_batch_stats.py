@@ -1,0 +1,71 @@
+"""Accumulation with batch-statistics layers is not one big batch (issue 26, item 5): the
+claim is measured false here on a real BatchNorm model, and plan and the pilot say so."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from click.testing import CliRunner
+
+from campaign.cli import main
+from campaign.ledger import Ledger
+from campaign.loop.batch_stats import accumulation_warning, batch_stat_layers
+from campaign.pilot.phase_gates import Pilot
+from tests.support.loop_helpers import plan_loop
+
+SPEC = Path(__file__).parents[1] / "support" / "specs" / "digits-lr.toml"
+
+
+def test_two_microbatches_of_8_are_not_one_batch_of_16() -> None:
+    """Why the warning exists: the same 16 examples, summed losses over 2x8 and 1x16."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8),
+                                torch.nn.Linear(8, 3))
+    x, y = torch.randn(16, 4), torch.randint(0, 3, (16,))
+
+    def gradient(chunks: int) -> torch.Tensor:
+        model.zero_grad()
+        for part_x, part_y in zip(x.chunk(chunks), y.chunk(chunks), strict=True):
+            (torch.nn.functional.cross_entropy(model(part_x), part_y, reduction="sum") / 16
+             ).backward()
+        return torch.cat([p.grad.flatten() for p in model.parameters()])
+
+    assert (gradient(2) - gradient(1)).abs().max() > 1e-3
+    plain = torch.nn.Sequential(torch.nn.Linear(4, 3))
+    assert batch_stat_layers(plain) == [] and batch_stat_layers(model) == ["1 (BatchNorm1d)"]
+
+
+def test_the_warning_names_the_layers_and_the_reasons() -> None:
+    layers = ["net.1 (BatchNorm1d)"]
+    one = [{"loop": {"microbatch": 8, "accumulation": 1}}]
+    assert accumulation_warning(layers, one) is None
+    assert accumulation_warning([], [{"loop": {"microbatch": 8, "accumulation": 4}}]) is None
+    both = accumulation_warning(layers, [{"loop": {"microbatch": 8, "accumulation": 2}},
+                                         {"loop": {"microbatch": 16, "accumulation": 1}}])
+    assert both is not None and "net.1 (BatchNorm1d)" in both
+    assert "accumulation 2 normalises each microbatch" in both
+    assert "variants with microbatch 8, 16 also differ" in both
+
+
+def test_plan_and_the_pilot_warn_on_a_batchnorm_model(ledger: Ledger, tmp_path: Path,
+                                                      sqlite_url: str) -> None:
+    spec = tmp_path / "normed.toml"
+    spec.write_text(SPEC.read_text().replace("tests.support.tasks.tiny:build",
+                                             "tests.support.tasks.normed:build"))
+    done = CliRunner().invoke(main, ["--ledger", sqlite_url, "plan", str(spec), "--dry-run",
+                                     "--format", "json"])
+    assert done.exit_code == 0, done.stderr
+    warned = json.loads(done.stdout)["warnings"]
+    assert any("batch-statistics layers (1 (BatchNorm1d))" in w for w in warned), warned
+    assert "campaign: warning: the model has batch-statistics layers" in done.stderr
+    plain = CliRunner().invoke(main, ["--ledger", sqlite_url, "plan", str(SPEC), "--dry-run",
+                                      "--format", "json"])
+    assert not any("batch-statistics" in w for w in json.loads(plain.stdout)["warnings"])
+    run_config = ledger.runs(plan_loop(ledger, task="tests.support.tasks.normed:build") and "loop"
+                             ).iloc[0]["config"]
+    records = Pilot("tests.support.tasks.normed:build", run_config, tmp_path / "pilot").run()
+    backward = next(r for r in records if r.phase == "backward")
+    assert backward.verdict == "pass"
+    assert "(warning: the model has batch-statistics layers" in backward.detail

@@ -1,0 +1,1 @@
+"""What the tests share: helpers, the tasks they plan, specs, old ledgers, the torch counter."""

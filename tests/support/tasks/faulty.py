@@ -1,0 +1,113 @@
+"""The digits task with a fault injected at the N-th training microbatch (stop-cause tests)."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+import torch
+
+from campaign.tasks.digits import DigitsTask
+
+
+class FaultyDigits(DigitsTask):
+    def __init__(self, config: dict[str, Any]) -> None:
+        super().__init__(config)
+        self.fault = config["task"].get("fault")
+        self.at = int(config["task"].get("at", 3))
+        self.sleep = float(config["task"].get("sleep", 0.0))
+        self.marker = config["task"].get("marker")
+        self.config_signal = str(config["task"].get("signal", "SIGTERM"))
+        self.sleep_lock = float(config["task"].get("lock_s", 0.0))
+        self.calls = 0
+
+    def model(self) -> torch.nn.Module:
+        """In the process whose id CAMPAIGN_TEST_DRIFT names, the class scores are rolled by
+        one: task code that behaves differently in another process, so the final artifact's
+        replay in a fresh process predicts other labels."""
+        model = super().model()
+        if self.fault == "rank_drift" and os.environ.get("RANK") == "1":  # seeds by rank, say
+            with torch.no_grad():
+                next(model.parameters()).add_(1e-3)
+        drifting = os.environ.get("CAMPAIGN_TEST_DRIFT")  # the test's process or the run it
+        supervisor = os.environ.get("CAMPAIGN_SUPERVISOR_PID")  # supervises (not a replay)
+        replaying = any(frame.function == "replay_artifact" for frame in inspect.stack())
+        if drifting and drifting in (str(os.getpid()), supervisor) and not replaying:
+            model.register_forward_hook(lambda _m, _i, output: output.roll(1, dims=-1))
+        return model
+
+    def loss(self, model: torch.nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, int]:
+        self.calls += model.training  # training calls only: "at" counts microbatches
+        if self.sleep:
+            time.sleep(self.sleep)
+        total, units = super().loss(model, batch)
+        if self.calls >= self.at and model.training:
+            if self.fault == "nan":
+                total = total * float("nan")
+            elif self.fault == "inf_grad":  # finite loss, infinite gradient
+                weight = next(model.parameters())
+                total = total + torch.sqrt(torch.zeros(()) + 0.0 * weight.sum())
+            elif self.fault == "raise":
+                raise RuntimeError("injected failure in the task's loss")
+            elif self.fault == "sigterm" and self.marker and not os.path.exists(self.marker):
+                open(self.marker, "w").close()  # once: the resumed process runs on
+                os.kill(os.getpid(), signal.SIGTERM)
+            elif self.fault == "sigkill" and self.marker and not os.path.exists(self.marker):
+                open(self.marker, "w").close()  # dies without a word, like a lost machine:
+                supervisor = os.environ.get("CAMPAIGN_SUPERVISOR_PID")  # the worker with it
+                os.kill(int(supervisor) if supervisor else os.getpid(), signal.SIGKILL)
+                time.sleep(60)
+            elif self.fault == "signal_tree" and self.marker and not os.path.exists(self.marker):
+                open(self.marker, "w").close()  # as SLURM signals a job step: every process
+                signum = getattr(signal, self.config_signal)  # of the run's tree at once
+                tree = [int(os.environ["CAMPAIGN_SUPERVISOR_PID"]), os.getppid(), os.getpid()]
+                for pid in tree:  # the supervisor, the task host, the run's own process
+                    os.kill(pid, signum)
+            elif self.fault == "disk_full" and self.marker and not os.path.exists(self.marker):
+                open(self.marker, "w").close()  # once: this process writes no file over 4 KiB
+                import resource  # (EFBIG, as ENOSPC on a full volume: no more bytes taken)
+
+                resource.setrlimit(resource.RLIMIT_FSIZE,
+                                   (4096, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+            elif self.fault == "ledger_lock" and self.marker and not os.path.exists(self.marker):
+                hold_ledger_lock(os.environ["CAMPAIGN_LEDGER"], self.sleep_lock, self.marker)
+            elif self.fault == "oom":
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return total, units
+
+
+    def predict(self, model: torch.nn.Module, batch: dict[str, Any]) -> list[dict[str, Any]]:
+        """With ``task.fault = "sigkill_in_replay"``: the final artifact's replay (a child of
+        the task host) kills the run's supervisor, the host's parent, once: a machine lost
+        after the final artifact was written and recorded, before the run's end."""
+        replaying = any(frame.function == "replay_artifact" for frame in inspect.stack())
+        if (self.fault == "sigkill_in_replay" and replaying and self.marker
+                and not os.path.exists(self.marker)):
+            open(self.marker, "w").close()
+            with open(f"/proc/{os.getppid()}/stat") as stat:  # the host's parent
+                supervisor = int(stat.read().rsplit(")", 1)[1].split()[1])
+            os.kill(supervisor, signal.SIGKILL)
+            time.sleep(60)  # the host and this child die with their owner
+        return super().predict(model, batch)
+
+
+def hold_ledger_lock(url: str, seconds: float, marker: str) -> None:
+    """Another process takes the SQLite ledger's write lock and holds it ``seconds`` (a
+    colleague's shell with an open transaction); returns once it holds it."""
+    path = url.removeprefix("sqlite:///")
+    code = ("import sqlite3, sys, time; c = sqlite3.connect(sys.argv[1], isolation_level=None); "
+            "c.execute('BEGIN IMMEDIATE'); open(sys.argv[2], 'w').close(); "
+            "time.sleep(float(sys.argv[3])); c.execute('ROLLBACK')")
+    subprocess.Popen([sys.executable, "-c", code, path, marker, str(seconds)],
+                     start_new_session=True)
+    while not os.path.exists(marker):
+        time.sleep(0.01)
+
+
+def build(config: dict[str, Any]) -> FaultyDigits:
+    return FaultyDigits(config)

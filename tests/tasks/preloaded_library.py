@@ -1,2 +1,0 @@
-"""Stands for a library a user's task imports (scikit-learn, say): named in
-tests/tasks/preloading.py's ``PRELOAD``, so the task host imports it once before it forks."""
