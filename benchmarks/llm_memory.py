@@ -21,8 +21,8 @@ import torch
 
 from campaign.pilot.activations import measure
 from campaign.tasks.causal_lm import memory_projection as projection
+from campaign.tasks.causal_lm.instruction_task import CausalLMTask
 from campaign.tasks.causal_lm.instructions import write_splits
-from campaign.tasks.causal_lm.task import CausalLMTask
 
 SMALL = {"architecture": "llama", "hidden_size": 128, "intermediate_size": 344,
          "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 4,

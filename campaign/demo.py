@@ -1,6 +1,6 @@
 """The main job on the embedded default: plan, inspect, pilot, launch and report one campaign.
 
-The three-learning-rate campaign of DESIGN.md §10 on the built-in digits
+The three-learning-rate campaign of docs/spec.md on the built-in digits
 task (control 1e-4, variants 5e-5 and 2e-4; effective batch 16; 200 updates;
 three seeds, so that every conclusion has its 95% interval) plus one honestly
 aggressive variant (learning rate 3.0) that really diverges, so the balance

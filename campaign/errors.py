@@ -48,6 +48,24 @@ class TaskContractError(CampaignError, ValueError):
     """The task does not import, cannot be built, or lacks a part of the contract."""
 
 
+class InitError(CampaignError):
+    """The folder cannot take a skeleton (it holds one of its files, or cannot be made)."""
+
+
+class PlacementError(CampaignError, RuntimeError):
+    """An executor cannot place this campaign (missing extra, no scheduler, impossible
+    request)."""
+
+
+class ServeError(CampaignError):
+    """A setting the dashboard cannot start with (address, port, token): one line."""
+
+
+class ExportError(CampaignError):
+    """A TensorBoard export that cannot proceed (a missing extra, a log folder that is not
+    ours): one line."""
+
+
 class TaskReferenceError(CampaignError, ValueError):
     """A task reference that does not import or does not name a callable; the message says
     which."""
@@ -84,6 +102,25 @@ class CheckpointError(CampaignError, ValueError):
 
 class GateClosed(CampaignError):
     """A run's gate class has no passing pilot and nobody recorded a decision to skip it."""
+
+    exit_code = ExitCode.CHECK_FAILED
+
+
+class ArchiveError(CampaignError):
+    """An archive that cannot be written or does not verify; the message names the member."""
+
+    exit_code = ExitCode.CHECK_FAILED
+
+
+class ArchiveUnusable(ArchiveError):
+    """Not an archive this tool can check: missing, not a .tar.gz, no or a malformed manifest
+    (bad input, exit 2)."""
+
+    exit_code = ExitCode.BAD_INPUT
+
+
+class ReproduceError(CampaignError):
+    """A piece of the archive is missing, changed or unusable; the message names it."""
 
     exit_code = ExitCode.CHECK_FAILED
 

@@ -1,6 +1,6 @@
 """The notebook's ``Ledger``: the ledger's reads and writes plus the report's conveniences.
 
-``campaign.ledger`` imports nothing else of ours (DESIGN.md §9), so the
+``campaign.ledger`` imports nothing else of ours (docs/architecture.md), so the
 balance sheet, which is report code, is added one layer above it: ``from
 campaign import Ledger`` gives this class.
 """

@@ -34,7 +34,7 @@ def export(source: LedgerSource, run_id: str, target: Path, merge: bool,
     """
     from campaign.errors import BadInput
     from campaign.host import calls
-    from campaign.loop import child_entries
+    from campaign.loop import loop_entries
     from campaign.report.model_card import model_card
 
     if target.is_symlink() or target.is_file() or (target.is_dir() and any(target.iterdir())):
@@ -54,7 +54,7 @@ def export(source: LedgerSource, run_id: str, target: Path, merge: bool,
     if emptied:
         target.rmdir()  # empty: the export renames its finished folder into this place
     try:
-        done = calls.call(child_entries.export_run, url, run_id, str(target), merge,
+        done = calls.call(loop_entries.export_run, url, run_id, str(target), merge,
                           card, task=task, preload=calls.CHECK_PRELOAD,
                           what=f"exporting run {run_id}", timeout_s=EXPORT_TIMEOUT_S)
     except BaseException:

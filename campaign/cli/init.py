@@ -19,15 +19,12 @@ def init(given: str) -> None:
 
     Example: campaign init my-study && cd my-study && campaign plan spec.toml
     """
-    from campaign.plan.skeleton import InitError, campaign_name, write_skeleton
+    from campaign.plan.skeleton import campaign_name, write_skeleton
 
     if not given.strip():  # Path("") would be the current folder
         raise BadInput("no folder given: name the folder to write the study into (. for here)")
     folder = Path(given)
-    try:
-        written = write_skeleton(folder)
-    except InitError as error:
-        raise BadInput(str(error)) from None
+    written = write_skeleton(folder)
     name = campaign_name(folder)
     for path in written:
         click.echo(str(path))

@@ -18,7 +18,7 @@ from campaign.cli.options import (
     skip_reason,
     stop_grace_option,
 )
-from campaign.cli.output import output_options, printable, render_rows
+from campaign.cli.output import output_options, render_rows
 from campaign.cli.source import LedgerSource
 from campaign.launch.defaults import DEFAULT_HEARTBEAT_S, DEFAULT_LEASE_S, EXECUTORS
 
@@ -170,8 +170,6 @@ def launch(source: LedgerSource, campaign: str, workers: int | None, devices: st
         from campaign.launch.run_process import RUN_PRELOAD
 
         start_early(RUN_PRELOAD)
-    from campaign.errors import GateClosed
-    from campaign.launch.placement import PlacementError
     from campaign.launch.policy import LaunchRefused, LaunchRequest, launch_campaign
 
     request = LaunchRequest(
@@ -187,12 +185,6 @@ def launch(source: LedgerSource, campaign: str, workers: int | None, devices: st
             outcome = launch_campaign(ledger, source.url, request, on_gate=_say_gate)
         except LaunchRefused as error:
             raise click.UsageError(str(error)) from None
-        except GateClosed as closed:
-            click.echo(f"campaign: {closed}", err=True)
-            raise click.exceptions.Exit(1) from None
-        except PlacementError as error:
-            click.echo(f"campaign: {printable(str(error))}", err=True)
-            raise click.exceptions.Exit(2) from None
     if output_format == "json":
         click.echo(json.dumps(outcome.snapshot.document(), indent=2))
     for refusal in outcome.refusals:

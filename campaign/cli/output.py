@@ -1,4 +1,4 @@
-"""Listings on the command line: ``--format table|json|csv`` (DESIGN.md §11).
+"""Listings on the command line: ``--format table|json|csv`` (docs/cli.md).
 
 ``json`` prints one JSON document on stdout and nothing else there; messages
 always go to stderr.

@@ -108,7 +108,7 @@ def pilot(source: LedgerSource, campaign: str, artifacts: Path, device: str,
     Example: campaign pilot digits-lr --device cpu
     """
     from campaign.host import calls, client
-    from campaign.pilot import child_entries
+    from campaign.pilot import pilot_entries
 
     client.start_early(calls.CHECK_PRELOAD)  # torch imports while this process reads the ledger
     overrides = {"overfit_examples": overfit_examples, "overfit_steps": overfit_steps,
@@ -118,7 +118,7 @@ def pilot(source: LedgerSource, campaign: str, artifacts: Path, device: str,
         url = ledger.engine.url.render_as_string(hide_password=False)
     # The pilot computes: in a child of the task host, whose own children are its
     # fresh-process checks (no time limit of a plan-time call: it trains).
-    pilots = calls.call(child_entries.pilot_documents, url, campaign,
+    pilots = calls.call(pilot_entries.pilot_documents, url, campaign,
                         str(artifacts), device, overrides, only, every, task=task,
                         preload=calls.CHECK_PRELOAD,
                         what=f"piloting {campaign!r}", timeout_s=PILOT_TIMEOUT_S)

@@ -77,16 +77,13 @@ def archive(source: LedgerSource, campaign: str, output: Path | None, data_limit
 
     Example: campaign archive digits-lr --output digits-lr.tar.gz
     """
-    from campaign.report.archive import ArchiveError, write_archive
+    from campaign.report.archive import write_archive
 
     path = output or Path(f"{campaign}-archive.tar.gz")
     limit = _size(data_limit)
     with source.open() as ledger:
         try:
             written = write_archive(ledger, campaign, path, data_limit=limit)
-        except ArchiveError as error:
-            click.echo(f"campaign: {printable(str(error))}", err=True)
-            raise click.exceptions.Exit(1) from None
         except OSError as error:  # a user's path: one line, exit 2, nothing half written
             reason = error.strerror or str(error)
             raise BadInput(f"cannot write the archive to {path}: {reason}") from None
@@ -116,13 +113,9 @@ def verify_archive_command(path: Path) -> None:
 
     Example: campaign verify-archive digits-lr-archive.tar.gz
     """
-    from campaign.report.archive import ArchiveError
-    from campaign.report.archive_check import ArchiveUnusable, verify_archive
+    from campaign.report.archive_check import verify_archive
 
-    try:
-        verified = verify_archive(path)
-    except ArchiveError as error:  # unusable input: 2; an archive that does not verify: 1
-        click.echo(f"campaign: {printable(str(error))}", err=True)
-        raise click.exceptions.Exit(2 if isinstance(error, ArchiveUnusable) else 1) from None
+    # an unusable input exits 2, an archive that does not verify 1 (campaign.errors)
+    verified = verify_archive(path)
     click.echo(f"campaign: {printable(str(path))}: {verified.members} members, "
                f"{verified.bytes:,} bytes, every SHA-256 verified", err=True)

@@ -34,8 +34,7 @@ def reproduce(archive: Path, run_id: str | None, folder: Path | None, output_for
 
     Example: campaign reproduce digits-lr-archive.tar.gz --run 01jd8x3m5k2q9w7c4v6b1n0r8t
     """
-    from campaign.report.archive import ArchiveError
-    from campaign.report.archive_check import ArchiveUnusable, verify_archive
+    from campaign.report.archive_check import verify_archive
     from campaign.reproduce.rerun import reproduce as rerun
     from campaign.reproduce.unpack import ReproduceError
 
@@ -45,20 +44,14 @@ def reproduce(archive: Path, run_id: str | None, folder: Path | None, output_for
     if not folder.absolute().parent.is_dir():
         raise BadInput(f"--dir {folder}: its parent folder does not exist")
     started = time.perf_counter()
-    try:
-        verify_archive(archive)
-    except ArchiveUnusable as error:
-        raise BadInput(str(error)) from None
-    except ArchiveError as error:
-        click.echo(f"campaign: {printable(str(error))}", err=True)
-        raise click.exceptions.Exit(1) from None
+    verify_archive(archive)  # unusable: exit 2; does not verify: exit 1 (campaign.errors)
     folder.mkdir()
     try:
         comparisons, moved = rerun(archive.absolute(), folder.absolute(), run_id, _invoke)
     except ReproduceError as error:  # nothing ran to compare: the new folder goes again
         shutil.rmtree(folder, ignore_errors=True)
         click.echo(f"campaign: {archive}: {printable(str(error))}", err=True)
-        raise click.exceptions.Exit(1) from None
+        raise click.exceptions.Exit(error.exit_code) from None
     rows = [{"run_id": c.original, "reproduced_as": c.reproduced, "status": c.status,
              "points": c.points, "metrics": "identical" if not c.differing else "differ",
              "weights": "identical" if c.weights_original == c.weights_reproduced else "differ",

@@ -144,13 +144,13 @@ def replay(source: LedgerSource, run_id: str, device: str, output_format: str) -
     Example: campaign replay 01jd8x3m5k2q9w7c4v6b1n0r8t --format json
     """
     from campaign.host import calls
-    from campaign.loop import child_entries
+    from campaign.loop import loop_entries
 
     with source.open() as ledger:  # a missing ledger or run id ends here, nothing started
         record = ledger.run(run_id)
         task = ledger.campaign(record.campaign).task
         url = ledger.engine.url.render_as_string(hide_password=False)
-    result = calls.call(child_entries.replay_recorded, url, run_id, device, task=task,
+    result = calls.call(loop_entries.replay_recorded, url, run_id, device, task=task,
                         preload=calls.CHECK_PRELOAD,
                         what=f"replaying run {run_id}", timeout_s=REPLAY_TIMEOUT_S)
     if output_format == "json":
@@ -176,7 +176,7 @@ def order(source: LedgerSource, run_id: str, updates: str, output_format: str) -
     from campaign.cli.output import render_rows
     from campaign.errors import BadInput
     from campaign.host import calls
-    from campaign.loop import child_entries
+    from campaign.loop import loop_entries
 
     try:
         first, last = (int(part) for part in updates.split(":"))
@@ -191,7 +191,7 @@ def order(source: LedgerSource, run_id: str, updates: str, output_format: str) -
     planned = int(config["budget"]["updates"])
     if first > planned:
         raise BadInput(f"--updates {updates!r}: run {run_id} plans {planned} updates")
-    rows = calls.call(child_entries.update_order, task, config, first,
+    rows = calls.call(loop_entries.update_order, task, config, first,
                       min(last, planned), what="recomputing the data order", task=task)
     if output_format == "json":
         click.echo(json.dumps(rows, indent=2))

@@ -28,13 +28,11 @@ def serve(source: LedgerSource, host: str, port: int, token: str | None,
     Examples: campaign serve · campaign serve --port 0 · campaign serve --host 0.0.0.0
     """
     from campaign.ledger import LedgerReader
-    from campaign.serve.dashboard_server import ServeError, serve
+    from campaign.serve.dashboard_server import serve
 
     reader = LedgerReader.open(source.url)
     try:
         serve(reader, host, port, token, access_log=access_log)
-    except ServeError as error:
-        raise BadInput(str(error)) from None
     finally:
         reader.close()
 
@@ -57,7 +55,7 @@ def tensorboard(source: LedgerSource, campaign_name: str, logdir: Path, follow: 
     Example: campaign tensorboard digits-lr --logdir tb --follow  (then: tensorboard --logdir tb)
     """
     from campaign.ledger import LedgerReader
-    from campaign.report.tensorboard import ExportError, export, follow_export
+    from campaign.report.tensorboard import export, follow_export
 
     if not str(logdir).strip() or str(logdir) == ".":
         raise BadInput("--logdir needs a folder of its own (not empty, not '.')")
@@ -69,7 +67,5 @@ def tensorboard(source: LedgerSource, campaign_name: str, logdir: Path, follow: 
             done = export(reader, campaign_name, logdir)
             click.echo(f"{done.points} new points of {done.runs} runs written to {logdir}",
                        err=True)
-    except ExportError as error:
-        raise BadInput(str(error)) from None
     finally:
         reader.close()

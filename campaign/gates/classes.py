@@ -1,4 +1,4 @@
-"""Gate classes: which runs one data gate and one pilot speak for (DESIGN.md §5).
+"""Gate classes: which runs one data gate and one pilot speak for (docs/report.md, pilot phases).
 
 A run's resolved config belongs to a **data class** (the keys that change
 what reaches the loss: the task's config, ``loop.max_length``,

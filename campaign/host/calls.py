@@ -70,7 +70,7 @@ def call(function: Callable[..., Any], *args: Any, what: str,
     """``function(*args)`` in a guarded child; its JSON-able value, or its error raised here.
     ``function``: a module-level function the child imports by its module and name. A caller
     that must not import torch (the command line) names a function of a torch-free entry
-    module (``loop/child_entries.py``, ``pilot/child_entries.py``)."""
+    module (``loop/loop_entries.py``, ``pilot/pilot_entries.py``)."""
     return begin(function, *args, what=what, timeout_s=timeout_s, task=task,
                  preload=preload).result()
 

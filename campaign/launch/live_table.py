@@ -14,7 +14,7 @@ from campaign.ledger.progress import Snapshot
 class ProgressDisplay:
     """A live table on a terminal (rich); on a pipe, a plain line whenever the counts change.
 
-    Quiet on pipes and in CI except for those lines, as DESIGN.md §11 asks.
+    Quiet on pipes and in CI except for those lines, as docs/cli.md asks.
     """
 
     def __init__(self, stream: TextIO | None = None, *, live: bool | None = None) -> None:

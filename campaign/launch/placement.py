@@ -15,14 +15,11 @@ import time
 
 __all__ = ["PlacementError", "enter", "options_document", "options_from", "settle"]
 
+from campaign.errors import PlacementError
 from campaign.launch.live_table import ProgressDisplay
 from campaign.launch.worker import WorkerOptions, options_document, options_from
 from campaign.ledger import Ledger
 from campaign.ledger.progress import Snapshot, take_snapshot
-
-
-class PlacementError(RuntimeError):
-    """An executor cannot place this campaign (missing extra, no scheduler, impossible request)."""
 
 
 def enter(cwd: str) -> None:

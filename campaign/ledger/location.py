@@ -1,4 +1,4 @@
-"""Where the ledger is when nobody says (DESIGN.md §11); no database driver imported here, so
+"""Where the ledger is when nobody says (docs/cli.md); no database driver imported here, so
 the command line can name the default without loading SQLAlchemy."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The ledger's tables (DESIGN.md §3). Only tables live here.
+"""The ledger's tables (docs/ledger.md). Only tables live here.
 
 Table and column names are contract: notebooks and SQL users rely on them.
 JSON documents (spec, config, overrides, environment, inputs) are stored as
@@ -174,7 +174,7 @@ class Metric(Base):
 
     The primary key (run_id, key, step, segment_id) is both the read path
     (one run's curve for one key is a contiguous range; on SQLite the table is
-    clustered on it, WITHOUT ROWID) and the uniqueness rule of DESIGN.md §3:
+    clustered on it, WITHOUT ROWID) and the uniqueness rule of docs/ledger.md:
     since a segment belongs to exactly one run (enforced by the composite
     foreign key), it is unique exactly when (segment_id, key, step) is. One
     index instead of two keeps ingest at raw-driver speed.

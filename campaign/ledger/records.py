@@ -92,7 +92,7 @@ class Claim:
 
 @dataclass(frozen=True)
 class StopRecord:
-    """Why and where a run ended (DESIGN.md §2 stop causes)."""
+    """Why and where a run ended (docs/runs.md (stop causes))."""
 
     cause: str
     step: int | None = None

@@ -1,6 +1,6 @@
 """The ledger's fixed words: run statuses, stop causes and the legal transitions.
 
-These are contract (DESIGN.md §2): scripts and SQL users match on the exact
+These are contract (docs/runs.md): scripts and SQL users match on the exact
 strings. The database enforces the same rules with CHECK constraints and
 triggers; the migrations carry their own frozen copy of these lists so that an
 old migration never changes meaning when this module grows.
@@ -83,5 +83,5 @@ PHASES: Final = (
 
 
 def can_transition(current: str, new: str) -> bool:
-    """True when the run-status graph of DESIGN.md §2 allows ``current -> new``."""
+    """True when the run-status graph of docs/runs.md allows ``current -> new``."""
     return new in TRANSITIONS.get(current, frozenset())

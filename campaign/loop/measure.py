@@ -1,4 +1,5 @@
-"""Per-phase measurement: duration and memory, for the loop and the pilot (DESIGN.md §5).
+"""Per-phase measurement: duration and memory, for the loop and the pilot (docs/report.md,
+pilot phases).
 
 On CUDA, allocated and reserved memory are different counters and are never
 added: each phase synchronises, resets the peaks, records the baseline, and

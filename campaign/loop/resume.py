@@ -1,6 +1,6 @@
 """Resuming a run: which checkpoint it continues from, and the check of the steps it replays.
 
-Resume never destroys (DESIGN.md §7): the checkpoint is chosen and verified
+Resume never destroys (docs/processes.md): the checkpoint is chosen and verified
 *before* the run leaves ``interrupted``/``lost``. Newest first, each recorded
 checkpoint is found (its recorded path, else under the ``--artifacts`` folder
 it moved to), its SHA-256 compared with the ledger's and its header read as

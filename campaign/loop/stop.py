@@ -1,4 +1,4 @@
-"""Stop rules, decided by the frozen config before launch (DESIGN.md §2 stop causes).
+"""Stop rules, decided by the frozen config before launch (docs/runs.md (stop causes)).
 
 Each rule looks at what the loop just measured and either lets the run go on
 or returns a :class:`StopDecision`: the end status, the cause, and a human detail.

@@ -1,4 +1,4 @@
-"""The task contract (DESIGN.md §4, contract): what a user's task object must provide.
+"""The task contract (docs/tasks.md, contract): what a user's task object must provide.
 
 A task is found by reference ``package.module:factory``; the factory gets the
 resolved config as a nested dict and returns an object with the parts below.

@@ -1,5 +1,5 @@
 """``campaign.Task``: the task contract with the obvious parts written, so a task writes only
-``model``, ``splits`` and ``loss`` (DESIGN.md §4).
+``model``, ``splits`` and ``loss`` (docs/tasks.md).
 
 Examples are dicts. The keys the gates read:
 

@@ -1,1 +1,1 @@
-"""The pilot before the campaign: data inspection and gates (DESIGN.md §5)."""
+"""The pilot before the campaign: data inspection and gates (docs/report.md, pilot phases)."""

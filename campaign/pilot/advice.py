@@ -1,4 +1,5 @@
-"""What to do when a pilot phase fails (DESIGN.md §5): one line per phase, after its verdict."""
+"""What to do when a pilot phase fails (docs/report.md, pilot phases): one line per phase,
+after its verdict."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from campaign.host import calls
-from campaign.pilot.child_entries import inspect_task
+from campaign.pilot.pilot_entries import inspect_task
 
 if TYPE_CHECKING:
     from campaign.ledger.reads import LedgerReader

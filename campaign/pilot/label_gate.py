@@ -10,7 +10,7 @@ task's ``predict()`` for its records, and compares each record's ``target``
 with what the example says it is:
 
 - ``classes[label]`` when the example has a ``label`` and the task a
-  ``classes`` table (the conventions of DESIGN.md §4);
+  ``classes`` table (the conventions of docs/tasks.md);
 - else the example's ``target`` (a generative task states its expected output).
 
 A generative task whose ``predict()`` generates (slow: a model call per token)

@@ -1,4 +1,5 @@
-"""Planning: grid -> variants x seeds -> planned runs, and the arithmetic of DESIGN.md §6.
+"""Planning: grid -> variants x seeds -> planned runs, and the arithmetic of docs/spec.md
+("What the planner records").
 
 examples per update = microbatch x accumulation x data replicas (model
 parallelism does not multiply it). The spec fixes either the number of
@@ -56,7 +57,7 @@ def account(
     """The arithmetic of §6. With ``epochs``, the training set size is required.
 
     ``last_batch``: ``partial`` keeps the incomplete last update of an epoch
-    (normalised exactly, DESIGN.md §4); ``drop`` skips it.
+    (normalised exactly, docs/tasks.md); ``drop`` skips it.
     """
     per_update = microbatch * accumulation * replicas
     per_epoch = None

@@ -13,6 +13,8 @@ import contextlib
 import re
 from pathlib import Path
 
+from campaign.errors import InitError
+
 TASK_FILE = "study_task.py"
 SPEC_FILE = "spec.toml"
 
@@ -107,10 +109,6 @@ set = {{ "optimizer.lr" = 1e-2 }}
 name = "lr-3e-2"
 set = {{ "optimizer.lr" = 3e-2 }}
 '''
-
-
-class InitError(Exception):
-    """The folder cannot take a skeleton (it holds one of its files, or cannot be made)."""
 
 
 def campaign_name(folder: Path) -> str:

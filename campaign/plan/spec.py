@@ -1,4 +1,4 @@
-"""The campaign spec file (DESIGN.md §10): parse TOML, validate, resolve every variant, hash.
+"""The campaign spec file (docs/spec.md): parse TOML, validate, resolve every variant, hash.
 
 Every refusal is a :class:`SpecError` whose message is one line naming the
 file, the key path as written in the file (``hold."loop.microbatch"``,

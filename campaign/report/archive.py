@@ -26,6 +26,7 @@ from typing import Any
 
 import pandas as pd
 
+from campaign.errors import ArchiveError
 from campaign.ledger import Ledger
 from campaign.report.archive_inputs import DATA_LIMIT, InputsChanged, pack_inputs
 from campaign.report.atomic import check_target, write_atomically
@@ -37,10 +38,6 @@ MANIFEST = "MANIFEST.json"
 FOLDERS = {"final": "finals", "predictions": "predictions", "log": "logs",
            "traceback": "tracebacks"}
 PACKED_KINDS = tuple(FOLDERS)
-
-
-class ArchiveError(Exception):
-    """An archive that cannot be written or does not verify; the message names the member."""
 
 
 def write_archive(ledger: Ledger, campaign: str, output: Path,

@@ -23,6 +23,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from campaign.errors import ArchiveUnusable
 from campaign.ledger.canonical import canonical_json, sha256_text
 from campaign.report.archive import MANIFEST, ArchiveError
 
@@ -118,10 +119,6 @@ def _check_spec(path: Path, spec: bytes | None, recorded: Any) -> None:
     if actual != recorded:
         raise ArchiveError(f"{path}: spec.json hashes to {actual[:12]}, the manifest's "
                            f"spec_sha256 is {str(recorded)[:12]}: the spec was changed")
-
-
-class ArchiveUnusable(ArchiveError):
-    """Not an archive this tool can check: missing, not a .tar.gz, no or a malformed manifest."""
 
 
 class _Listed(BaseModel):

@@ -1,6 +1,6 @@
 """The balance sheet: every run on its line, variants counted by the rules, conclusions, flags.
 
-Counting rules (DESIGN.md §8, contract): a variant's statistics are over its
+Counting rules (docs/report.md, contract): a variant's statistics are over its
 originally planned runs, one per seed. A planned seed without a value
 (diverged, failed, oom, lost, never run) is counted by its status and never
 dropped; withdrawn runs keep their line and count nowhere; relaunches are

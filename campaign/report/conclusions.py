@@ -4,7 +4,7 @@ Per non-control variant, over the seeds where both its original run and the
 control's have a value: the number of pairs, the mean delta, a 95% interval
 (paired Student t, the method named in every document; fewer than 3 pairs
 give no interval: "not estimable"), the seeds better and worse, and a verdict
-from a fixed vocabulary (DESIGN.md §8):
+from a fixed vocabulary (docs/report.md):
 
 - ``better`` / ``worse``: the interval excludes zero (direction by the
   metric's mode: higher is better for ``max``);

@@ -1,4 +1,4 @@
-"""Integrity flags: what a reader must know before trusting a run's number (DESIGN.md §8).
+"""Integrity flags: what a reader must know before trusting a run's number (docs/report.md).
 
 Each flag is (run, kind, evidence). A flagged run keeps its line and its
 value; the flag says why the value may not mean what it seems:

@@ -1,6 +1,6 @@
 """Relaunches kept apart: each on its own line with its lineage and its full config change.
 
-A relaunch is never pooled into its variant (DESIGN.md §8). Its line says
+A relaunch is never pooled into its variant (docs/report.md). Its line says
 where it comes from (original -> relaunch -> ...), why, how it ended, its
 metric, and every config key it changes against the original planned run,
 not only the held ones. A change of a key that defines the grid's variants

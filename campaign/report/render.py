@@ -7,7 +7,7 @@
   1,400 px: the long fields sit in an expandable row.
 - Markdown: see :mod:`campaign.report.markdown`.
 - CSV and Parquet: the run table, one line per run.
-- JSON: everything (the contract names of DESIGN.md §8).
+- JSON: everything (the contract names of docs/report.md).
 """
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ def run_rows(sheet: BalanceSheet) -> list[dict[str, Any]]:
 
 
 def document(sheet: BalanceSheet) -> dict[str, Any]:
-    """Everything, as one JSON-able document (NaN as null; contract names, DESIGN.md §8)."""
+    """Everything, as one JSON-able document (NaN as null; contract names, docs/report.md)."""
 
     def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
         return json.loads(frame.to_json(orient="records", date_format="iso",

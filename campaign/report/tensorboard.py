@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from campaign.errors import ExportError
 from campaign.ledger import LedgerReader
 from campaign.ledger.vocabulary import TERMINAL_STATUSES
 from campaign.report.atomic import write_atomically
@@ -44,10 +45,6 @@ from campaign.report.inputs import CampaignInputs, campaign_inputs
 
 STATE_FILE = ".campaign-tensorboard.json"
 SUCCEEDED = ("completed", "stopped")
-
-
-class ExportError(Exception):
-    """The export cannot proceed (a missing extra, a log folder that is not ours): one line."""
 
 
 @dataclass(frozen=True)

@@ -18,11 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from campaign.errors import ReproduceError
 from campaign.stack.provenance import files_digest
-
-
-class ReproduceError(Exception):
-    """A piece of the archive is missing, changed or unusable; the message names it."""
 
 
 @dataclass(frozen=True)
@@ -94,9 +91,7 @@ def _place_source(members: Path, work: Path, source: dict[str, Any]) -> None:
         raise ReproduceError(f"task source {', '.join(files)} does not hash as run "
                              f"{source['run_ids'][0]} recorded: the archive was changed")
     if files[0].startswith("campaign/"):  # a built-in task: this installation must hold it
-        import campaign
-
-        installed = Path(campaign.__file__).resolve().parent.parent
+        installed = Path(__file__).resolve().parents[2]  # where this campaign/ is installed
         paths = [installed / name for name in files]
         same = all(p.is_file() for p in paths) and files_digest(installed, paths)
         if same != source["sha256"]:

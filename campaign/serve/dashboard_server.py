@@ -19,12 +19,9 @@ import socket
 import sys
 from typing import TextIO
 
+from campaign.errors import ServeError
 from campaign.ledger import LedgerReader
 from campaign.serve.guard import LOOPBACK_NAMES
-
-
-class ServeError(Exception):
-    """A setting the dashboard cannot start with (address, port, token): one line."""
 
 
 def is_loopback(host: str) -> bool:

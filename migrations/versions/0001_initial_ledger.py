@@ -1,4 +1,4 @@
-"""Initial ledger: every table of DESIGN.md §3 and the immutability triggers.
+"""Initial ledger: every table of docs/ledger.md and the immutability triggers.
 
 Revision ID: 0001
 Revises:

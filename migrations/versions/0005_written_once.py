@@ -20,7 +20,7 @@ event to a run that had ended (a ``val/accuracy`` of 1.0 at step 999 of a
 What a run records at its end (its ``completed`` event, its last checkpoint,
 final artifact, log) is written before the status changes, in the same
 transaction or earlier, so it is not refused. The stop cause ``stalled`` (the
-supervisor's, DESIGN.md §7) joins the CHECK on ``runs.stop_cause``; on
+supervisor's, docs/processes.md) joins the CHECK on ``runs.stop_cause``; on
 SQLite by the same documented ``writable_schema`` rewrite as 0003.
 """
 

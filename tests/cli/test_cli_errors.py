@@ -1,4 +1,4 @@
-"""Bad ledger input: one clear line on stderr, exit code 3, nothing written (DESIGN.md §11)."""
+"""Bad ledger input: one clear line on stderr, exit code 3, nothing written (docs/cli.md)."""
 
 from __future__ import annotations
 

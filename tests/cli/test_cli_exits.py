@@ -1,4 +1,4 @@
-"""Exit codes the contract promises (DESIGN.md §11), through the real command line in-process:
+"""Exit codes the contract promises (docs/cli.md), through the real command line in-process:
 1 for a failed run (in setup too) and a failing pilot gate; 3 and nothing created for a
 reading command on a SQLite ledger that does not exist; --ledger on either side of the
 subcommand."""

@@ -225,7 +225,7 @@ def test_terminal_escapes_in_a_member_name_or_a_path_are_shown_not_acted_on(
 ) -> None:
     """An archive member named with an ANSI escape, a spec path with one: the error line
     shows ``\\x1b``, never the escape itself."""
-    from tests.test_archive_safety import GOOD, PREFIX, _archive
+    from tests.report.test_archive_safety import GOOD, PREFIX, _archive
 
     hostile = [*GOOD, (f"{PREFIX}/\x1b[2J\x1b]0;owned\x07.txt", b"x")]
     path = _archive(tmp_path / "a.tar.gz", hostile, {"spec_sha256": "0" * 64, "members": {

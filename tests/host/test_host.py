@@ -20,6 +20,8 @@ from campaign.errors import TaskContractError
 from campaign.host import calls, client
 from campaign.host.calls import FreshProcessFailed, run_module
 from campaign.host.processes import process_state
+from campaign.stack.software import thread_settings
+from tests.support.fresh_probe import imported_at_start
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -152,6 +154,7 @@ def test_members_share_one_host_and_a_killed_members_children_die_with_it() -> N
 
 
 OWN_HOST = textwrap.dedent("""
+    import time
     from campaign.host import calls, client
     calls.start(time.sleep, [0]).join()
     print(client.current().process is not None)  # it spawned this host itself
@@ -257,7 +260,7 @@ def test_a_host_child_has_the_threads_a_fresh_interpreter_has(
         monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     else:
         monkeypatch.setenv("OMP_NUM_THREADS", threads)
-    hosted = calls.call("campaign.stack.software:thread_settings", what="reading thread settings")
+    hosted = calls.call(thread_settings, what="reading thread settings")
     fresh = subprocess.run(
         [sys.executable, "-c", "import json; from campaign.stack.software import thread_settings; "
                                "print(json.dumps(thread_settings()))"],
@@ -275,10 +278,10 @@ def test_a_user_task_names_the_libraries_its_host_imports_once() -> None:
     import-time code runs in a child). A task without ``PRELOAD`` preloads nothing."""
     library, task = "tests.support.tasks.preloaded_library", "tests.support.tasks.preloading"
     for _ in range(2):  # each child starts with the library
-        seen = calls.call("tests.support.fresh_probe:imported_at_start", [library, task],
+        seen = calls.call(imported_at_start, [library, task],
                           what="probing", task=f"{task}:build")
         assert seen == {library: True, task: False}
-    assert calls.call("tests.support.fresh_probe:imported_at_start", ["tests.support.tasks.tied"],
+    assert calls.call(imported_at_start, ["tests.support.tasks.tied"],
                       what="probing", task="tests.support.tasks.quick:build") == {
                           "tests.support.tasks.tied": False}
     from campaign.host.preloads import declared_preloads
@@ -294,7 +297,7 @@ def test_a_declared_library_that_exits_at_import_is_never_the_hosts() -> None:
     again; a ``PRELOAD`` that names the task's own module never imports it in the host."""
     exiting, task = "tests.support.tasks.exiting_library", "tests.support.tasks.preloading_badly"
     for _ in range(2):
-        seen = calls.call("tests.support.fresh_probe:imported_at_start", [exiting, task],
+        seen = calls.call(imported_at_start, [exiting, task],
                           what="probing", task=f"{task}:build")
         assert seen == {exiting: False, task: False}
     from campaign.host.preloads import declared_preloads

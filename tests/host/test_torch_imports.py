@@ -1,4 +1,4 @@
-"""One torch import per command (DESIGN.md §7): only task hosts import torch, at most one per
+"""One torch import per command (docs/processes.md): only task hosts import torch, at most one per
 process that runs task code or places runs (a local launch's workers share their launcher's);
 the command line and the launcher import none.
 
@@ -17,7 +17,7 @@ from pathlib import Path
 from campaign.ledger import Ledger
 
 ROOT = Path(__file__).resolve().parents[2]
-COUNTER = ROOT / "tests" / "torch_counter"
+COUNTER = ROOT / "tests" / "support" / "torch_counter"
 SPEC = """
 [campaign]
 name = "count"

@@ -1,4 +1,4 @@
-"""The database itself refuses what the ledger never does (DESIGN.md §3), on both engines.
+"""The database itself refuses what the ledger never does (docs/ledger.md), on both engines.
 
 Every statement here goes through a raw driver connection, past the API.
 """

@@ -1,5 +1,6 @@
-"""Gates for every configuration (DESIGN.md §5): one pilot per gate class, and no run starts
-on a class that no passing pilot has seen. Real tasks, real pilots, SQLite and PostgreSQL."""
+"""Gates for every configuration (docs/report.md, pilot phases): one pilot per gate class,
+and no run starts on a class that no passing pilot has seen.
+Real tasks, real pilots, SQLite and PostgreSQL."""
 
 from __future__ import annotations
 

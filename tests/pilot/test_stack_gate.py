@@ -1,5 +1,6 @@
-"""The software stack is a gate (DESIGN.md §5): a task's declared needs and the precision
-against the device are checked by the pilot, `doctor CAMPAIGN`, the launch and each worker."""
+"""The software stack is a gate (docs/report.md, pilot phases): a task's declared needs and
+the precision against the device are checked by the pilot, `doctor CAMPAIGN`,
+the launch and each worker."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """At least 25 bad specs: each refused with one line naming the file and the key path,
-exit code 2, and the ledger unchanged (DESIGN.md §10, §11)."""
+exit code 2, and the ledger unchanged (docs/spec.md, docs/cli.md)."""
 
 from __future__ import annotations
 

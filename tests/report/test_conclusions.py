@@ -1,4 +1,4 @@
-"""Honest conclusions on a real campaign, SQLite and PostgreSQL (DESIGN.md §8).
+"""Honest conclusions on a real campaign, SQLite and PostgreSQL (docs/report.md).
 
 One campaign, trained for real on the digits task, with everything that used
 to mislead a reader: a relaunch of a control seed with an identical config, a

@@ -68,7 +68,7 @@ def test_conclusion_flags_and_relaunches_in_chromium_and_the_run_table_fits(
     """The honest campaign of test_conclusions, read in Chromium's DOM: the answer and the
     flags come first, the withdrawn run and both relaunches are there, and the layout at
     1,400 px has no horizontal overflow (measured by a copy of the page with a script)."""
-    from tests.test_conclusions import _build
+    from tests.report.test_conclusions import _build
 
     ids = _build(sqlite_ledger, tmp_path, monkeypatch)
     report = write(balance_sheet(sqlite_ledger, "honest"), "html", tmp_path / "honest.html")

@@ -10,7 +10,7 @@ LRS = {"lr-1e-4": 1e-4, "lr-5e-5": 5e-5, "lr-2e-4": 2e-4}
 def plan_campaign(
     ledger: Ledger, name: str = "digits-lr", seeds: int = 3, variants: dict | None = None
 ) -> CampaignRecord:
-    """The three-learning-rate campaign of DESIGN.md §10 (or ``variants``) x ``seeds``."""
+    """The three-learning-rate campaign of docs/spec.md (or ``variants``) x ``seeds``."""
     variants = variants or LRS
     control = next(iter(variants))
     return ledger.create_campaign(

@@ -20,7 +20,7 @@ from campaign.ledger import Ledger
 from campaign.loop.order_view import update_order
 from campaign.loop.train import execute
 from campaign.loop.trainer import seed_everything
-from campaign.tasks.causal_lm.task import CausalLMTask
+from campaign.tasks.causal_lm.instruction_task import CausalLMTask
 from tests.support.loop_helpers import plan_loop
 
 TASK = "campaign.tasks.causal_lm:build"

@@ -27,8 +27,8 @@ from campaign.errors import CheckpointError, RunSetupFailed  # noqa: E402
 from campaign.ledger import Ledger  # noqa: E402
 from campaign.loop.model_state import frozen_sha256, load_saved_state  # noqa: E402
 from campaign.loop.train import execute  # noqa: E402
+from campaign.tasks.causal_lm.instruction_task import IGNORE, CausalLMTask  # noqa: E402
 from campaign.tasks.causal_lm.instructions import write_splits  # noqa: E402
-from campaign.tasks.causal_lm.task import IGNORE, CausalLMTask  # noqa: E402
 from tests.support.launch_helpers import ROOT, run_interrupt_resume  # noqa: E402
 from tests.support.loop_helpers import forward_calls, plan_loop  # noqa: E402
 

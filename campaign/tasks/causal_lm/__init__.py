@@ -11,7 +11,7 @@ from campaign.tasks.keys import CausalLMKeys
 TASK_KEYS = CausalLMKeys  # its task.* keys: plan refuses any other
 
 # Imported once by a worker that forks its runs (transformers takes seconds per process).
-PRELOAD = ("transformers", "tokenizers", "peft", "campaign.tasks.causal_lm.task")
+PRELOAD = ("transformers", "tokenizers", "peft", "campaign.tasks.causal_lm.instruction_task")
 
 
 def build(config: dict[str, Any]) -> Any:
@@ -24,6 +24,6 @@ def build(config: dict[str, Any]) -> Any:
     if missing:  # found without importing them (transformers takes seconds)
         raise ImportError(f"the causal_lm task needs {', '.join(missing)}: "
                           "pip install 'campaign[hf]'")
-    from campaign.tasks.causal_lm.task import CausalLMTask
+    from campaign.tasks.causal_lm.instruction_task import CausalLMTask
 
     return CausalLMTask(config)

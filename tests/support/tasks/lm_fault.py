@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from campaign.tasks.causal_lm.task import CausalLMTask
+from campaign.tasks.causal_lm.instruction_task import CausalLMTask
 from tests.support.tasks.interrupt import sigterm_once
 
 

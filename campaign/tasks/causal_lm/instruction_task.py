@@ -29,7 +29,7 @@ from campaign.tasks.sequences import IGNORE, next_token_pairs
 
 
 class CausalLMTask:
-    """The task contract (DESIGN.md §4) for instruction -> response pairs."""
+    """The task contract (docs/tasks.md) for instruction -> response pairs."""
 
     metrics = ("exact_match",)  # what score() returns: plan checks the spec's metric against it
     random_examples = False  # reading and collating draw nothing: the loader seeds nothing

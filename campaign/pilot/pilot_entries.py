@@ -1,6 +1,6 @@
 """What a command asks a task host's child to run for the pilot, importable without torch.
 
-As :mod:`campaign.loop.child_entries`: the command names these, the child runs them, and
+As :mod:`campaign.loop.loop_entries`: the command names these, the child runs them, and
 each imports its implementation only there (the pilot's modules import torch).
 """
 
