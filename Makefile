@@ -8,11 +8,11 @@ PIP := $(PYTHON) -m pip -q
 # Where a PostgreSQL for the ledger tests lives (a database the tests may create others from).
 CAMPAIGN_TEST_POSTGRES ?= postgresql://postgres@127.0.0.1:5432/test
 
-.PHONY: demo test lint clean
+.PHONY: demo test test-fast lint clean
 
 $(PYTHON):
 	python3 -m venv $(VENV)
-	$(PIP) install --upgrade pip
+	$(PIP) install --upgrade pip "setuptools>=77" wheel
 
 $(VENV)/.installed: pyproject.toml | $(PYTHON)
 	$(PIP) install torch==2.13.0
@@ -28,13 +28,24 @@ demo: $(VENV)/.installed
 
 lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check .
+	@# no formatter runs, so no formatter markers: they would only pretend one did
+	@! grep -rn --include='*.py' '# fmt: \(skip\|off\|on\)' campaign tests benchmarks scripts
 
 # The environment's bin first on PATH, as an activated venv has it (tests run the installed
 # console script).
+RUN_TESTS = PATH="$(abspath $(VENV))/bin:$$PATH" CAMPAIGN_REQUIRE_ALL=1 \
+	CAMPAIGN_TEST_POSTGRES=$(CAMPAIGN_TEST_POSTGRES) $(PYTHON) -m pytest
+
+# The whole suite: what .ci/run calls.
 test: $(VENV)/.installed-test lint
 	scripts/test-services
-	PATH="$(abspath $(VENV))/bin:$$PATH" CAMPAIGN_REQUIRE_ALL=1 \
-		CAMPAIGN_TEST_POSTGRES=$(CAMPAIGN_TEST_POSTGRES) $(PYTHON) -m pytest --durations=25
+	$(RUN_TESTS) --durations=25
+
+# The inner loop: everything that needs neither a real engine (SLURM, Ray, PgBouncer) nor a
+# browser, so nothing is installed or started but the local PostgreSQL.
+test-fast: $(VENV)/.installed-test
+	scripts/test-services --postgres-only
+	$(RUN_TESTS) -m "not engine and not browser" --durations=10 $(ARGS)
 
 clean:
 	rm -rf $(VENV) campaign-demo campaign-artifacts

@@ -32,7 +32,8 @@ from ingest import log_points
 
 from campaign.ledger import Ledger
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "migrations" / "versions"))
+VERSIONS = Path(__file__).resolve().parents[1] / "campaign" / "migrations" / "versions"
+sys.path.insert(0, str(VERSIONS))
 METRICS_OPEN_0005 = __import__("0006_every_statement").METRICS_OPEN_0005
 KEPT_0007 = __import__("0007_metric_values_kept")
 

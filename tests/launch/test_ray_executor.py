@@ -34,6 +34,8 @@ from tests.support.engine_helpers import (
 from tests.support.launch_helpers import ROOT, event_counts, run, wait_for
 from tests.support.loop_helpers import plan_quick
 
+pytestmark = pytest.mark.engine
+
 require("ray", "ray")
 require("setproctitle", "ray")  # the launcher masks its command line for Ray's jobs API
 SKIP = ("--skip-pilot", "--reason", "ray test")

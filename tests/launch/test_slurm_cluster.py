@@ -27,6 +27,8 @@ from tests.support.engine_helpers import checkpoint_steps, no_secret_in, running
 from tests.support.launch_helpers import ROOT, invoke, last_step, losses, wait_for
 from tests.support.loop_helpers import plan_quick
 
+pytestmark = pytest.mark.engine
+
 if shutil.which("sbatch") is None and not REQUIRE_ALL:
     pytest.skip("capability: no SLURM cluster (scripts/test-services starts one)",
                 allow_module_level=True)

@@ -16,6 +16,8 @@ from tests.conftest import REQUIRE_ALL
 from tests.support.launch_helpers import event_counts, invoke
 from tests.support.loop_helpers import plan_quick
 
+pytestmark = pytest.mark.engine
+
 BOUNCER_PORT = 6432
 
 

@@ -15,6 +15,8 @@ from campaign.report.render import write
 from tests.conftest import REQUIRE_ALL
 from tests.support.helpers import plan_campaign
 
+pytestmark = pytest.mark.browser
+
 HOSTILE = "<script>alert(1)</script>"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 if CHROMIUM is None:

@@ -25,6 +25,8 @@ from campaign.plan.spec import resolve_spec
 from tests.conftest import REQUIRE_ALL
 from tests.support.launch_helpers import start
 
+pytestmark = pytest.mark.browser
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 try:
     from playwright.sync_api import sync_playwright

@@ -49,9 +49,6 @@ def build(root: Path) -> Path:
     target = root / "campaign"
     shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
     migrations = target / "migrations"
-    if not migrations.exists():  # editable install: migrations live at the top level
-        shutil.copytree(source.parent / "migrations", migrations,
-                        ignore=shutil.ignore_patterns("__pycache__"))
     revision = NEXT_REVISION.replace("{head}", head_revision())
     (migrations / "versions" / "9001_notes_author.py").write_text(revision)
     return root
