@@ -119,6 +119,8 @@ BELOW_LOOP = ("campaign.errors", "campaign.ledger", "campaign.stack", "campaign.
 LAYERS: dict[str, tuple[str, ...]] = {
     "campaign.errors": (),
     "campaign.ledger": ("campaign.errors",),
+    # the Alembic environment: the ledger's engines and tables (revisions import nothing of ours)
+    "campaign.migrations": ("campaign.errors", "campaign.ledger"),
     "campaign.stack": ("campaign.errors",),
     "campaign.host": ("campaign.errors",),
     "campaign.loop": BELOW_LOOP,

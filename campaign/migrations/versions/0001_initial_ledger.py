@@ -11,7 +11,7 @@ get the same rules from the tables below (a frozen copy: this file must keep
 its meaning when the models change).
 
 Note for later revisions: SQLite batch operations recreate a table and lose
-its triggers; such a revision must recreate them (tests/test_immutability.py
+its triggers; such a revision must recreate them (tests/ledger/test_immutability.py
 runs every rule at head and would catch it).
 """
 
