@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from campaign.loop.task_base import Task
-    from campaign.notebook import Ledger
+    from campaign.notebook import NotebookLedger as Ledger
 
 __all__ = ["Ledger", "Task", "__version__"]
 __version__ = "0.1.0"
@@ -26,9 +26,9 @@ __version__ = "0.1.0"
 
 def __getattr__(name: str) -> Any:
     if name == "Ledger":
-        from campaign.notebook import Ledger
+        from campaign.notebook import NotebookLedger
 
-        return Ledger
+        return NotebookLedger
     if name == "Task":  # the task base class (imports torch: only when a task asks for it)
         from campaign.loop.task_base import Task
 

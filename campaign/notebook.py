@@ -2,7 +2,8 @@
 
 ``campaign.ledger`` imports nothing else of ours (docs/architecture.md), so the
 balance sheet, which is report code, is added one layer above it: ``from
-campaign import Ledger`` gives this class.
+campaign import Ledger`` gives this class, named apart from the ledger's own ``Ledger``,
+which it extends.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ if TYPE_CHECKING:
     from campaign.report.balance import BalanceSheet
 
 
-class Ledger(ledger.Ledger):
+class NotebookLedger(ledger.Ledger):
     """A campaign ledger with ``balance(campaign)``, the frames ``campaign report`` exports."""
 
     def balance(self, campaign: str) -> BalanceSheet:

@@ -44,7 +44,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from campaign.errors import LoopError
 from campaign.loop import replicas as dp
 from campaign.loop.data import DataOrder
-from campaign.loop.task import Batch, Task
+from campaign.loop.task import Batch, TaskContract
 
 Key = tuple[int, int, int, int]  # (index in the split, epoch, position in the epoch, microbatch)
 COLLATE_SALT = 0x5EED_C011A7E  # a collate's seed differs from its first example's
@@ -80,7 +80,7 @@ class PreservedGenerators:
         torch.set_rng_state(self.saved[2])
 
 
-def draws_randomness(task: Task) -> bool:
+def draws_randomness(task: TaskContract) -> bool:
     """Whether the task's reads and collates may draw from the global generators (the
     default: only a task that declares ``random_examples = False`` is read unseeded)."""
     return getattr(task, "random_examples", True) is not False
@@ -129,7 +129,7 @@ class UpdateSampler(Sampler[list[Key]]):
 class CollateUpdate:
     """The worker's side: examples of one update -> its collated microbatches (CPU)."""
 
-    def __init__(self, task: Task, seed: int, seeded: bool = True) -> None:
+    def __init__(self, task: TaskContract, seed: int, seeded: bool = True) -> None:
         self.task, self.seed, self.seeded = task, seed, seeded
 
     def __call__(self, items: Sequence[tuple[Key, Any]]) -> list[Batch]:
@@ -160,7 +160,7 @@ class Feeder:
     """The iterator of prepared updates, started at the run's current data position."""
 
     def __init__(
-        self, dataset: Any, task: Task, order: DataOrder, *, seed: int, microbatch: int,
+        self, dataset: Any, task: TaskContract, order: DataOrder, *, seed: int, microbatch: int,
         replica: dp.Replica, workers: int, prefetch: int, pin_memory: bool,
     ) -> None:
         position = order.copy()

@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from campaign.errors import LoopError
 from campaign.loop import progress_page
-from campaign.loop.task import Batch, Task
+from campaign.loop.task import Batch, TaskContract
 
 _T = TypeVar("_T")
 
@@ -84,7 +84,7 @@ def share(items: Sequence[_T], replica: Replica) -> list[_T]:
 
 
 def accumulate_across(
-    task: Task,
+    task: TaskContract,
     model: torch.nn.Module,
     batches: Sequence[Batch],
     replica: Replica,

@@ -23,7 +23,7 @@ Batch = dict[str, Any]
 
 
 @runtime_checkable
-class Task(Protocol):
+class TaskContract(Protocol):
     def model(self) -> torch.nn.Module: ...
     def splits(self) -> dict[str, Sequence[Example]]: ...
     def collate(self, examples: Sequence[Example]) -> Batch: ...
@@ -36,7 +36,7 @@ class Task(Protocol):
     def control_inputs(self) -> Sequence[Example]: ...
 
 
-def build_task(reference: str, config: dict[str, Any]) -> Task:
+def build_task(reference: str, config: dict[str, Any]) -> TaskContract:
     """Import the factory, build the task, and check every part of the contract is there."""
     try:
         factory = load_factory(reference)
@@ -77,7 +77,7 @@ def check_records(records: Any, where: str = "predict()") -> list[dict[str, Any]
     return records
 
 
-def splits_problem(task: Task) -> str | None:
+def splits_problem(task: TaskContract) -> str | None:
     """Why ``task.splits()`` is not what training reads, in one line, or None: a mapping with
     non-empty ``train`` and ``val`` splits, each a sized, indexable sequence (a list, a
     dataset with ``__len__`` and ``__getitem__``; a generator is read once and has no
@@ -106,7 +106,7 @@ def splits_problem(task: Task) -> str | None:
     return None
 
 
-def plan_problem(task: Task, variant: str | None = None) -> str | None:
+def plan_problem(task: TaskContract, variant: str | None = None) -> str | None:
     """The task's own ``plan_problem()`` (optional: what it can refuse without training, such
     as a LoRA target naming no module), naming ``variant`` when it is not the control's."""
     check = getattr(task, "plan_problem", None)

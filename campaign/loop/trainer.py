@@ -37,7 +37,7 @@ from campaign.loop import replicas as dp
 from campaign.loop.data import DataOrder, to_device
 from campaign.loop.loader import Feeder
 from campaign.loop.optim import build_optimizer, build_scheduler, schedules
-from campaign.loop.task import Batch, Example, Task, check_records
+from campaign.loop.task import Batch, Example, TaskContract, check_records
 
 PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 NO_UNITS = "an effective batch with no loss units (every target masked out)"
@@ -70,7 +70,7 @@ class SeededSplits:
     generators: tuple[Any, ...]
 
     @classmethod
-    def of(cls, task: Task, seed: int) -> SeededSplits:
+    def of(cls, task: TaskContract, seed: int) -> SeededSplits:
         seed_everything(seed)
         splits = task.splits()
         # CUDA's generators only if splits() started CUDA: otherwise they are as seeded
@@ -101,7 +101,7 @@ class Trainer:
 
     def __init__(
         self,
-        task: Task,
+        task: TaskContract,
         config: Mapping[str, Any],
         device: torch.device,
         replica: dp.Replica | None = None,
@@ -285,7 +285,7 @@ class Trainer:
 
 
 def accumulate(
-    task: Task,
+    task: TaskContract,
     model: torch.nn.Module,
     batches: Sequence[Batch],
     *,
@@ -338,7 +338,7 @@ def _check_units(count: Any) -> None:
 
 @torch.no_grad()
 def evaluate(
-    task: Task,
+    task: TaskContract,
     model: torch.nn.Module,
     examples: Sequence[Example],
     batch_size: int,

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from campaign.loop.data import gate_view
-from campaign.loop.task import Task
+from campaign.loop.task import TaskContract
 from campaign.pilot.findings import Finding
 from campaign.pilot.label_gate import check_targets
 from campaign.pilot.randomness import declared_randomness
@@ -34,7 +34,7 @@ def gate_samples(datasets: Mapping[str, Any]) -> dict[str, tuple[list[Any], str]
 
 
 def check_data(
-    task: Task,
+    task: TaskContract,
     config: Mapping[str, Any],
     *,
     datasets: Mapping[str, Any] | None = None,
@@ -72,7 +72,7 @@ def passed(findings: Sequence[Finding]) -> bool:
     return all(f.ok for f in findings)
 
 
-def _collated(task: Task, examples: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def _collated(task: TaskContract, examples: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return [task.collate(examples[i : i + CHUNK]) for i in range(0, len(examples), CHUNK)]
 
 
@@ -132,7 +132,7 @@ def _groups_disjoint(splits: Mapping[str, list[dict[str, Any]]]) -> Finding:
     )
 
 
-def _labels(task: Task, splits: Mapping[str, list[dict[str, Any]]]) -> list[Finding]:
+def _labels(task: TaskContract, splits: Mapping[str, list[dict[str, Any]]]) -> list[Finding]:
     classes = getattr(task, "classes", None)
     examples = [e for split in splits.values() for e in split if "label" in e]
     if classes is None and not examples:  # not a classification task

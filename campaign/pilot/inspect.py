@@ -14,20 +14,20 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from campaign.loop.data import gate_view, rows
-from campaign.loop.task import Task
+from campaign.loop.task import TaskContract
 from campaign.pilot.loss_view import loss_view
 
 if TYPE_CHECKING:
     pass
 
 
-def examples(task: Task, split: str, count: int) -> list[dict[str, Any]]:
+def examples(task: TaskContract, split: str, count: int) -> list[dict[str, Any]]:
     """``describe`` of the first ``count`` examples, with their id."""
     chosen = rows(task.splits()[split], 0, count)
     return [{"id": e["id"], **task.describe(e)} for e in chosen]
 
 
-def summary(task: Task, split: str, config: Mapping[str, Any]) -> dict[str, Any]:
+def summary(task: TaskContract, split: str, config: Mapping[str, Any]) -> dict[str, Any]:
     """Counts over the whole split, collated with the run's microbatch."""
     dataset = task.splits()[split]
     data, note = gate_view(dataset)

@@ -31,14 +31,14 @@ from typing import Any
 
 import torch
 
-from campaign.loop.task import Task, check_records
+from campaign.loop.task import TaskContract, check_records
 from campaign.pilot.findings import Finding
 
 SAMPLE = 2000  # examples checked per split; every one in smaller splits
 CHUNK = 64
 
 
-def check_targets(task: Task, splits: Mapping[str, Sequence[dict[str, Any]]]) -> list[Any]:
+def check_targets(task: TaskContract, splits: Mapping[str, Sequence[dict[str, Any]]]) -> list[Any]:
     """One finding per split that has something to compare (see the module docstring)."""
     classes = getattr(task, "classes", None)
     model = _LazyModel(task)  # built only if predict() is asked (not for targets_at_loss)
@@ -78,7 +78,7 @@ class _LazyModel:
     """The task's model, built (in eval mode) on first use: a 7B base is not loaded for a
     gate that only decodes targets."""
 
-    def __init__(self, task: Task) -> None:
+    def __init__(self, task: TaskContract) -> None:
         self.task, self.model = task, None
 
     def get(self) -> torch.nn.Module:
@@ -123,7 +123,7 @@ def _out_of_range(example: Mapping[str, Any], classes: Sequence[Any] | None) -> 
 
 
 @torch.no_grad()
-def _targets_at_loss(task: Task, model: _LazyModel,
+def _targets_at_loss(task: TaskContract, model: _LazyModel,
                      examples: Sequence[dict[str, Any]]) -> tuple[dict[Any, str], set[Any]]:
     """(id -> target as predict() reports it, ids whose target max_length cut)."""
     seen: dict[Any, str] = {}

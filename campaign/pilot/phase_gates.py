@@ -33,7 +33,7 @@ from campaign.loop.data import describe_inputs, gate_view
 from campaign.loop.measure import PhaseRecord, Probe
 from campaign.loop.replay import replay_file_in_subprocess, write_final
 from campaign.loop.run_files import artifacts_environment
-from campaign.loop.task import Task, build_task
+from campaign.loop.task import TaskContract, build_task
 from campaign.loop.trainer import SeededSplits
 from campaign.pilot import activations
 from campaign.pilot.advice import ADVICE
@@ -69,7 +69,7 @@ DEFAULT_OPTIONS = PilotOptions()
 REPEATS = 5  # timed repetitions of forward, backward and update (after the first update)
 
 
-class Pilot:
+class PilotRun:
     """Runs the gates for one config; ``run_pilot`` records them for a campaign."""
 
     def __init__(
@@ -90,7 +90,7 @@ class Pilot:
         self.session_factory = session_factory
         self.probe = Probe(self.device)
         self.failed: str | None = None
-        self.task: Task | None = None
+        self.task: TaskContract | None = None
         self.splits: SeededSplits | None = None  # the task's, asked once for every session
         self.overfit_examples: list[Any] | None = None  # chosen from the data gate's sample
 
@@ -470,7 +470,7 @@ def run_pilot(
     number = int((ledger.pilots(campaign)["pilot_id"] <= pilot_id).sum())
     folder = Path(artifacts) / "pilots" / f"{campaign}-{pilot_id}"
     with artifacts_environment(Path(artifacts)):  # task code finds the artifacts folder
-        records = Pilot(record.task, chosen["config"], folder, device=device,
+        records = PilotRun(record.task, chosen["config"], folder, device=device,
                         options=options).run()
     passed = all(r.verdict == "pass" for r in records)
     ledger.add_phase_measurements(

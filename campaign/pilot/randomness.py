@@ -16,13 +16,13 @@ from typing import Any
 import torch
 
 from campaign.loop.loader import PreservedGenerators, draws_randomness, seed_generators
-from campaign.loop.task import Task
+from campaign.loop.task import TaskContract
 from campaign.pilot.findings import Finding
 
 READS = 32  # the first training examples read twice (one or more microbatches of them)
 
 
-def declared_randomness(task: Task, train: Any = None) -> Finding:
+def declared_randomness(task: TaskContract, train: Any = None) -> Finding:
     """``random_examples_declared``: ok when the task is seeded (it may draw) or its two reads
     under different seeds collate to identical batches (``train``: the training split, when
     the caller has it)."""
@@ -45,7 +45,7 @@ def declared_randomness(task: Task, train: Any = None) -> Finding:
     )
 
 
-def _read(task: Task, train: Any, count: int, seed: int) -> Mapping[str, Any]:
+def _read(task: TaskContract, train: Any, count: int, seed: int) -> Mapping[str, Any]:
     with PreservedGenerators():  # the caller's generators are left as they were
         seed_generators(seed)
         return task.collate([train[i] for i in range(count)])

@@ -17,12 +17,12 @@ from typing import Any
 import torch
 
 from campaign.loop import replicas as dp
-from campaign.loop.task import Example, Task
+from campaign.loop.task import Example, TaskContract
 from campaign.loop.trainer import SeededSplits, Trainer
 
 
 class PilotSession(Trainer):
-    def __init__(self, task: Task, config: Mapping[str, Any], device: torch.device,
+    def __init__(self, task: TaskContract, config: Mapping[str, Any], device: torch.device,
                  replica: dp.Replica | None = None,
                  splits: SeededSplits | None = None) -> None:
         super().__init__(task, config, device, replica, splits)

@@ -198,6 +198,17 @@ def test_module_names_are_unique() -> None:
     assert {k: v for k, v in seen.items() if len(v) > 1} == {}
 
 
+def test_class_names_are_unique() -> None:
+    """One class per name across the package: a reader who meets ``Host`` or ``Pilot`` knows
+    which one it is."""
+    seen: dict[str, list[str]] = {}
+    for name, path in MODULES.items():
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef):
+                seen.setdefault(node.name, []).append(name)
+    assert {k: v for k, v in seen.items() if len(v) > 1} == {}
+
+
 def test_no_module_over_500_lines() -> None:
     long = {n: len(p.read_text().splitlines()) for n, p in MODULES.items()}
     assert {n: c for n, c in long.items() if c > MAX_LINES} == {}

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from campaign.cli import main
 from campaign.ledger import Ledger
 from campaign.loop.batch_stats import accumulation_warning, batch_stat_layers
-from campaign.pilot.phase_gates import Pilot
+from campaign.pilot.phase_gates import PilotRun
 from tests.support.loop_helpers import plan_loop
 
 SPEC = Path(__file__).parents[1] / "support" / "specs" / "digits-lr.toml"
@@ -65,7 +65,7 @@ def test_plan_and_the_pilot_warn_on_a_batchnorm_model(ledger: Ledger, tmp_path: 
     assert not any("batch-statistics" in w for w in json.loads(plain.stdout)["warnings"])
     run_config = ledger.runs(plan_loop(ledger, task="tests.support.tasks.normed:build") and "loop"
                              ).iloc[0]["config"]
-    records = Pilot("tests.support.tasks.normed:build", run_config, tmp_path / "pilot").run()
+    records = PilotRun("tests.support.tasks.normed:build", run_config, tmp_path / "pilot").run()
     backward = next(r for r in records if r.phase == "backward")
     assert backward.verdict == "pass"
     assert "(warning: the model has batch-statistics layers" in backward.detail

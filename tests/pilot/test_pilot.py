@@ -12,9 +12,9 @@ from click.testing import CliRunner
 from campaign.cli import main
 from campaign.gates.launch_gate import pilot_passed
 from campaign.ledger import Ledger
-from campaign.loop.task import Task
+from campaign.loop.task import TaskContract
 from campaign.pilot import sizing
-from campaign.pilot.phase_gates import Pilot, PilotSession
+from campaign.pilot.phase_gates import PilotRun, PilotSession
 from tests.support.loop_helpers import plan_loop
 
 PHASES = [
@@ -48,7 +48,7 @@ def ledger(sqlite_url: str):
 
 
 def _pilot(reference: str, config: dict, tmp_path: Path, **options: Any) -> dict:
-    return _verdicts(Pilot(reference, config, tmp_path / "pilot", **options).run())
+    return _verdicts(PilotRun(reference, config, tmp_path / "pilot", **options).run())
 
 
 def _assert_fails(result: dict, phase: str, cause: str) -> None:
@@ -300,8 +300,8 @@ def test_doctor_declares_runs_without_heartbeat_lost(ledger: Ledger, sqlite_url:
 def test_task_protocol_is_satisfied_by_built_in_tasks() -> None:
     from campaign.tasks import arithmetic, digits
 
-    assert isinstance(digits.build({"task": {}}), Task)
-    assert isinstance(arithmetic.build({"task": {}, "loop": {}}), Task)
+    assert isinstance(digits.build({"task": {}}), TaskContract)
+    assert isinstance(arithmetic.build({"task": {}, "loop": {}}), TaskContract)
 
 
 def test_stack_differences_name_what_changed() -> None:
@@ -422,7 +422,7 @@ def test_the_training_sample_estimate_is_piloted_and_timed(ledger: Ledger, tmp_p
     """``validation.train_sample`` makes every validation also score a fixed training sample:
     the pilot runs and times it in its validation phase (eval mode, no gradients checked)."""
     config = _config(ledger, validation={"train_sample": 24})
-    result = Pilot("campaign.tasks.digits:build", config, tmp_path / "pilot").run()
+    result = PilotRun("campaign.tasks.digits:build", config, tmp_path / "pilot").run()
     validation = next(r for r in result if r.phase == "validation")
     assert validation.verdict == "pass", validation.detail
     assert "train_eval/loss" in validation.detail and "train_eval/accuracy" in validation.detail
