@@ -41,11 +41,14 @@ test: $(VENV)/.installed-test lint
 	scripts/test-services
 	$(RUN_TESTS) --durations=25
 
-# The inner loop: everything that needs neither a real engine (SLURM, Ray, PgBouncer) nor a
-# browser, so nothing is installed or started but the local PostgreSQL.
+# The inner loop, under 3 minutes: every test that needs neither a real engine (SLURM, Ray,
+# PgBouncer) nor a browser and is not one of the slow end-to-end ones, with nothing installed
+# or started but the local PostgreSQL. FAST="not engine and not browser" keeps the slow ones;
+# ARGS narrows to a package (ARGS=tests/ledger).
+FAST ?= not engine and not browser and not slow
 test-fast: $(VENV)/.installed-test
 	scripts/test-services --postgres-only
-	$(RUN_TESTS) -m "not engine and not browser" --durations=10 $(ARGS)
+	$(RUN_TESTS) -m "$(FAST)" --durations=10 $(ARGS)
 
 clean:
 	rm -rf $(VENV) campaign-demo campaign-artifacts

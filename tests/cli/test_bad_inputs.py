@@ -214,6 +214,7 @@ def test_at_least_sixty_bad_inputs() -> None:
     assert len(_cases()) >= 60
 
 
+@pytest.mark.slow
 def test_every_bad_input_gets_one_line_and_its_exit_code(seeded: dict, tmp_path: Path) -> None:
     url = seeded["url"]
     before = _counts(url)

@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from campaign.ledger import Ledger
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,6 +85,7 @@ class Counter:
         return len(set(self.log.read_text().split())) if self.log.exists() else 0
 
 
+@pytest.mark.slow
 def test_each_command_starts_at_most_one_torch_interpreter_per_host(
     ledger_url: str, tmp_path: Path
 ) -> None:

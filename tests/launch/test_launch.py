@@ -67,6 +67,7 @@ def test_launch_refuses_without_a_passing_pilot(sqlite_ledger: Ledger, sqlite_ur
     assert "pilot_skipped" not in set(ledger.events("gated")["kind"])
 
 
+@pytest.mark.slow
 def test_sigterm_to_launch_interrupts_running_runs(
     sqlite_ledger: Ledger, sqlite_url: str, tmp_path: Path
 ) -> None:
@@ -106,6 +107,7 @@ def test_sigterm_to_launch_interrupts_running_runs(
     assert (again["start_step"] > 0).all()  # continued from a checkpoint, not from scratch
 
 
+@pytest.mark.slow
 def test_a_worker_killed_under_launch_loses_its_run_at_once_and_is_replaced(
     sqlite_ledger: Ledger, sqlite_url: str, tmp_path: Path
 ) -> None:
@@ -225,6 +227,7 @@ def test_status_reads_the_campaign_from_the_ledger(ledger: Ledger, ledger_url: s
     assert claim.run_id == run_ids[0]  # the oldest planned run is claimed first
 
 
+@pytest.mark.slow
 def test_two_launchers_on_one_campaign_both_report_every_run_ended(
     sqlite_ledger: Ledger, sqlite_url: str, tmp_path: Path
 ) -> None:

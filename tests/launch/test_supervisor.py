@@ -75,6 +75,7 @@ def _end(ledger: Ledger, run_id: str) -> tuple:
     return run.status, run.stop_cause, run.stop_phase
 
 
+@pytest.mark.slow
 def test_a_hang_ends_at_the_hard_wall_time(ledger: Ledger, sqlite_url: str, tmp_path: Path) -> None:
     run_id = _plan_with_stop(ledger, "wall", {"wall_time": "5s"}, misbehave="hang")
     done, elapsed = _run(sqlite_url, tmp_path, run_id, process=False)
@@ -172,6 +173,7 @@ def test_task_output_goes_to_the_log_artifact(
     assert json.loads(shown.stdout)["log"] == logs["path"].iloc[0]  # where to find it
 
 
+@pytest.mark.slow
 def test_sigterm_to_launch_during_a_hang_ends_within_the_grace(
     ledger: Ledger, sqlite_url: str, tmp_path: Path
 ) -> None:
@@ -232,6 +234,7 @@ def test_plan_refuses_a_factory_that_exits(sqlite_url: str, tmp_path: Path) -> N
     assert "task code raised SystemExit(0)" in done.stderr and "Traceback" not in done.stderr
 
 
+@pytest.mark.slow
 def test_plan_gives_up_on_a_hanging_task(sqlite_url: str, tmp_path: Path) -> None:
     started = time.monotonic()
     done = _plan_cli(sqlite_url, _spec_file(tmp_path, splits="hang"), "--dry-run", timeout_s="3")
@@ -240,6 +243,7 @@ def test_plan_gives_up_on_a_hanging_task(sqlite_url: str, tmp_path: Path) -> Non
     assert time.monotonic() - started < 120
 
 
+@pytest.mark.slow
 def test_plan_json_stays_json_when_the_task_prints(sqlite_url: str, tmp_path: Path) -> None:
     done = _plan_cli(sqlite_url, _spec_file(tmp_path, factory="chatty"), "--dry-run",
                      "--format", "json")

@@ -34,6 +34,7 @@ def _declared_lost(ledger: Ledger, run_id: str, limit_s: float = 5) -> bool:
     return ledger.run(run_id).status == "lost"
 
 
+@pytest.mark.slow
 def test_kill_9_mid_run_is_lost_then_resume_matches_an_uninterrupted_run(
     ledger: Ledger, ledger_url: str, tmp_path: Path
 ) -> None:
@@ -81,6 +82,7 @@ def test_kill_9_mid_run_is_lost_then_resume_matches_an_uninterrupted_run(
     assert "(identical)" in check
 
 
+@pytest.mark.slow
 def test_stale_worker_woken_after_reclaim_writes_nothing_and_exits(
     postgresql_ledger: Ledger, postgresql_url: str, tmp_path: Path
 ) -> None:

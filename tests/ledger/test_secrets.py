@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from campaign.ledger import Ledger
 from tests.support.loop_helpers import plan_quick
 
@@ -27,6 +29,7 @@ def _all_command_lines() -> list[str]:
     return lines
 
 
+@pytest.mark.slow
 def test_no_process_of_a_launch_shows_the_password(postgresql_url: str, tmp_path: Path) -> None:
     with Ledger.open(postgresql_url, create=True) as ledger:
         plan_quick(ledger, "secret", runs=3, updates=30, task={"sleep_s": 0.02})

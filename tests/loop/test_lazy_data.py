@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.support.launch_helpers import ROOT
 
 SPEC = """[campaign]
@@ -76,6 +78,7 @@ def _peak(tmp_path: Path, size: int) -> dict[str, object]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_ten_million_lazy_examples_plan_pass_the_gates_and_train_in_bounded_memory(
     tmp_path: Path,
 ) -> None:

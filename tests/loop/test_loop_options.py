@@ -95,6 +95,7 @@ def test_fp16_on_cpu_is_refused_before_any_work(sqlite_url: str, tmp_path: Path)
         assert ledger.run(run_id[0]).status == "planned"  # nothing started
 
 
+@pytest.mark.slow
 def test_a_lost_run_resumes_and_its_replayed_steps_are_compared(
     sqlite_url: str, tmp_path: Path
 ) -> None:

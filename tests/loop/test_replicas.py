@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -47,6 +48,7 @@ def test_two_replicas_give_the_single_process_gradient_of_the_effective_batch(
             assert torch.count_nonzero(parameter.grad) > 0
 
 
+@pytest.mark.slow
 def test_a_replicated_run_trains_like_one_process_and_only_rank_0_writes(
     sqlite_ledger: Ledger, sqlite_url: str, tmp_path: Path
 ) -> None:
@@ -87,6 +89,7 @@ def test_a_replicated_run_trains_like_one_process_and_only_rank_0_writes(
     assert kinds["checkpoint"] == len(ledger.artifacts("single").query("kind == 'checkpoint'"))
 
 
+@pytest.mark.slow
 def test_the_pilot_of_a_replicated_class_runs_its_ranks_in_their_group(
     sqlite_ledger: Ledger, tmp_path: Path
 ) -> None:

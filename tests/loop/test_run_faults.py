@@ -9,6 +9,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from campaign.ledger import Ledger
 from campaign.loop.train import execute
 from tests.support.launch_helpers import in_process
@@ -67,6 +69,7 @@ def test_a_full_artifacts_volume_ends_the_run_resumable(postgresql_url: str,
         assert list(ledger.metrics("loop", keys=["val/accuracy"])["step"]) == [4, 8, 12]
 
 
+@pytest.mark.slow
 def test_a_ledger_lock_a_run_can_wait_out_is_waited_out(sqlite_url: str,
                                                         tmp_path: Path) -> None:
     """Another process holds the SQLite ledger's write lock for 2.5 busy timeouts (1 s here)
@@ -81,6 +84,7 @@ def test_a_ledger_lock_a_run_can_wait_out_is_waited_out(sqlite_url: str,
         assert list(ledger.metrics("loop", keys=["val/accuracy"])["step"]) == [4, 8, 12]
 
 
+@pytest.mark.slow
 def test_a_ledger_locked_past_the_run_patience_ends_it_resumable(
     sqlite_url: str, tmp_path: Path
 ) -> None:

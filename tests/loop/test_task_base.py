@@ -110,6 +110,7 @@ def _cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return in_process(*args, cwd=cwd)
 
 
+@pytest.mark.slow
 def test_the_readme_steps_for_your_own_task_work_as_written(tmp_path: Path) -> None:
     """The bash block under "## Write your own task", each line run as written, in the folder
     it names (the ledger is the default campaign.db in the study's folder)."""
@@ -133,6 +134,7 @@ def test_the_readme_steps_for_your_own_task_work_as_written(tmp_path: Path) -> N
     assert len(again.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_the_example_task_plans_inspects_pilots_and_launches(tmp_path: Path) -> None:
     """examples/tasks/breast_cancer.py with its spec (one seed, fewer updates: the same task),
     from the repository root as the spec's comment says."""

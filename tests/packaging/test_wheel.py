@@ -144,6 +144,7 @@ def test_every_module_imports_from_the_installed_wheel(fresh: Path, tmp_path: Pa
     assert verdict["failed"] == {}
 
 
+@pytest.mark.slow
 def test_the_installed_command_plans_runs_reports_and_reproduces(fresh: Path,
                                                                  tmp_path: Path) -> None:
     """From a folder outside the checkout, with the wheel's own console script."""

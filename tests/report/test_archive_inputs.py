@@ -253,6 +253,7 @@ def test_a_built_in_task_reproduces_and_its_changed_source_is_named(
     assert done.returncode == 1 and "does not hash as run" in done.stderr
 
 
+@pytest.mark.slow
 def test_a_lora_run_reproduces_with_its_trained_tokenizer_from_the_archive(
     tmp_path: Path,
 ) -> None:

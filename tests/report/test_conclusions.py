@@ -94,6 +94,7 @@ def _build(ledger: Ledger, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> d
     return {**ids, "same": same, "tamed": tamed_id, "mistake": mistake_id, "again": again_id}
 
 
+@pytest.mark.slow
 def test_report_counts_originals_keeps_relaunches_apart_flags_and_concludes(
     ledger: Ledger, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

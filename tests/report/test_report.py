@@ -73,6 +73,7 @@ def mixed_campaign(request: pytest.FixtureRequest,
         yield url, ledger, _plan_mixed(ledger, folder)
 
 
+@pytest.mark.slow
 def test_every_run_keeps_its_line_and_counts_add_up(
     mixed_campaign: Mixed,
 ) -> None:

@@ -275,6 +275,7 @@ def test_a_bad_data_line_is_one_line_at_plan(sqlite_url: str, tmp_path: Path,
     assert not Path(sqlite_url.removeprefix("sqlite:///")).exists()
 
 
+@pytest.mark.slow
 def test_the_llm_demo_compares_full_and_lora_with_conclusions(tmp_path: Path) -> None:
     from campaign.demo import run_demo
     from campaign.demo_llm import SPEC
@@ -416,6 +417,7 @@ def test_a_local_model_folder_is_used_as_it_is_and_its_config_is_part_of_the_bas
                                "model_path": str(tmp_path / "empty")}, "loop": {}}).model()
 
 
+@pytest.mark.slow
 def test_an_export_loads_in_transformers_and_peft_with_the_campaign_logits(
     sqlite_url: str, tmp_path: Path, data: dict[str, Path]
 ) -> None:
