@@ -3,7 +3,7 @@
     python benchmarks/hf_trainer.py [--updates 40] [--rounds 3] [--models small,large]
 
 The same base, data, order, AdamW, warm-up + cosine (the Trainer's convention), clipping,
-microbatch 2 x accumulation 4, as in the parity test (``tests/hf_trainer.py`` runs both).
+microbatch 2 x accumulation 4, as in the parity test (``tests/support/hf_trainer.py`` runs both).
 Interleaved round by round in this one process, CPU, 2 threads. Per-update time is the
 median update-to-update gap after the first two updates: for the campaign from the wall
 times of its ``train/loss`` points, for the Trainer from its ``on_step_end``. Both log

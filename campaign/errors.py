@@ -4,8 +4,8 @@ Any layer raises these and any layer above catches them; this module imports not
 and nothing heavy, so the command line catches them without paying for torch or SQLAlchemy.
 The command line reads ``exit_code`` off the exception it caught (docs/cli.md, "Exit codes"):
 there is no table from class names to codes to keep in step. An error that crossed a process
-boundary (a task host's child) comes back as a :class:`HostedError` carrying the original's
-code. Docs: docs/architecture.md (layers).
+boundary (a task host's child) comes back as itself when it is one of these classes, else as a
+:class:`HostedError` carrying the original's code. Docs: docs/architecture.md (layers).
 """
 
 from __future__ import annotations
@@ -186,7 +186,8 @@ class HostedError(CampaignError):
 
     def __init__(self, message: str, exit_code: int) -> None:
         super().__init__(message)
-        self.exit_code = ExitCode(exit_code)
+        codes = {int(c) for c in ExitCode}
+        self.exit_code = ExitCode(exit_code) if exit_code in codes else ExitCode.BAD_INPUT
 
 
 def exit_code_of(error: BaseException) -> ExitCode | None:

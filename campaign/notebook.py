@@ -1,6 +1,6 @@
 """The notebook's ``Ledger``: the ledger's reads and writes plus the report's conveniences.
 
-``campaign.ledger`` imports nothing else of ours (docs/architecture.md), so the
+``campaign.ledger`` imports nothing else of ours but the errors (docs/architecture.md), so the
 balance sheet, which is report code, is added one layer above it: ``from
 campaign import Ledger`` gives this class, named apart from the ledger's own ``Ledger``,
 which it extends.

@@ -167,7 +167,7 @@ def launch(source: LedgerSource, campaign: str, workers: int | None, devices: st
     """
     if executor == "local":  # its workers share this host: torch imports while the gate reads
         from campaign.host.client import start_early
-        from campaign.launch.run_process import RUN_PRELOAD
+        from campaign.launch.defaults import RUN_PRELOAD
 
         start_early(RUN_PRELOAD)
     from campaign.launch.policy import LaunchRefused, LaunchRequest, launch_campaign
@@ -239,7 +239,7 @@ def worker(source: LedgerSource, campaign: str, skip_pilot: bool, reason: str | 
     Example: campaign --ledger postgresql://me@db/lab worker digits-lr --device cuda:0
     """
     from campaign.host.client import start_early
-    from campaign.launch.run_process import RUN_PRELOAD
+    from campaign.launch.defaults import RUN_PRELOAD
 
     # First: its runs fork from it, and torch with the loop's modules import there while this
     # process imports the ledger's code and reads the gate and the stack (the critical path

@@ -32,7 +32,7 @@ def _execute(
     """Run or resume ``run_id`` in this process; exit 1 unless it completed or stopped.
     A planned run starts only through the pilot gate of its class (or a recorded skip)."""
     from campaign.host.client import start_early
-    from campaign.launch.run_process import RUN_PRELOAD
+    from campaign.launch.defaults import RUN_PRELOAD
 
     # The run forks from it: torch and the loop import while this process imports the
     # ledger's code and reads the run and its gate (a bad run id ends the host at once).

@@ -31,16 +31,6 @@ from campaign.ledger import Ledger
 from campaign.loop import progress_page
 from campaign.loop.signals import WALL_TIME_SIGNAL
 
-# What a run's process imports (torch._dynamo: the first optimizer a process builds imports it,
-# over a second): once per task host, before its first run, never again per run.
-RUN_PRELOAD = ("torch._dynamo", "numpy", "pandas", "pyarrow.parquet", "safetensors.torch",
-               "campaign.loop.train", "campaign.loop.replay", "campaign.launch.run_body",
-               "campaign.launch.run_process",
-               # imported lazily by a run's first predictions file, weights file and profiled
-               # phase: about 6 ms in every run's process otherwise
-               "pyarrow.pandas_compat", "pyarrow.vendored.version",
-               "pandas.core.arrays.arrow.extension_types", "numpy.ctypeslib",
-               "torch.profiler._cupti_monitor")
 CHILD_FAILED = 70  # the exit code when the run's body raised (EX_SOFTWARE)
 ARTIFACTS_ENV = "CAMPAIGN_ARTIFACTS"  # the run's artifacts folder, for task code
 SUPERVISOR_ENV = "CAMPAIGN_SUPERVISOR_PID"  # in the run's process: its supervisor's id

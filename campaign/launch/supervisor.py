@@ -48,9 +48,9 @@ from campaign.errors import LeaseLost, RunSetupFailed
 from campaign.host import calls
 from campaign.host.client import HOST_GONE, Child, HostError
 from campaign.host.processes import ended_how, signal_name
+from campaign.launch.defaults import RUN_PRELOAD
 from campaign.launch.run_process import (
     ARTIFACTS_ENV,
-    RUN_PRELOAD,
     SUPERVISOR_ENV,
     ChildJob,
     run_child,

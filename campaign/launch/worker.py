@@ -31,8 +31,7 @@ from campaign.errors import RESUME_REFUSED, CheckpointError, RunSetupFailed
 from campaign.gates.launch_gate import stack_warnings
 from campaign.gates.stack_gate import unfit_problems
 from campaign.host import calls
-from campaign.launch.defaults import DEFAULT_HEARTBEAT_S, DEFAULT_LEASE_S
-from campaign.launch.run_process import RUN_PRELOAD
+from campaign.launch.defaults import DEFAULT_HEARTBEAT_S, DEFAULT_LEASE_S, RUN_PRELOAD
 from campaign.launch.supervisor import Supervision, supervise
 from campaign.ledger import Claim, IllegalTransition, Ledger
 from campaign.loop.outcome import RunOutcome

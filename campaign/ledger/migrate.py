@@ -1,8 +1,8 @@
 """Schema revisions: the startup check, first-use creation and upgrades.
 
-The migrations ship inside the package (``campaign.migrations``, the
-top-level ``migrations/`` folder of the source tree), so they work from a
-non-editable install in any directory.
+The migrations ship inside the package (``campaign.migrations``, the folder
+``campaign/migrations/`` of the source tree), so they work from a non-editable
+install in any directory.
 
 Concurrency: every migration runs inside one write transaction that first
 takes a lock (PostgreSQL: a transaction-scoped advisory lock; SQLite: the

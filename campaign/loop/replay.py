@@ -21,10 +21,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from campaign.errors import LoopError, TaskContractError
+from campaign.errors import CampaignError
 from campaign.host.calls import (
     FreshProcessFailed,
-    HostedError,
     Pending,
     answer,
     begin,
@@ -237,7 +236,7 @@ class EarlyReplay:
         self.pending.limit = REPLAY_TIMEOUT_S
         try:
             verdict = self.pending.result()
-        except (TaskContractError, LoopError, CheckpointError, HostedError) as error:
+        except CampaignError as error:  # any project error of the child, a ledger's included
             return str(error)
         finally:
             self.cancel()

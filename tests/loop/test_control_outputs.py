@@ -45,3 +45,19 @@ def test_noisy_control_outputs_replay_identically_here_and_in_a_fresh_process(
     fresh = replay_file_in_subprocess(path, TASK)
     assert fresh.get("identical"), fresh
     assert fresh["outputs"] == outputs
+
+
+def test_a_replay_child_whose_ledger_is_gone_says_why_and_raises_nothing(tmp_path: Path) -> None:
+    """A run's own replay check is evidence, never the run's end: a project error in its child
+    (here the ledger it reopens is gone) comes back as the reason it could not replay."""
+    from campaign.ledger import Ledger
+    from campaign.loop.replay import EarlyReplay
+    from tests.support.loop_helpers import plan_loop
+
+    path = tmp_path / "ledger.db"
+    with Ledger.open(f"sqlite:///{path}", create=True) as ledger:
+        (run_id, *_) = plan_loop(ledger)
+        early = EarlyReplay(ledger, run_id, "tests.support.tasks.quick:build")
+        path.rename(tmp_path / "moved.db")  # the child opens the ledger only when told to go
+        why = early.result()
+    assert why is not None and str(path) in why
