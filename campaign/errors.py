@@ -66,6 +66,12 @@ class ExportError(CampaignError):
     ours): one line."""
 
 
+class RunRefused(CampaignError):
+    """``run`` or ``resume`` asked for what this machine cannot do (a device it does not have,
+    a requirement the task declares and this stack misses): nothing was claimed or changed,
+    and the run keeps its status."""
+
+
 class TaskReferenceError(CampaignError, ValueError):
     """A task reference that does not import or does not name a callable; the message says
     which."""
@@ -92,6 +98,10 @@ class RunSetupFailed(LoopError):
     def __init__(self, message: str, status: str = "failed") -> None:
         super().__init__(message)
         self.status = status
+
+
+class StackRefused(RunSetupFailed):
+    """This worker's software stack or device cannot run the campaign's runs as declared."""
 
 
 class CheckpointError(CampaignError, ValueError):

@@ -248,7 +248,8 @@ def doctor(source: LedgerSource, stale_after: float, dry_run: bool, campaign: st
     document = examine(source.url, stale_after_s=stale_after, dry_run=dry_run)
     unfit: list[str] = []
     if campaign is not None:
-        from campaign.launch.worker import StackRefused, refuse_unfit_stack
+        from campaign.errors import StackRefused
+        from campaign.launch.worker import refuse_unfit_stack
 
         with source.open() as ledger:
             try:

@@ -47,9 +47,11 @@ def _execute(
             raise click.UsageError(
                 f"run {run_id} is {status}: only interrupted or lost runs resume"
             )
+        from campaign.launch.worker import WorkerOptions, execute_one, refuse_unfit_run
+
+        refuse_unfit_run(ledger, run_id, device)  # nothing claimed or changed when refused
         if expect == "planned":
             _gate(ledger, record.campaign, run_id, skip)
-        from campaign.launch.worker import WorkerOptions, execute_one
 
         options = WorkerOptions(record.campaign, artifacts, device, grace_s=grace_s,
                                 replay_in_subprocess=replay)

@@ -27,7 +27,12 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from campaign.errors import RESUME_REFUSED, CheckpointError, RunSetupFailed
+from campaign.errors import (
+    RESUME_REFUSED,
+    CheckpointError,
+    RunRefused,
+    StackRefused,
+)
 from campaign.gates.launch_gate import stack_warnings
 from campaign.gates.stack_gate import unfit_problems
 from campaign.host import calls
@@ -94,10 +99,6 @@ def worker_name(device: str, name: str | None = None, pid: int | None = None) ->
     return name or f"{socket.gethostname()}:{pid or os.getpid()}:{device}"
 
 
-class StackRefused(RunSetupFailed):
-    """This worker's software stack or device cannot run the campaign's runs as declared."""
-
-
 def refuse_unfit_stack(ledger: Ledger, campaign: str, device: str, *,
                        meanwhile: Callable[[], None] | None = None,
                        compare_as: str | None = None,
@@ -134,6 +135,21 @@ def refuse_unfit_stack(ledger: Ledger, campaign: str, device: str, *,
     if found["problems"]:
         raise StackRefused(f"worker on {device} refuses to claim runs of {campaign!r}: "
                            + "; ".join(found["problems"]))
+
+
+def refuse_unfit_run(ledger: Ledger, run_id: str, device: str) -> None:
+    """Before ``run`` or ``resume`` claims or changes ``run_id``: raise :class:`RunRefused`
+    naming what ``device`` and this stack miss for it (the device itself, the task's declared
+    requirements, the run's precision), as a worker refuses before its first claim. Asked
+    where torch is: here when this process has it, else in a child of the task host."""
+    record = ledger.run(run_id)
+    task = ledger.campaign(record.campaign).task
+    precision = record.config_document["loop"]["precision"]
+    problems = calls.with_torch(unfit_problems, task, device, [precision], task=task,
+                                what="checking the device and the software stack")
+    if problems:
+        raise RunRefused(f"run {run_id} stays {record.status}: on {device}: "
+                         + "; ".join(problems))
 
 
 def stack_check(ledger: Ledger, campaign: str, device: str,

@@ -11,8 +11,9 @@ import pytest
 from click.testing import CliRunner
 
 from campaign.cli import main
+from campaign.errors import StackRefused
 from campaign.gates.stack_gate import stack_problems
-from campaign.launch.worker import StackRefused, WorkerOptions, run_worker
+from campaign.launch.worker import WorkerOptions, run_worker
 from campaign.ledger import Ledger
 from campaign.stack.devices import precision_problem
 from tests.support.loop_helpers import plan_loop
