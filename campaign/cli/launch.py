@@ -277,9 +277,11 @@ def worker(source: LedgerSource, campaign: str, skip_pilot: bool, reason: str | 
 
 
 def _work_left(ledger: Any, campaign: str) -> bool:
-    """Planned runs, or runs a preemption interrupted: a requeued task would have work."""
+    """Planned runs, or runs a preemption or a kill interrupted: a requeued task would have
+    work (it resumes those first)."""
     runs = ledger.runs(campaign, status=["planned", "interrupted"])
-    return bool(((runs["status"] == "planned") | (runs["stop_cause"] == "preempted")).any())
+    resumable = runs["stop_cause"].isin(("preempted", "killed"))
+    return bool(((runs["status"] == "planned") | resumable).any())
 
 
 def _requeue(max_requeues: int) -> None:

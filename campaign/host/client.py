@@ -46,6 +46,7 @@ class Child:
         self.host = host
         self.pid = pid
         self._exitcode: int | None = None
+        self.host_gone = False  # it ended because its host did (its exit code says SIGKILL)
 
     @property
     def exitcode(self) -> int | None:
@@ -148,7 +149,7 @@ class TaskHost:
         """The host is gone: so are its children (they die with it)."""
         self.gone = True
         for child in self._children.values():
-            child._exitcode = HOST_GONE
+            child._exitcode, child.host_gone = HOST_GONE, True
         self._children.clear()
 
     def close(self) -> None:

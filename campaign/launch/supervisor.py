@@ -46,9 +46,10 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from campaign.errors import LeaseLost, RunSetupFailed
 from campaign.host import calls
-from campaign.host.client import HOST_GONE, Child, HostError
+from campaign.host.client import Child, HostError
 from campaign.host.processes import ended_how, signal_name
 from campaign.launch.defaults import RUN_PRELOAD
+from campaign.launch.kills import how_killed, killed_end, oom_kills, was_killed
 from campaign.launch.run_process import (
     ARTIFACTS_ENV,
     SUPERVISOR_ENV,
@@ -100,6 +101,7 @@ def supervise(
                    ARTIFACTS_ENV: str(folder.absolute().parent)}
     result.unlink(missing_ok=True)
     board = progress_page.ProgressBoard(board_path, create=True)
+    oom_before = oom_kills()  # the OOM killer's count, to name it if it kills the run
     child: Child | None = None
     try:
         with _forwarding(lambda: child) as signals:
@@ -136,7 +138,7 @@ def supervise(
         verdict = Verdict("interrupted", "interrupted",
                            f"{signal_name(signals.received[0])} received; the run's process "
                            f"{ended_how(child.exitcode)} before it could checkpoint")
-    verdict = verdict or _died(child.exitcode, answer, seen)
+    verdict = verdict or _died(ledger, claim, child, answer, seen, oom_before)
     stop = StopRecord(verdict.cause, seen.step, seen.phase, verdict.detail)
     with contextlib.suppress(OSError, LedgerError, SQLAlchemyError):
         if log.exists():  # before the end: an ended run takes no more rows
@@ -181,12 +183,17 @@ def _still_ours(ledger: Ledger, claim: Claim) -> bool:
     return record.status not in ("running", "lost")
 
 
-def _died(
-    exitcode: int | None, answer: Mapping[str, Any], board: progress_page.Progress
-) -> Verdict:
-    how = "died with its task host" if exitcode == HOST_GONE else ended_how(exitcode)
-    detail = (f"the run's process {how} in {board.phase} after update {board.step} "
-              "without recording its end")
+def _died(ledger: Ledger, claim: Claim, child: Child, answer: Mapping[str, Any],
+          board: progress_page.Progress, oom_before: int | None) -> Verdict:
+    """The end of a run whose process ended without recording one: killed by a signal nobody
+    of ours sent (launch/kills.py: interrupted, resumable), or its body's own failure."""
+    exitcode = child.exitcode
+    if was_killed(exitcode, child.host_gone) and not answer.get("error"):
+        how = how_killed(exitcode or 0, child.host_gone, oom_before)
+        status, detail = killed_end(ledger, claim, how, board)
+        return Verdict(status, "killed", detail)
+    detail = (f"the run's process {ended_how(exitcode)} in {board.phase} after update "
+              f"{board.step} without recording its end")
     if answer.get("error"):
         detail += f": {answer['error']}"
     if answer.get("resumable"):  # the ledger was away even for its end: resume it later

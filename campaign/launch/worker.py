@@ -60,8 +60,8 @@ class WorkerOptions:
     # Signals by which a scheduler announces preemption or a time limit (SLURM: USR2):
     # the run checkpoints and ends interrupted with stop cause ``preempted``.
     preempt_signals: tuple[int, ...] = ()
-    # Continue runs that a preemption interrupted (a SLURM array task does: the preempted
-    # run goes on wherever a slot is free), before planned ones.
+    # Continue runs that a preemption or a kill nobody of ours sent interrupted (a SLURM array
+    # task does: the run goes on wherever a slot is free), before planned ones.
     resume_preempted: bool = False
     # Each run executes in a supervised child process (campaign/launch/supervisor.py);
     # ``grace_s``: between a graceful signal to it (wall time, SIGTERM) and the kill.
@@ -279,7 +279,7 @@ def _next_run(
     """
     resumable: list[tuple[str, str | None]] = [(status, None) for status in options.resume]
     if options.resume_preempted:  # (status, stop cause) to look for, in this order
-        resumable.insert(0, ("interrupted", "preempted"))
+        resumable[:0] = [("interrupted", "preempted"), ("interrupted", "killed")]
     for status, cause in resumable:
         for run_id in _candidates(ledger, options, (status,), cause):
             if run_id not in refused:

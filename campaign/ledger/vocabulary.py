@@ -45,6 +45,7 @@ STOP_CAUSES: Final = (
     "preempted",
     "heartbeat_lost",
     "stalled",
+    "killed",
 )
 
 # Which stop causes make sense for which end status. The database only checks
@@ -55,8 +56,9 @@ CAUSES_BY_STATUS: Final[dict[str, frozenset[str]]] = {
     "stopped": frozenset({"early_stop", "wall_time"}),
     "diverged": frozenset({"non_finite_loss", "non_finite_grad", "loss_explosion"}),
     "oom": frozenset({"out_of_memory"}),
-    "failed": frozenset({"exception", "stalled"}),
-    "interrupted": frozenset({"interrupted", "preempted"}),
+    # killed: a signal nobody of ours sent; the second kill at one update is a verdict
+    "failed": frozenset({"exception", "stalled", "killed"}),
+    "interrupted": frozenset({"interrupted", "preempted", "killed"}),
     "lost": frozenset({"heartbeat_lost"}),
 }
 

@@ -57,6 +57,10 @@ class FaultyDigits(DigitsTask):
             elif self.fault == "sigterm" and self.marker and not os.path.exists(self.marker):
                 open(self.marker, "w").close()  # once: the resumed process runs on
                 os.kill(os.getpid(), signal.SIGTERM)
+            elif self.fault == "selfkill" and not (self.marker and os.path.exists(self.marker)):
+                if self.marker:  # once per marker; without one, at this update every time
+                    open(self.marker, "w").close()
+                os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer does: no word
             elif self.fault == "sigkill" and self.marker and not os.path.exists(self.marker):
                 open(self.marker, "w").close()  # dies without a word, like a lost machine:
                 supervisor = os.environ.get("CAMPAIGN_SUPERVISOR_PID")  # the worker with it

@@ -1,0 +1,98 @@
+"""A kill is not a verdict (docs/runs.md, faults): a run's process killed by a signal its
+supervisor did not send (here the task SIGKILLs itself, as the kernel's OOM killer would) ends
+`interrupted`/`killed`, resumes from its last checkpoint and ends with the series of its
+uninterrupted twin; killed twice at one update it is `failed`/`killed`, both kills its
+evidence. A crash the process raises on itself (SIGSEGV) stays `failed`/`exception` (the
+supervisor tests). Both engines, the real command line in-process, the run in a host child."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+from click.testing import CliRunner
+
+from campaign.cli import main
+from campaign.ledger import Ledger
+from campaign.loop.train import execute
+from tests.support.launch_helpers import losses
+from tests.support.loop_helpers import plan_loop
+
+TASK = "tests.support.tasks.faulty:build"
+SKIP = ("--skip-pilot", "--reason", "a test of kills, not of the pilot")
+HOLD = {"loop.checkpoint_every": 2}
+AT = 11  # the 11th training microbatch: update 6 (two microbatches an update)
+
+
+def _cli(url: str, *args: str) -> tuple[int, str]:
+    done = CliRunner().invoke(main, ["--ledger", url, *args])
+    return done.exit_code, done.stderr
+
+
+def test_a_killed_run_is_interrupted_then_resumes_exactly(ledger: Ledger, ledger_url: str,
+                                                          tmp_path: Path) -> None:
+    (twin,) = plan_loop(ledger, "twin", task=TASK, hold=HOLD)
+    execute(ledger, twin, artifacts=tmp_path / "twin", replay_in_subprocess=False)
+    (run_id,) = plan_loop(ledger, "killed", task=TASK, hold=HOLD,
+                          config={"task.fault": "selfkill", "task.at": AT,
+                                  "task.marker": str(tmp_path / "killed-once")})
+    artifacts = str(tmp_path / "artifacts")
+    code, said = _cli(ledger_url, "run", run_id, "--artifacts", artifacts, "--no-replay-check",
+                      *SKIP)
+    assert code == 1, said
+    record = ledger.run(run_id)
+    assert (record.status, record.stop_cause, record.stop_step) == ("interrupted", "killed", 5)
+    assert "was killed by SIGKILL" in record.stop_detail and "supervisor did not send" in (
+        record.stop_detail)
+    assert "died with its task host" not in record.stop_detail
+    assert "its last checkpoint is at update 4" in record.stop_detail
+    assert f"campaign resume {run_id}" in record.stop_detail
+
+    code, said = _cli(ledger_url, "resume", run_id, "--artifacts", artifacts, "--no-replay-check")
+    assert code == 0, said
+    assert ledger.run(run_id).status == "completed"
+    pd.testing.assert_series_equal(losses(ledger, run_id), losses(ledger, twin),
+                                   check_exact=True)  # bit for bit, every update once
+    kills = ledger.events("killed", run_id=run_id)
+    assert list(kills["kind"]).count("killed") == 1
+
+
+def test_killed_twice_at_one_update_is_failed_with_both_kills(ledger: Ledger, ledger_url: str,
+                                                              tmp_path: Path) -> None:
+    """No checkpoint before the kill: the resume starts again at update 0 and is killed at
+    the same update, by the run itself, so the second kill is the run's verdict."""
+    (run_id,) = plan_loop(ledger, "again", task=TASK, hold={"loop.checkpoint_every": 100},
+                          config={"task.fault": "selfkill", "task.at": AT})
+    artifacts = str(tmp_path / "artifacts")
+    code, said = _cli(ledger_url, "run", run_id, "--artifacts", artifacts, *SKIP)
+    assert code == 1, said
+    first = ledger.run(run_id)
+    assert (first.status, first.stop_cause) == ("interrupted", "killed")
+    assert "no checkpoint yet" in first.stop_detail
+    code, said = _cli(ledger_url, "resume", run_id, "--artifacts", artifacts)
+    assert code == 1, said
+    second = ledger.run(run_id)
+    assert (second.status, second.stop_cause, second.stop_step) == ("failed", "killed",
+                                                                    first.stop_step)
+    assert "the second time at this update" in second.stop_detail
+    events = ledger.events("again", run_id=run_id)
+    assert [d.split(":")[0] for d in events.loc[events["kind"] == "killed", "detail"]] == [
+        f"update {first.stop_step}", f"update {first.stop_step}"]
+
+
+def test_a_slurm_array_task_resumes_a_killed_run_like_a_preempted_one(
+        ledger: Ledger, ledger_url: str, tmp_path: Path) -> None:
+    """`worker --slurm` (what an array task runs) takes interrupted runs that a preemption or
+    a kill ended before planned ones, as a requeued task would."""
+    (run_id,) = plan_loop(ledger, "array", task=TASK, hold=HOLD,
+                          config={"task.fault": "selfkill", "task.at": AT,
+                                  "task.marker": str(tmp_path / "killed-once")})
+    artifacts = str(tmp_path / "artifacts")
+    assert _cli(ledger_url, "run", run_id, "--artifacts", artifacts, *SKIP)[0] == 1
+    assert ledger.run(run_id).stop_cause == "killed"
+    code, said = _cli(ledger_url, "worker", "array", "--slurm", "--artifacts", artifacts,
+                      "--no-replay-check", *SKIP)
+    assert code == 0, said
+    assert ledger.run(run_id).status == "completed"
+    segments = ledger.segments("array")
+    assert list(segments.loc[segments["run_id"] == run_id, "start_step"]) == [0, 4]
