@@ -99,15 +99,16 @@ class Pending:
                  what: str, deadline: float, limit: float) -> None:
         self.child, self.folder, self.path = child, folder, result
         self.what, self.deadline, self.limit = what, deadline, limit
+        self.timed_out = False  # it ran past its limit and was killed here
 
     def result(self) -> Any:
         """The call's value, or its error raised here (the child is gone either way)."""
         try:
-            timed_out = self.child.join(max(0.0, self.deadline - time.monotonic())) is None
+            self.timed_out = self.child.join(max(0.0, self.deadline - time.monotonic())) is None
         finally:  # Ctrl-C or SIGTERM here must not leave the task's process behind
             self.cancel()
         try:
-            if timed_out:
+            if self.timed_out:
                 raise TaskContractError(f"task code did not return within {self.limit:g} s "
                                         f"while {self.what} ({TIMEOUT_ENV} sets the limit)")
             try:

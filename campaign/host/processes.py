@@ -116,6 +116,18 @@ def follow(parent: int, *, stop_with_it: bool) -> None:
     threading.Thread(target=watch, name="follow-parent", daemon=True).start()
 
 
+# Signals a process raises on itself when its own code crashes: its failure, not a kill.
+CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE,
+                           signal.SIGABRT, signal.SIGSYS, signal.SIGTRAP})
+
+
+def killed_from_outside(exitcode: int | None, host_gone: bool = False) -> bool:
+    """True when a child ended by a signal from outside it (or with its host), not by its own
+    crash (SIGSEGV and the like) nor by an exit."""
+    return host_gone or (exitcode is not None and exitcode < 0
+                         and -exitcode not in CRASH_SIGNALS)
+
+
 def ended_how(exitcode: int | None) -> str:
     """How a child ended, in words: ``was killed by SIGSEGV``, ``exited with status 3``."""
     if exitcode is not None and exitcode < 0:

@@ -19,7 +19,6 @@ signal.
 from __future__ import annotations
 
 import contextlib
-import signal
 from pathlib import Path
 
 from campaign.host.processes import signal_name
@@ -28,15 +27,6 @@ from campaign.loop import progress_page
 
 KILLED_EVENT = "killed"  # one per kill: "update N: how"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
-# Signals a process raises on itself when its own code crashes: the run's failure, not a kill.
-CRASHES = frozenset({signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE,
-                     signal.SIGABRT, signal.SIGSYS, signal.SIGTRAP})
-
-
-def was_killed(exitcode: int | None, host_gone: bool) -> bool:
-    """True when the process ended by a signal from outside it (or with its host), not by its
-    own crash (SIGSEGV and the like) nor by an exit."""
-    return host_gone or (exitcode is not None and exitcode < 0 and -exitcode not in CRASHES)
 
 
 def oom_kills() -> int | None:

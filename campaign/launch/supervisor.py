@@ -47,9 +47,9 @@ from sqlalchemy.exc import SQLAlchemyError
 from campaign.errors import LeaseLost, RunSetupFailed
 from campaign.host import calls
 from campaign.host.client import Child, HostError
-from campaign.host.processes import ended_how, signal_name
+from campaign.host.processes import ended_how, killed_from_outside, signal_name
 from campaign.launch.defaults import RUN_PRELOAD
-from campaign.launch.kills import how_killed, killed_end, oom_kills, was_killed
+from campaign.launch.kills import how_killed, killed_end, oom_kills
 from campaign.launch.run_process import (
     ARTIFACTS_ENV,
     SUPERVISOR_ENV,
@@ -188,7 +188,7 @@ def _died(ledger: Ledger, claim: Claim, child: Child, answer: Mapping[str, Any],
     """The end of a run whose process ended without recording one: killed by a signal nobody
     of ours sent (launch/kills.py: interrupted, resumable), or its body's own failure."""
     exitcode = child.exitcode
-    if was_killed(exitcode, child.host_gone) and not answer.get("error"):
+    if killed_from_outside(exitcode, child.host_gone) and not answer.get("error"):
         how = how_killed(exitcode or 0, child.host_gone, oom_before)
         status, detail = killed_end(ledger, claim, how, board)
         return Verdict(status, "killed", detail)

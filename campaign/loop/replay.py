@@ -14,6 +14,7 @@ import os
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from campaign.host.calls import (
     begin,
     run_module,
 )
+from campaign.host.processes import killed_from_outside, signal_name
 from campaign.ledger import Ledger
 from campaign.ledger.vocabulary import TERMINAL_STATUSES
 from campaign.loop.checkpoint import (
@@ -207,14 +209,27 @@ def replay_when_told(url: str, run_id: str, task_reference: str, go: str,
     return replay_recorded(url, run_id, device)
 
 
+@dataclass(frozen=True)
+class ReplayProblem:
+    """Why a run's replay check gave no verdict. ``interrupted``: its process was killed by a
+    signal nobody of ours sent, twice (a scheduler's signal to the whole job, say): that says
+    nothing of the artifact (flag ``replay_interrupted``). ``failed``: it ran and could not
+    replay (flag ``replay_differs``)."""
+
+    how: str
+    why: str
+
+
 class EarlyReplay:
     """A run's replay check, its fresh child started with the run (:func:`replay_when_told`)
     and told to replay once the final artifact is recorded; cancelled if the run ends
-    otherwise."""
+    otherwise. A replay child killed by a signal is retried once, in a new child."""
 
     def __init__(self, ledger: Ledger, run_id: str, task_reference: str,
                  device: str = "cpu") -> None:
         url = ledger.engine.url
+        self.url, self.run_id, self.task_reference, self.device = (
+            url.render_as_string(hide_password=False), run_id, task_reference, device)
         self.why_not: str | None = None
         self.pending: Pending | None = None
         if url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:"):
@@ -222,31 +237,62 @@ class EarlyReplay:
             return
         self.folder = tempfile.TemporaryDirectory(prefix="campaign-replay-")
         self.go = Path(self.folder.name) / "go"
-        self.pending = begin(replay_when_told, url.render_as_string(hide_password=False),
-                             run_id, task_reference, str(self.go), device, task=task_reference,
-                             what=f"replaying run {run_id}", timeout_s=RUN_LIFETIME_S)
+        self.pending = begin(replay_when_told, self.url, run_id, task_reference, str(self.go),
+                             device, task=task_reference, what=f"replaying run {run_id}",
+                             timeout_s=RUN_LIFETIME_S)
 
-    def result(self) -> str | None:
+    def result(self) -> ReplayProblem | None:
         """Replay now. None when it answered (identical or not: the replay records its own
         ``replay`` event, the evidence); otherwise why it could not replay."""
         if self.pending is None:
-            return self.why_not
+            return ReplayProblem("failed", str(self.why_not))
         self.go.touch()
         self.pending.deadline = time.monotonic() + REPLAY_TIMEOUT_S
         self.pending.limit = REPLAY_TIMEOUT_S
         try:
-            verdict = self.pending.result()
-        except CampaignError as error:  # any project error of the child, a ledger's included
-            return str(error)
+            return self._answer(self.pending, retried=False)
         finally:
             self.cancel()
-        return None if "identical" in verdict else "the fresh process answered no verdict"
+
+    def _answer(self, pending: Pending, *, retried: bool) -> ReplayProblem | None:
+        try:
+            verdict = pending.result()
+        except CampaignError as error:  # any project error of the child, a ledger's included
+            killed = _killed_by(pending)
+            if killed is None:
+                return ReplayProblem("failed", str(error))
+            if retried:
+                return ReplayProblem("interrupted", f"its process was killed by {killed} twice, "
+                                     "a signal nobody of ours sent; `campaign replay "
+                                     f"{self.run_id}` checks it again")
+            try:
+                again = begin(replay_recorded, self.url, self.run_id, self.device,
+                              task=self.task_reference, what=f"replaying run {self.run_id}",
+                              timeout_s=REPLAY_TIMEOUT_S)
+            except CampaignError as error:
+                return ReplayProblem("interrupted", f"its process was killed by {killed}; "
+                                     f"the retry could not start: {error}")
+            try:
+                return self._answer(again, retried=True)
+            finally:
+                again.cancel()
+        if "identical" in verdict:
+            return None
+        return ReplayProblem("failed", "the fresh process answered no verdict")
 
     def cancel(self) -> None:
         if self.pending is not None:
             self.pending.cancel()
             self.pending = None
             self.folder.cleanup()
+
+
+def _killed_by(pending: Pending) -> str | None:
+    """The signal that ended a replay child from outside (not its own crash, not our limit)."""
+    code, child = pending.child.exitcode, pending.child
+    if pending.timed_out or not killed_from_outside(code, child.host_gone):
+        return None
+    return "its task host's end" if child.host_gone else signal_name(-(code or 0))
 
 
 if __name__ == "__main__":

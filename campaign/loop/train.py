@@ -443,10 +443,11 @@ class RunLoop:
             record_file(self.ledger, self.run_id, "final", path, self.step, lease=self.lease)
             self._write_phases()
         if self.replay is not None:
-            failure = self.replay.result()
-            if failure is not None:
-                self._event("replay", f"replay of the final artifact in a fresh process failed: "
-                            f"{failure}")
+            problem = self.replay.result()
+            if problem is not None:  # "was interrupted": a flag of its own, not replay_differs
+                how = "was interrupted" if problem.how == "interrupted" else "failed"
+                self._event("replay", f"replay of the final artifact in a fresh process {how}: "
+                            f"{problem.why}")
 
     def _record_replayed_steps(self) -> None:
         if self.replayed_from is None or self.segment_id is None:

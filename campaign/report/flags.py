@@ -5,6 +5,10 @@ value; the flag says why the value may not mean what it seems:
 
 - ``replay_differs``: the final artifact, reloaded in a fresh process, gave
   other outputs than the run recorded (or the replay itself failed);
+- ``replay_interrupted``: the run's replay check was killed (twice) by a signal nobody of
+  ours sent, so it says nothing either way; a later ``campaign replay`` whose outputs are
+  identical clears it, as it clears a replay that failed (a replay that gave other outputs
+  stays flagged: it is evidence of a difference; the earlier events stay in the ledger);
 - ``determinism_differs``: steps replayed after a resume gave other losses;
 - ``pilot_skipped``: the run started under a recorded decision to skip the
   pilot (the reason is the evidence);
@@ -32,8 +36,8 @@ from campaign.gates.rule import gate_state, pilot_decisions, skip_decisions
 from campaign.plan.config_keys import config_value, held_deviations
 from campaign.stack.software import stack_differences
 
-KINDS = ("replay_differs", "determinism_differs", "pilot_skipped", "ungated", "stack_differs",
-         "held_deviation", "changes_variant_key", "budget_not_reached",
+KINDS = ("replay_differs", "replay_interrupted", "determinism_differs", "pilot_skipped",
+         "ungated", "stack_differs", "held_deviation", "changes_variant_key", "budget_not_reached",
          "budget_exceeded", "base_differs")
 COLUMNS = ("run_id", "kind", "detail")
 ADAPTER_FACTS = {"lora", "adapter_init"}  # in a base_model event, of the adapter: per seed
@@ -93,11 +97,26 @@ def event_flags(events: pd.DataFrame) -> list[dict[str, Any]]:
     found = []
     for row in events[events["run_id"].notna()].itertuples():
         detail = str(row.detail or "")
-        if row.kind == "replay" and ("DIFFERENT" in detail or "failed" in detail):
+        if row.kind == "replay" and "was interrupted" in detail:
+            if not _replayed_identically_after(events, row.run_id, row.id):
+                found.append(_flag(row.run_id, "replay_interrupted", detail))
+        elif row.kind == "replay" and "DIFFERENT" in detail:
             found.append(_flag(row.run_id, "replay_differs", detail))
+        elif row.kind == "replay" and "failed" in detail:
+            if not _replayed_identically_after(events, row.run_id, row.id):
+                found.append(_flag(row.run_id, "replay_differs", detail))
         elif row.kind == "determinism_check" and "(identical)" not in detail:
             found.append(_flag(row.run_id, "determinism_differs", detail))
     return found
+
+
+def _replayed_identically_after(events: pd.DataFrame, run_id: str, event_id: int) -> bool:
+    """A ``campaign replay`` of the ended run after event ``event_id`` whose outputs were
+    identical (its campaign-level ``replay`` event names the run: an ended run takes no rows)."""
+    later = events[(events["kind"] == "replay") & (events["id"] > event_id)]
+    prefix = f"run {run_id}: "
+    return any(str(d).startswith(prefix) and "outputs identical" in str(d)
+               for d in later["detail"])
 
 
 def base_flags(runs: pd.DataFrame, events: pd.DataFrame) -> list[dict[str, Any]]:

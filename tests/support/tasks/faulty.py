@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -88,8 +89,15 @@ class FaultyDigits(DigitsTask):
     def predict(self, model: torch.nn.Module, batch: dict[str, Any]) -> list[dict[str, Any]]:
         """With ``task.fault = "sigkill_in_replay"``: the final artifact's replay (a child of
         the task host) kills the run's supervisor, the host's parent, once: a machine lost
-        after the final artifact was written and recorded, before the run's end."""
+        after the final artifact was written and recorded, before the run's end. With
+        ``"killed_replays"``: the first ``task.at`` replays are killed (counted in the marker)."""
         replaying = any(frame.function == "replay_artifact" for frame in inspect.stack())
+        if self.fault == "killed_replays" and replaying and self.marker:
+            counter = Path(self.marker)
+            seen = int(counter.read_text() or 0) if counter.exists() else 0
+            if seen < self.at:  # the first ``at`` replays die, as a job-wide signal kills them
+                counter.write_text(str(seen + 1))
+                os.kill(os.getpid(), signal.SIGKILL)
         if (self.fault == "sigkill_in_replay" and replaying and self.marker
                 and not os.path.exists(self.marker)):
             open(self.marker, "w").close()
