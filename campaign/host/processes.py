@@ -142,6 +142,15 @@ def signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
+def parent_pid(pid: int) -> int | None:
+    """The parent of process ``pid`` (a host's child: its task host), None when unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return int(handle.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def process_state(pid: int) -> str | None:
     """The one-letter state of process ``pid`` (``R``, ``S``, ``T``...), None when it is gone."""
     try:

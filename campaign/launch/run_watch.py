@@ -31,7 +31,7 @@ from typing import Any
 
 from campaign.errors import LeaseLost
 from campaign.host.client import Child
-from campaign.host.processes import process_state, signal_name
+from campaign.host.processes import parent_pid, process_state, signal_name
 from campaign.loop import progress_page
 from campaign.loop.signals import WALL_TIME_SIGNAL
 from campaign.loop.stop import parse_duration
@@ -130,10 +130,16 @@ class RunWatch:
             self.signals.continued, self.last_progress = False, now
 
     def observe(self, now: float) -> progress_page.Progress:
-        """The run's progress page; progress while stopping earns more time (to a bound)."""
+        """The run's progress page; progress while stopping earns more time (to a bound). A
+        run's process or its task host found stopped while this process runs is continued:
+        a host stopped alone would never report the run's end (nor its replay child's), and
+        the run would wait for ever (SLURM stops a whole job and continues it whole)."""
         seen = self.board.read()
         if process_state(self.child.pid) == "T":  # stopped with this process, which runs
             signal_to(self.child.pid, signal.SIGCONT)
+        host = parent_pid(self.child.pid)  # the task host that forked the run's process
+        if host is not None and host > 1 and process_state(host) == "T":
+            signal_to(host, signal.SIGCONT)
         if seen.ticks != self.last_ticks:
             self.last_ticks, self.last_progress = seen.ticks, now
             if self.kill_at is not None and self.latest_kill is not None:
