@@ -190,14 +190,15 @@ def launch(source: LedgerSource, campaign: str, workers: int | None, devices: st
     for refusal in outcome.refusals:
         click.echo(f"campaign: worker {refusal}", err=True)
     if outcome.interrupted:
-        click.echo(
-            f"campaign: launch interrupted; resume with `campaign launch {campaign} "
-            "--resume-interrupted`",
-            err=True,
-        )
+        click.echo("campaign: launch interrupted", err=True)
     if outcome.unfinished:
+        from campaign.launch.left_behind import left_behind
+
         what = ", ".join(f"{n} {s}" for s, n in outcome.attention.items()) or "runs left"
         click.echo(f"campaign: {campaign}: {what}", err=True)
+        with source.open() as ledger:  # which runs, where each stands, and how to go on
+            for line in left_behind(ledger, campaign):
+                click.echo(f"campaign: {line}", err=True)
         raise click.exceptions.Exit(1)
 
 

@@ -96,3 +96,29 @@ def test_a_slurm_array_task_resumes_a_killed_run_like_a_preempted_one(
     assert ledger.run(run_id).status == "completed"
     segments = ledger.segments("array")
     assert list(segments.loc[segments["run_id"] == run_id, "start_step"]) == [0, 4]
+
+
+def test_a_launch_left_unfinished_names_each_run_and_the_command_that_continues(
+        sqlite_url: str, tmp_path: Path) -> None:
+    """The launcher's last lines after a kill: the run, where it stands, its last checkpoint,
+    the planned runs never started, and the one command that goes on (which then does)."""
+    with Ledger.open(sqlite_url, create=True) as ledger:
+        plan_loop(ledger, "left", task=TASK, hold=HOLD, seeds=[0, 1],
+                  config={"task.fault": "selfkill", "task.at": AT,
+                          "task.marker": str(tmp_path / "killed-once")})
+        from campaign.launch.left_behind import left_behind
+
+        assert left_behind(ledger, "left") == ["2 planned runs never started",
+                                               "continue with: campaign launch left"]
+    artifacts = str(tmp_path / "artifacts")
+    code, said = _cli(sqlite_url, "launch", "left", "--workers", "1", "--artifacts", artifacts,
+                      "--no-replay-check", *SKIP)
+    assert code == 1, said
+    assert "campaign: left: 1 interrupted" in said
+    assert "interrupted (killed) at update 5, last checkpoint at update 4" in said
+    assert "campaign: continue with: campaign launch left --resume-interrupted" in said
+    code, said = _cli(sqlite_url, "launch", "left", "--workers", "1", "--artifacts", artifacts,
+                      "--no-replay-check", "--resume-interrupted", *SKIP)
+    assert code == 0, said
+    with Ledger.open(sqlite_url) as ledger:
+        assert set(ledger.runs("left")["status"]) == {"completed"}
