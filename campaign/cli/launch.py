@@ -180,7 +180,7 @@ def launch(source: LedgerSource, campaign: str, workers: int | None, devices: st
         slurm_time_min=slurm_time_min, slurm_signal_s=slurm_signal_s, max_requeues=max_requeues,
         grace_s=grace_s,
     )
-    with source.open() as ledger:
+    with source.open(ride_out=True) as ledger:
         try:
             outcome = launch_campaign(ledger, source.url, request, on_gate=_say_gate)
         except LaunchRefused as error:
@@ -252,7 +252,7 @@ def worker(source: LedgerSource, campaign: str, skip_pilot: bool, reason: str | 
     options = _options(campaign, artifacts, **kw)
     if slurm_task:
         options = replace(options, preempt_signals=(int(signal.SIGUSR2),), resume_preempted=True)
-    with source.open() as ledger:
+    with source.open(ride_out=True) as ledger:
         ledger.campaign(campaign)
         check_single_host(ledger, options.lease_s)
         if not launched or skip_pilot:

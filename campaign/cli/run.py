@@ -37,7 +37,7 @@ def _execute(
     # The run forks from it: torch and the loop import while this process imports the
     # ledger's code and reads the run and its gate (a bad run id ends the host at once).
     start_early(RUN_PRELOAD)
-    with source.open() as ledger:
+    with source.open(ride_out=True) as ledger:  # the supervisor rides out an outage
         record = ledger.run(run_id)
         status = record.status
         if expect == "planned" and status != "planned":

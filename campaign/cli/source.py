@@ -21,11 +21,13 @@ class LedgerSource:
     def __init__(self, url: str) -> None:
         self.url = url
 
-    def open(self, *, create: bool = False, check: bool = True) -> Ledger:
-        """Open the ledger; only ``plan``, ``demo`` and ``db upgrade`` may create one."""
+    def open(self, *, create: bool = False, check: bool = True, ride_out: bool = False) -> Ledger:
+        """Open the ledger; only ``plan``, ``demo`` and ``db upgrade`` may create one.
+        ``ride_out``: a command that lives through a campaign (run, resume, worker, launch)
+        rides out a ledger outage (docs/runs.md) rather than ending at its first blink."""
         from campaign.ledger import Ledger
 
-        return Ledger.open(self.url, create=create, check=check)
+        return Ledger.open(self.url, create=create, check=check, ride_out=ride_out)
 
 
 def empty_ledger(where: str) -> None:

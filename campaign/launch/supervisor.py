@@ -153,9 +153,10 @@ def _watch(ledger: Ledger, claim: Claim, child: Child, board: progress_page.Prog
     """Watch the child until it exits (:class:`RunWatch`); the end the parent must record if
     the child did not (None: it recorded its own, or died on its own)."""
     limits = Limits.of(config, supervision.grace_s, supervision.heartbeat_s)
+    quick = ledger.impatient()  # a beat skipped in an outage; the watch must keep watching
     watch = RunWatch(claim.run_id, child, board, limits, signals, stopping,
-                     beat=lambda: _beat(ledger, claim),
-                     still_ours=lambda: _still_ours(ledger, claim))
+                     beat=lambda: _beat(quick, claim),
+                     still_ours=lambda: _still_ours(quick, claim))
     while child.exitcode is None:
         watch.tick(time.monotonic())
         child.join(supervision.poll_s)

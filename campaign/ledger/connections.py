@@ -37,6 +37,7 @@ from campaign.errors import (
     NotALedger,
     RefusedWrite,
 )
+from campaign.ledger.outage import Backoff, is_outage, riding_out
 
 MAX_BUSY_TIMEOUT_S = 2_000_000  # about 23 days; SQLite's busy timeout is a 32-bit ms count
 
@@ -294,10 +295,13 @@ def run_in_transaction(
 class Retries:
     """One transaction's retry budget (:func:`run_in_transaction`, the metric writer's flush):
     PostgreSQL races get up to ``MAX_ATTEMPTS`` jittered attempts; a SQLite lock held past
-    the busy timeout is waited out again only on a :func:`patient` engine."""
+    the busy timeout is waited out again only on a :func:`patient` engine; an outage (a lost
+    connection, a server that does not answer) is ridden out on a riding-out engine
+    (:mod:`campaign.ledger.outage`)."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine, self.attempt, self.locked = engine, 1, 0
+        self.outage = Backoff(engine)
 
     def again(self, error: exc.DBAPIError) -> bool:
         """Whether to try once more after ``error`` (sleeping first for a race)."""
@@ -308,13 +312,15 @@ class Retries:
         if is_locked(error):  # the busy timeout has waited already: no sleep of our own
             self.locked += 1
             return self.locked < lock_attempts(self.engine)
+        if is_outage(error, self.engine.dialect.name):
+            return self.outage.wait()
         return False
 
 
 def patient(engine: Engine, attempts: int = RUN_LOCK_ATTEMPTS) -> Engine:
-    """``engine`` whose writes wait out ``attempts`` SQLite busy timeouts in a row (a run's
-    process; a command the user waits on gives up after one)."""
-    return engine.execution_options(**{_LOCK_ATTEMPTS_OPTION: attempts})
+    """``engine`` whose writes wait out ``attempts`` SQLite busy timeouts in a row and ride out
+    an outage (a run's process; a command the user waits on gives up after one)."""
+    return riding_out(engine.execution_options(**{_LOCK_ATTEMPTS_OPTION: attempts}))
 
 
 def lock_attempts(engine: Engine) -> int:

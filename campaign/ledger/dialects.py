@@ -107,3 +107,13 @@ def metric_transaction_prelude(dialect_name: str) -> tuple[str, ...]:
 def placeholder(dialect_name: str) -> str:
     """The DB-API parameter marker of the driver behind ``dialect_name``."""
     return "?" if dialect_name == "sqlite" else "%s"
+
+
+def server_started_at(conn: Any) -> Any:
+    """When the database server last started (PostgreSQL), None where there is no server
+    (SQLite): a heartbeat is never judged stale across a restart (leases.py)."""
+    if conn.dialect.name != "postgresql":
+        return None
+    from sqlalchemy import text
+
+    return conn.execute(text("SELECT pg_postmaster_start_time()")).scalar_one()

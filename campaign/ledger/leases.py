@@ -25,7 +25,7 @@ from sqlalchemy import Connection, DateTime, bindparam, func, or_, select, updat
 
 from campaign.errors import LeaseLost
 from campaign.ledger import statements as sql
-from campaign.ledger.dialects import utcnow
+from campaign.ledger.dialects import server_started_at, utcnow
 from campaign.ledger.models import Metric
 from campaign.ledger.vocabulary import RUNNING
 
@@ -124,8 +124,15 @@ def live_runs(conn: Connection, lease_s: float) -> list[Any]:
 
 
 def _cutoff(conn: Connection, stale_after_s: float) -> tuple[datetime, datetime]:
+    """The database's now, and the heartbeat age past which a run is stale. Never across an
+    outage: until the server has been up a full ``stale_after_s`` (a restart), no heartbeat is
+    stale, since the runs could not beat while it was down (docs/runs.md, faults)."""
     now = database_now(conn)
-    return now, now - timedelta(seconds=stale_after_s)
+    cutoff = now - timedelta(seconds=stale_after_s)
+    started = server_started_at(conn)
+    if started is not None and started > cutoff:
+        cutoff = datetime.min.replace(tzinfo=now.tzinfo)
+    return now, cutoff
 
 
 def mark_stale_lost_without_commit(

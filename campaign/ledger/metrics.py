@@ -17,6 +17,7 @@ run was declared lost or reclaimed, the flush raises :class:`LeaseLost`.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -137,8 +138,8 @@ class MetricWriter(Closing):
                 # through the driver (raw sqlite3/psycopg errors): one path for both.
                 if isinstance(error, exc.DBAPIError):
                     wrapped = error
-                elif _is_driver_error(error):
-                    wrapped = exc.DBAPIError(self._sql, None, error)
+                elif _is_driver_error(error):  # its own class (a lost connection's too)
+                    wrapped = self._wrapped(error)
                 else:
                     raise
                 if retries.again(wrapped):
@@ -171,10 +172,20 @@ class MetricWriter(Closing):
             insert_metric_rows(self._dialect, cursor, rows)
             raw.commit()
         except BaseException:
-            raw.rollback()
+            with contextlib.suppress(Exception):  # a lost connection cannot roll back: the
+                raw.rollback()  # error that lost it is the one to report
             raise
         finally:
-            cursor.close()
+            with contextlib.suppress(Exception):
+                cursor.close()
+
+    def _wrapped(self, error: Exception) -> exc.DBAPIError:
+        """A driver error as SQLAlchemy would wrap it: its class (OperationalError for a
+        server that went away), and whether it lost the connection."""
+        dialect = self._engine.dialect
+        lost = dialect.is_disconnect(error, None, None)  # type: ignore[arg-type]
+        return exc.DBAPIError.instance(self._sql, None, error, dialect.loaded_dbapi.Error,
+                                       connection_invalidated=lost, dialect=dialect)
 
     def _connection(self) -> Any:
         if self._raw is None:

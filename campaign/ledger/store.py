@@ -36,6 +36,7 @@ from campaign.ledger.leases import (
 from campaign.ledger.location import resolve_url
 from campaign.ledger.metrics import MetricWriter
 from campaign.ledger.models import Campaign, Event, Run, Variant
+from campaign.ledger.outage import riding_out
 from campaign.ledger.reads import campaign_by_id
 from campaign.ledger.records import (
     CampaignRecord,
@@ -67,7 +68,7 @@ class Ledger(EvidenceWrites):
 
     @classmethod
     def open(cls, url: str | None = None, *, create: bool = False, check: bool = True,
-             patient: bool = False) -> Ledger:
+             patient: bool = False, ride_out: bool = False) -> Ledger:
         """Open the ledger at ``url`` (else ``CAMPAIGN_LEDGER``, else ``sqlite:///campaign.db``).
 
         With ``create``, a missing SQLite file or an empty database is created
@@ -75,7 +76,9 @@ class Ledger(EvidenceWrites):
         (:class:`NoLedger`) and nothing is created. A ledger at an older or
         unknown revision is refused (``check``) with a message naming
         ``campaign db upgrade``; nothing is written to it. ``patient``: writes wait out
-        several SQLite busy timeouts in a row (a run's process, see ``RUN_LOCK_ATTEMPTS``).
+        several SQLite busy timeouts in a row (a run's process, see ``RUN_LOCK_ATTEMPTS``) and
+        ride out an outage; ``ride_out``: only the latter (a worker, a launcher, a supervisor:
+        :mod:`campaign.ledger.outage`).
         """
         parsed = parse_url(resolve_url(url))
         path = sqlite_path(parsed)
@@ -92,7 +95,14 @@ class Ledger(EvidenceWrites):
                 for leftover in (path, *(path.with_name(path.name + s) for s in ("-wal", "-shm"))):
                     leftover.unlink(missing_ok=True)  # failed (a full disk): no empty file left
             raise
-        return cls(engine_patience(engine) if patient else engine)
+        if patient:
+            return cls(engine_patience(engine))
+        return cls(riding_out(engine) if ride_out else engine)
+
+    def impatient(self) -> Ledger:
+        """This ledger giving up at once on an outage (sharing its pool): for a periodic write
+        that had better skip a turn than block its caller (a supervisor's heartbeat)."""
+        return type(self)(riding_out(self.engine, 0.0))
 
     # -- campaigns, variants, runs ------------------------------------------------
 

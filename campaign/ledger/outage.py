@@ -1,0 +1,78 @@
+"""A ledger that blinks (a PostgreSQL restart, a dropped connection, a pooler's restart) is an
+outage to ride out, not an error, for the processes that live through a campaign.
+
+A run's process, its supervisor's claims and ends, a worker and a launcher open the ledger
+"riding out" (:func:`riding_out`): a transaction whose connection was lost, or that cannot
+connect, is tried again with backoff (0.25 s doubling to 5 s) for up to
+``CAMPAIGN_LEDGER_OUTAGE_S`` seconds (default 60, docs/runs.md); past it the ledger's
+``LedgerUnreachable`` ends a run ``interrupted`` (resumable, never ``failed``). A command the
+user waits on gives up at once: a mistyped host is no outage. SQLite has no server to blink:
+its locks are waited out by the busy timeout (connections.py).
+
+A retried transaction is one that rolled back, so repeating it is safe, except the rare
+commit whose answer was lost with the connection: the metric writer's repeat is a no-op
+(points are keyed by segment, key and step), and a repeated run end or claim is refused by
+the status graph rather than done twice.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+
+from sqlalchemy import Engine, exc
+
+from campaign.errors import LedgerError
+
+OUTAGE_ENV = "CAMPAIGN_LEDGER_OUTAGE_S"
+DEFAULT_OUTAGE_S = 60.0
+FIRST_WAIT_S, LONGEST_WAIT_S = 0.25, 5.0
+_OPTION = "campaign_outage_s"
+
+
+def outage_s() -> float:
+    """``CAMPAIGN_LEDGER_OUTAGE_S``, checked: seconds of 0 or more (0: give up at once)."""
+    text = os.environ.get(OUTAGE_ENV)
+    if text is None:
+        return DEFAULT_OUTAGE_S
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not (seconds >= 0 and math.isfinite(seconds)):
+        raise LedgerError(f"{OUTAGE_ENV}={text!r}: not a number of seconds of 0 or more")
+    return seconds
+
+
+def riding_out(engine: Engine, seconds: float | None = None) -> Engine:
+    """``engine`` whose transactions ride out an outage of up to ``seconds`` (default: the
+    environment's); shares the engine's pool."""
+    return engine.execution_options(**{_OPTION: outage_s() if seconds is None else seconds})
+
+
+def is_outage(error: exc.DBAPIError, dialect: str) -> bool:
+    """A lost connection or a server that does not answer (PostgreSQL): not the statement's
+    fault, worth waiting for. SQLite's errors are about its file, never an outage."""
+    if dialect == "sqlite":
+        return False
+    return bool(error.connection_invalidated) or isinstance(error, exc.OperationalError)
+
+
+class Backoff:
+    """One transaction's patience with an outage: how long it has waited, and the next wait."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.budget_s = float(engine.get_execution_options().get(_OPTION, 0.0))
+        self.began: float | None = None
+        self.wait_s = FIRST_WAIT_S
+
+    def wait(self) -> bool:
+        """Sleep before the next attempt; False when the outage outlasted the budget."""
+        now = time.monotonic()
+        self.began = now if self.began is None else self.began
+        if now - self.began + self.wait_s > self.budget_s:
+            return False
+        time.sleep(self.wait_s)
+        self.wait_s = min(self.wait_s * 2, LONGEST_WAIT_S)
+        return True

@@ -1,0 +1,89 @@
+"""The ledger may blink (docs/runs.md, faults): its sessions killed under a training worker
+(`pg_terminate_backend`, what a PgBouncer or a server restart does to them) cost no run and no
+point. The worker, its supervisor and the run's process reconnect with backoff; the run ends
+`completed` with the series of its uninterrupted twin, every update's point written once.
+The sessions of this test's own database only, on the local PostgreSQL; real processes."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pandas as pd
+import psycopg
+import pytest
+from sqlalchemy.engine import make_url
+
+from campaign.ledger import Ledger
+from campaign.ledger.outage import Backoff, outage_s, riding_out
+from campaign.loop.train import execute
+from tests.conftest import POSTGRES_ADMIN_URL
+from tests.support.launch_helpers import last_step, losses, start, wait_for
+from tests.support.loop_helpers import plan_quick
+
+SKIP = ("--skip-pilot", "--reason", "a test of ledger outages")
+SLOW = {"task": {"sleep_s": 0.02}, "hold": {"loop.checkpoint_every": 5}, "validation_every": 3}
+
+
+def _terminate_sessions(database: str, stop: threading.Event, every_s: float) -> list[int]:
+    """Kill every session of ``database`` but this one, every ``every_s``, until ``stop``."""
+    killed: list[int] = []
+    with psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True) as admin:
+        while not stop.wait(every_s):
+            rows = admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = %s AND pid <> pg_backend_pid()", (database,)).fetchall()
+            killed.append(len(rows))
+    return killed
+
+
+@pytest.mark.slow
+def test_a_worker_rides_out_its_sessions_being_killed(postgresql_ledger: Ledger,
+                                                      postgresql_url: str,
+                                                      tmp_path: Path) -> None:
+    ledger = postgresql_ledger
+    (twin,) = plan_quick(ledger, "twin", runs=1, updates=30, **SLOW)
+    execute(ledger, twin, artifacts=tmp_path / "twin", replay_in_subprocess=False)
+    (run_id,) = plan_quick(ledger, "blinks", runs=1, updates=30, **SLOW)
+    worker = start(postgresql_url, "worker", "blinks", "--artifacts", str(tmp_path / "a"),
+                   "--no-replay-check", *SKIP)
+    wait_for(lambda: last_step(ledger, run_id) >= 3, 120, "update 3 of the run")
+    stop, killed = threading.Event(), []
+    database = str(make_url(postgresql_url).database)
+    killer = threading.Thread(target=lambda: killed.extend(
+        _terminate_sessions(database, stop, 0.4)))
+    killer.start()
+    try:
+        _, stderr = worker.communicate(timeout=300)
+    finally:
+        stop.set()
+        killer.join()
+        if worker.poll() is None:
+            worker.kill()
+    assert sum(killed) >= 3, killed  # sessions really were killed while it trained
+    assert worker.returncode == 0, stderr[-3000:]
+    record = ledger.run(run_id)
+    assert (record.status, record.stop_cause) == ("completed", "budget_reached"), record
+    points = ledger.metrics(runs=[run_id], keys=["train/loss"], all_segments=True)
+    assert sorted(points["step"]) == list(range(1, 31))  # every update once: none lost or twice
+    pd.testing.assert_series_equal(losses(ledger, run_id), losses(ledger, twin),
+                                   check_exact=True)
+
+
+def test_the_outage_budget_is_checked_and_bounded(monkeypatch: pytest.MonkeyPatch,
+                                                  sqlite_url: str) -> None:
+    from campaign.errors import LedgerError
+
+    monkeypatch.setenv("CAMPAIGN_LEDGER_OUTAGE_S", "soon")
+    with pytest.raises(LedgerError, match="CAMPAIGN_LEDGER_OUTAGE_S='soon'"):
+        outage_s()
+    monkeypatch.setenv("CAMPAIGN_LEDGER_OUTAGE_S", "1.0")
+    with Ledger.open(sqlite_url, create=True) as ledger:
+        backoff = Backoff(riding_out(ledger.engine))
+        began = time.monotonic()
+        waits = 0
+        while backoff.wait():
+            waits += 1
+        assert waits == 2 and 0.7 <= time.monotonic() - began < 1.0  # 0.25 s, then 0.5 s
+        assert not Backoff(ledger.engine).wait()  # a command the user waits on: at once
