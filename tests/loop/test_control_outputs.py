@@ -60,4 +60,4 @@ def test_a_replay_child_whose_ledger_is_gone_says_why_and_raises_nothing(tmp_pat
         early = EarlyReplay(ledger, run_id, "tests.support.tasks.quick:build")
         path.rename(tmp_path / "moved.db")  # the child opens the ledger only when told to go
         why = early.result()
-    assert why is not None and str(path) in why
+    assert why is not None and why.how == "failed" and str(path) in why.why
