@@ -157,6 +157,7 @@ class RunWatch:
             if self.stopping is not None:
                 self.stopping.signum = first
                 self.stopping.set()
+            self.board.request_stop(first)  # first on the page: read if the signal came early
             signal_to(self.child.pid, first)  # SIGTERM, SIGINT or a preemption signal
             grace = self.limits.grace_s
             self.kill_at, self.latest_kill = now + grace, now + LONGEST_ENDING * grace
@@ -169,6 +170,8 @@ class RunWatch:
         if wall_s is None or self.wall_signalled or now - self.started < wall_s:
             return
         self.wall_signalled = True
+        if not self.forwarded:
+            self.board.request_stop(WALL_TIME_SIGNAL)
         signal_to(self.child.pid, WALL_TIME_SIGNAL)
         grace = self.limits.grace_s
         self.kill_at = min(self.kill_at or float("inf"), now + grace)

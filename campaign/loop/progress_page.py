@@ -18,6 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 _LAYOUT = struct.Struct("<QQ32s")  # tick counter, last completed update, phase name
+# After it, written by the supervisor only: the stop signal it forwarded, so a run whose
+# handlers were not installed yet when the signal came (it was ignored) still stops.
+_REQUEST = struct.Struct("<i")
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,15 @@ class ProgressBoard:
     def _write(self) -> None:
         _LAYOUT.pack_into(self._page, 0, self._ticks, self._step, self._phase)
 
+    def request_stop(self, signum: int) -> None:
+        """The supervisor's side: say which stop signal it is about to send (before sending)."""
+        _REQUEST.pack_into(self._page, _LAYOUT.size, signum)
+
+    def requested_stop(self) -> int | None:
+        """The run's side: the stop signal its supervisor sent, if any."""
+        (signum,) = _REQUEST.unpack_from(self._page, _LAYOUT.size)
+        return signum or None
+
     def read(self) -> Progress:
         ticks, step, phase = _LAYOUT.unpack_from(self._page, 0)
         return Progress(ticks, step, phase.rstrip(b"\0").decode("ascii", "replace"))
@@ -68,6 +80,12 @@ def install(board: ProgressBoard | None) -> None:
     """Make ``board`` the one :func:`tick` writes to (in the supervised child)."""
     global _installed
     _installed = board
+
+
+def requested_stop() -> int | None:
+    """The stop signal this run's supervisor sent, read when the run installs its handlers
+    (None outside a supervised process)."""
+    return None if _installed is None else _installed.requested_stop()
 
 
 def tick(phase: str | None = None, step: int | None = None) -> None:

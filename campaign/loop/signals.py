@@ -15,6 +15,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from campaign.loop import progress_page
 from campaign.loop.stop import StopDecision
 
 WALL_TIME_SIGNAL = signal.SIGUSR1
@@ -37,6 +38,11 @@ class SignalLatch:
 
         for signum in (signal.SIGTERM, signal.SIGINT, WALL_TIME_SIGNAL, *self.preempt_signals):
             self._previous[signum] = signal.signal(signum, handler)
+        # A stop its supervisor sent before these handlers were in place (a signal the process
+        # ignored or had no handler for yet) is written on the run's page: never lost.
+        pending = progress_page.requested_stop()
+        if pending is not None and self.received is None:
+            self.received = pending
 
     def request(self, signum: int) -> None:
         """Act as if ``signum`` had arrived (a worker that received it between runs)."""

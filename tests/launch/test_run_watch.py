@@ -49,6 +49,7 @@ def test_a_stop_signal_is_forwarded_and_a_run_that_ignores_it_is_killed_after_th
     watch.signals.received.append(signal.SIGTERM)
     watch.tick(time.monotonic())
     assert watch.forwarded and watch.state is WatchState.STOPPING and watch.kill_at is not None
+    assert watch.board.requested_stop() == signal.SIGTERM  # on the page before it was sent
     _until(watch, 5)
     assert watch.state is WatchState.KILLING and watch.child.exitcode is not None
     assert watch.verdict is not None and (watch.verdict.status, watch.verdict.cause) == (
