@@ -342,6 +342,21 @@ def is_retryable(error: exc.DBAPIError) -> bool:
     return getattr(error.orig, "sqlstate", None) in _RETRYABLE_SQLSTATES
 
 
+def is_driver_error(error: BaseException) -> bool:
+    """An error the drivers raise themselves (a raw cursor's), not SQLAlchemy's."""
+    return type(error).__module__.startswith(("sqlite3", "psycopg"))
+
+
+def wrapped_driver_error(engine: Engine, error: Exception, statement: str) -> exc.DBAPIError:
+    """A driver error as SQLAlchemy would wrap it: its class (OperationalError for a server
+    that went away) and whether it lost the connection, so :class:`Retries` and
+    :func:`translate_error` read it as they read SQLAlchemy's own."""
+    dialect = engine.dialect
+    lost = dialect.is_disconnect(error, None, None)  # type: ignore[arg-type]
+    return exc.DBAPIError.instance(statement, None, error, dialect.loaded_dbapi.Error,
+                                   connection_invalidated=lost, dialect=dialect)
+
+
 def translate_error(error: exc.DBAPIError, url: URL, what: str) -> LedgerError:
     """Turn a driver error into one clear line of the ledger's own kind."""
     message = str(error.orig).strip().splitlines()[0] if error.orig else str(error)

@@ -8,14 +8,19 @@ written once with ``?`` markers and adapted to the driver's style.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 
-from campaign.ledger.connections import translated
+from campaign.ledger.connections import (
+    is_driver_error,
+    run_in_transaction,
+    wrapped_driver_error,
+)
 from campaign.ledger.dialects import placeholder
 from campaign.ledger.records import as_utc
 
@@ -37,9 +42,11 @@ def query_rows(
     (JSON decoded, UTC datetimes, booleans): for listings a command prints at once, where
     importing pandas would cost more than the query."""
     sql = sql.replace("?", placeholder(engine.dialect.name))
-    with translated(engine.url, what), engine.connect() as conn:
-        result = conn.exec_driver_sql(sql, tuple(params))
-        rows = [dict(row._mapping) for row in result]
+
+    def fetch(conn: Connection) -> list[dict[str, Any]]:
+        return [dict(row._mapping) for row in conn.exec_driver_sql(sql, tuple(params))]
+
+    rows = run_in_transaction(engine, fetch, write=False, what=what)
     for row in rows:
         for column in JSON_COLUMNS.intersection(row):
             if isinstance(row[column], str):
@@ -66,17 +73,23 @@ def query_frame(
     import pandas as pd  # pandas only when a frame is built: commands start faster
 
     sql = sql.replace("?", placeholder(engine.dialect.name))
-    with translated(engine.url, what), engine.connect() as conn:
-        raw = conn.connection.driver_connection
-        cursor = raw.cursor()
+
+    def fetch(conn: Connection) -> tuple[list[Any], list[str]]:
+        """On the driver's own cursor (pandas' fastest path); its errors wrapped as
+        SQLAlchemy's, so a lost connection is ridden out like any read's (ledger/outage.py)."""
+        cursor = conn.connection.driver_connection.cursor()
         try:
             cursor.execute(sql, tuple(params))
-            rows = cursor.fetchall()
-            columns = [d[0] for d in cursor.description]
+            return cursor.fetchall(), [d[0] for d in cursor.description]
+        except Exception as error:
+            if is_driver_error(error):
+                raise wrapped_driver_error(engine, error, sql) from error
+            raise
         finally:
-            cursor.close()
-        if engine.dialect.name != "sqlite":
-            raw.rollback()  # end the read transaction psycopg opened
+            with contextlib.suppress(Exception):
+                cursor.close()
+
+    rows, columns = run_in_transaction(engine, fetch, write=False, what=what)
     frame = pd.DataFrame.from_records(rows, columns=columns, coerce_float=False)
     return _normalise(frame)
 

@@ -30,7 +30,9 @@ from campaign.ledger.connections import (
     REFUSAL_PREFIX,
     Retries,
     bulk_metric_connection,
+    is_driver_error,
     translate_error,
+    wrapped_driver_error,
 )
 from campaign.ledger.dialects import (
     insert_metric_rows,
@@ -138,8 +140,8 @@ class MetricWriter(Closing):
                 # through the driver (raw sqlite3/psycopg errors): one path for both.
                 if isinstance(error, exc.DBAPIError):
                     wrapped = error
-                elif _is_driver_error(error):  # its own class (a lost connection's too)
-                    wrapped = self._wrapped(error)
+                elif is_driver_error(error):  # its own class (a lost connection's too)
+                    wrapped = wrapped_driver_error(self._engine, error, self._sql)
                 else:
                     raise
                 if retries.again(wrapped):
@@ -179,14 +181,6 @@ class MetricWriter(Closing):
             with contextlib.suppress(Exception):
                 cursor.close()
 
-    def _wrapped(self, error: Exception) -> exc.DBAPIError:
-        """A driver error as SQLAlchemy would wrap it: its class (OperationalError for a
-        server that went away), and whether it lost the connection."""
-        dialect = self._engine.dialect
-        lost = dialect.is_disconnect(error, None, None)  # type: ignore[arg-type]
-        return exc.DBAPIError.instance(self._sql, None, error, dialect.loaded_dbapi.Error,
-                                       connection_invalidated=lost, dialect=dialect)
-
     def _connection(self) -> Any:
         if self._raw is None:
             self._raw = bulk_metric_connection(self._engine)
@@ -208,7 +202,3 @@ class MetricWriter(Closing):
                 self._raw.close()
                 self._raw = None
 
-
-def _is_driver_error(error: BaseException) -> bool:
-    module = type(error).__module__
-    return module.startswith(("sqlite3", "psycopg"))

@@ -1,13 +1,19 @@
 """The ledger may blink (docs/runs.md, faults): its sessions killed under a training worker
-(`pg_terminate_backend`, what a PgBouncer or a server restart does to them) cost no run and no
-point. The worker, its supervisor and the run's process reconnect with backoff; the run ends
-`completed` with the series of its uninterrupted twin, every update's point written once.
-The sessions of this test's own database only, on the local PostgreSQL; real processes."""
+(`pg_terminate_backend`), or its server restarted (`-m fast`, `-m immediate`) or stopped for
+seconds, cost no run and no point. The worker, its supervisor and the run's process reconnect
+with backoff; the run ends `completed` with the series of its uninterrupted twin, every
+update's point written once. Sessions are killed only in this test's own database of the
+local PostgreSQL; restarts happen to a private cluster the test makes on its own port
+(Debian's pg_createcluster) and drops, never to the shared server. Real processes."""
 
 from __future__ import annotations
 
+import socket
+import subprocess
 import threading
 import time
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -24,6 +30,37 @@ from tests.support.loop_helpers import plan_quick
 
 SKIP = ("--skip-pilot", "--reason", "a test of ledger outages")
 SLOW = {"task": {"sleep_s": 0.02}, "hold": {"loop.checkpoint_every": 5}, "validation_every": 3}
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture
+def private_cluster() -> Iterator[tuple[str, str]]:
+    """A PostgreSQL cluster of this test's own (version, name) on a free port, with a ledger
+    database; dropped afterwards. Its URL is the second item."""
+    version = sorted(p.name for p in Path("/etc/postgresql").iterdir())[-1]
+    name, port = f"campaign{uuid.uuid4().hex[:8]}", _free_port()
+    subprocess.run(["pg_createcluster", version, name, "-p", str(port), "--",
+                    "--auth-host=trust", "--auth-local=trust"],
+                   check=True, capture_output=True, timeout=120)
+    try:
+        _cluster(version, name, "start")
+        with psycopg.connect(f"postgresql://postgres@127.0.0.1:{port}/postgres",
+                             autocommit=True) as admin:
+            admin.execute("CREATE DATABASE ledger")
+        yield f"{version} {name}", f"postgresql+psycopg://postgres@127.0.0.1:{port}/ledger"
+    finally:
+        subprocess.run(["pg_dropcluster", "--stop", version, name], capture_output=True,
+                       timeout=120)
+
+
+def _cluster(version: str, name: str, *action: str) -> None:
+    subprocess.run(["pg_ctlcluster", version, name, *action], check=True, capture_output=True,
+                   timeout=120)
 
 
 def _terminate_sessions(database: str, stop: threading.Event, every_s: float) -> list[int]:
@@ -69,6 +106,48 @@ def test_a_worker_rides_out_its_sessions_being_killed(postgresql_ledger: Ledger,
     assert sorted(points["step"]) == list(range(1, 31))  # every update once: none lost or twice
     pd.testing.assert_series_equal(losses(ledger, run_id), losses(ledger, twin),
                                    check_exact=True)
+
+
+def _ridden_out(url: str, tmp_path: Path, disrupt: Callable[[], None]) -> None:
+    """A worker trains a run on ``url``; ``disrupt()`` at update 3; the run must end as its
+    twin (trained uninterrupted on the same ledger first), every point once."""
+    with Ledger.open(url, create=True) as ledger:
+        (twin,) = plan_quick(ledger, "twin", runs=1, updates=30, **SLOW)
+        execute(ledger, twin, artifacts=tmp_path / "twin", replay_in_subprocess=False)
+        (run_id,) = plan_quick(ledger, "blinks", runs=1, updates=30, **SLOW)
+        worker = start(url, "worker", "blinks", "--artifacts", str(tmp_path / "a"),
+                       "--no-replay-check", *SKIP)
+        try:
+            wait_for(lambda: last_step(ledger, run_id) >= 3, 120, "update 3 of the run")
+            disrupt()
+            _, stderr = worker.communicate(timeout=300)
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+        assert worker.returncode == 0, stderr[-3000:]
+        record = ledger.run(run_id)
+        assert (record.status, record.stop_cause) == ("completed", "budget_reached"), record
+        points = ledger.metrics(runs=[run_id], keys=["train/loss"], all_segments=True)
+        assert sorted(points["step"]) == list(range(1, 31))
+        pd.testing.assert_series_equal(losses(ledger, run_id), losses(ledger, twin),
+                                       check_exact=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["restart -m fast", "restart -m immediate", "stop 6 s"])
+def test_a_worker_rides_out_a_restart_of_its_server(private_cluster: tuple[str, str],
+                                                     tmp_path: Path, how: str) -> None:
+    (version, name), url = private_cluster[0].split(), private_cluster[1]
+
+    def disrupt() -> None:
+        if how.startswith("restart"):
+            _cluster(version, name, "restart", "-m", how.split()[-1])
+        else:
+            _cluster(version, name, "stop", "-m", "fast")
+            time.sleep(6)
+            _cluster(version, name, "start")
+
+    _ridden_out(url, tmp_path, disrupt)
 
 
 def test_the_outage_budget_is_checked_and_bounded(monkeypatch: pytest.MonkeyPatch,
