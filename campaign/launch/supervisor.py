@@ -198,7 +198,7 @@ def _died(ledger: Ledger, claim: Claim, child: Child, answer: Mapping[str, Any],
     if answer.get("error"):
         detail += f": {answer['error']}"
     if answer.get("resumable"):  # the ledger was away even for its end: resume it later
-        return Verdict("interrupted", "interrupted", detail)
+        return Verdict("interrupted", "ledger_unreachable", detail)
     return Verdict("failed", "exception", detail + " (its output: the run's log artifact)")
 
 

@@ -46,6 +46,7 @@ STOP_CAUSES: Final = (
     "heartbeat_lost",
     "stalled",
     "killed",
+    "ledger_unreachable",
 )
 
 # Which stop causes make sense for which end status. The database only checks
@@ -58,7 +59,7 @@ CAUSES_BY_STATUS: Final[dict[str, frozenset[str]]] = {
     "oom": frozenset({"out_of_memory"}),
     # killed: a signal nobody of ours sent; the second kill at one update is a verdict
     "failed": frozenset({"exception", "stalled", "killed"}),
-    "interrupted": frozenset({"interrupted", "preempted", "killed"}),
+    "interrupted": frozenset({"interrupted", "preempted", "killed", "ledger_unreachable"}),
     "lost": frozenset({"heartbeat_lost"}),
 }
 

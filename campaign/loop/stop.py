@@ -128,7 +128,7 @@ def failure_decision(error: BaseException, phase: str, step: int, run_id: str,
         return StopDecision("interrupted", "interrupted",
                             where + storage_stop_detail(full, phase, step, run_id))
     if isinstance(error, LedgerUnreachable):  # locked past the run's patience, or gone
-        return StopDecision("interrupted", "interrupted", f"{where}{first_line(error)} in "
+        return StopDecision("interrupted", "ledger_unreachable", f"{where}{first_line(error)} in "
                             f"{phase} at update {step}; `campaign resume {run_id}` continues "
                             "from its last checkpoint")
     where = "" if ending is None else f"while ending ({ending}): "

@@ -94,7 +94,7 @@ def test_a_ledger_locked_past_the_run_patience_ends_it_resumable(
     assert ended.returncode != 0, ended.stderr
     with Ledger.open(sqlite_url) as ledger:
         run = ledger.run(run_id)
-        assert (run.status, run.stop_cause) == ("interrupted", "interrupted"), run
+        assert (run.status, run.stop_cause) == ("interrupted", "ledger_unreachable"), run
         assert "stayed locked by another writer" in run.stop_detail, run.stop_detail
         assert f"campaign resume {run_id}" in run.stop_detail
         outcome = execute(ledger, run_id, artifacts=tmp_path / "a", replay_in_subprocess=False)

@@ -1,4 +1,4 @@
-"""A run killed by a signal nobody of ours sent: the stop cause ``killed``.
+"""Faults outside a run: the stop causes ``killed`` and ``ledger_unreachable``.
 
 Revision ID: 0008
 Revises: 0007
@@ -7,7 +7,9 @@ Create Date: 2026-12-05
 The kernel's OOM killer, an operator's ``kill -9``: the run's process dies without a word.
 Its supervisor ends it ``interrupted`` with the cause ``killed`` (resumable like a preempted
 run, docs/runs.md), and only a second kill at the same update makes it ``failed`` with that
-cause. The cause joins the CHECK on ``runs.stop_cause``; on SQLite by the documented
+cause. A run whose ledger stayed unreachable (an outage past ``CAMPAIGN_LEDGER_OUTAGE_S``, a
+SQLite file locked past the run's patience) ends ``interrupted``/``ledger_unreachable``.
+The causes join the CHECK on ``runs.stop_cause``; on SQLite by the documented
 ``writable_schema`` rewrite of 0003 and 0005 (loosening a CHECK: every row satisfies the
 wider one). Frozen lists here, never the live vocabulary.
 """
@@ -30,7 +32,7 @@ OLD_CAUSES = (
     "wall_time", "out_of_memory", "exception", "interrupted", "preempted", "heartbeat_lost",
     "stalled",
 )
-NEW_CAUSES = (*OLD_CAUSES, "killed")
+NEW_CAUSES = (*OLD_CAUSES, "killed", "ledger_unreachable")
 
 
 def _in(column: str, values: Sequence[str]) -> str:
@@ -42,9 +44,11 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    killed = op.get_bind().execute(sa.text("SELECT count(*) FROM runs WHERE stop_cause = 'killed'"))
-    if killed.scalar_one():
-        raise RuntimeError(f"{REFUSED}: the ledger holds killed runs; revision 0007 has no such cause")
+    held = op.get_bind().execute(sa.text(
+        "SELECT count(*) FROM runs WHERE stop_cause IN ('killed', 'ledger_unreachable')"))
+    if held.scalar_one():
+        raise RuntimeError(f"{REFUSED}: the ledger holds runs killed or ended by an unreachable "
+                           "ledger; revision 0007 has no such causes")
     _set_causes(OLD_CAUSES, NEW_CAUSES)
 
 
