@@ -108,15 +108,17 @@ def test_a_worker_rides_out_its_sessions_being_killed(postgresql_ledger: Ledger,
                                    check_exact=True)
 
 
-def _ridden_out(url: str, tmp_path: Path, disrupt: Callable[[], None]) -> None:
-    """A worker trains a run on ``url``; ``disrupt()`` at update 3; the run must end as its
-    twin (trained uninterrupted on the same ledger first), every point once."""
+def _ridden_out(url: str, tmp_path: Path, disrupt: Callable[[], None],
+                command: tuple[str, ...] = ("worker", "blinks")) -> None:
+    """``command`` (a worker, or a local launch and its worker) trains a run on ``url``;
+    ``disrupt()`` at update 3; the run must end as its twin (trained uninterrupted on the
+    same ledger first), every point once."""
     with Ledger.open(url, create=True) as ledger:
         (twin,) = plan_quick(ledger, "twin", runs=1, updates=30, **SLOW)
         execute(ledger, twin, artifacts=tmp_path / "twin", replay_in_subprocess=False)
         (run_id,) = plan_quick(ledger, "blinks", runs=1, updates=30, **SLOW)
-        worker = start(url, "worker", "blinks", "--artifacts", str(tmp_path / "a"),
-                       "--no-replay-check", *SKIP)
+        worker = start(url, *command, "--artifacts", str(tmp_path / "a"), "--no-replay-check",
+                       *SKIP)
         try:
             wait_for(lambda: last_step(ledger, run_id) >= 3, 120, "update 3 of the run")
             disrupt()
@@ -148,6 +150,15 @@ def test_a_worker_rides_out_a_restart_of_its_server(private_cluster: tuple[str, 
             _cluster(version, name, "start")
 
     _ridden_out(url, tmp_path, disrupt)
+
+
+@pytest.mark.slow
+def test_a_local_launch_rides_out_a_restart_of_its_server(private_cluster: tuple[str, str],
+                                                          tmp_path: Path) -> None:
+    """The launcher polls the ledger too: it and its worker wait the restart out."""
+    (version, name), url = private_cluster[0].split(), private_cluster[1]
+    _ridden_out(url, tmp_path, lambda: _cluster(version, name, "restart", "-m", "fast"),
+                ("launch", "blinks", "--workers", "1"))
 
 
 def test_the_outage_budget_is_checked_and_bounded(monkeypatch: pytest.MonkeyPatch,
