@@ -14,25 +14,26 @@ from __future__ import annotations
 from sqlalchemy import Connection
 
 from campaign.ledger import statements as sql
-from campaign.ledger.leases import new_lease_token
 from campaign.ledger.records import Claim
 from campaign.ledger.vocabulary import PLANNED
 
 
-def claim_next_without_commit(conn: Connection, campaign_id: int, worker: str) -> Claim | None:
-    """Claim the oldest planned run of a campaign, or return None when none is left."""
+def claim_next_without_commit(
+    conn: Connection, campaign_id: int, worker: str, lease: str
+) -> Claim | None:
+    """Claim the oldest planned run of a campaign under ``lease`` (a token drawn for this claim
+    alone, :func:`campaign.ledger.leases.new_lease_token`), or return None when none is left."""
     row = conn.execute(sql.NEXT_PLANNED, {"p_campaign_id": campaign_id}).first()
     if row is None:
         return None
-    return start_without_commit(conn, campaign_id, row.id, row.status, row.config, worker)
+    return start_without_commit(conn, campaign_id, row.id, row.status, row.config, worker, lease)
 
 
 def start_without_commit(
     conn: Connection, campaign_id: int, run_id: str, status: str, config: str, worker: str,
-    start_step: int = 0, resumed_from: int | None = None,
+    lease: str, start_step: int = 0, resumed_from: int | None = None,
 ) -> Claim:
-    """Move ``run_id`` from ``status`` to running and open its next segment."""
-    lease = new_lease_token()
+    """Move ``run_id`` from ``status`` to running under ``lease`` and open its next segment."""
     changed = conn.execute(
         sql.START_RUN,
         {"p_run_id": run_id, "p_old_status": status, "p_worker": worker, "p_lease": lease},

@@ -22,8 +22,9 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 from urllib.parse import quote
 
 from sqlalchemy import Connection, Engine, create_engine, event, exc
@@ -271,8 +272,19 @@ def write_connection(engine: Engine) -> Iterator[Connection]:
         yield conn
 
 
+@dataclass(frozen=True)
+class Done(Generic[_T]):
+    """A settled check's answer: the write had taken effect, and this is what it returned."""
+
+    value: _T
+
+
+Settled = Callable[[Connection], "Done[_T] | None"]
+
+
 def run_in_transaction(
-    engine: Engine, work: Callable[[Connection], _T], *, write: bool, what: str
+    engine: Engine, work: Callable[[Connection], _T], *, write: bool, what: str,
+    settled: Settled[_T] | None = None,
 ) -> _T:
     """Run ``work`` in one transaction, retrying races a bounded number of times.
 
@@ -281,13 +293,29 @@ def run_in_transaction(
     is: the transaction rolled back). A SQLite lock held past the busy timeout is waited out
     again only on a :func:`patient` engine (a run's process). Everything else is translated
     once.
+
+    One attempt may have committed although it failed: the connection was lost while its
+    COMMIT was on the wire (an outage ridden out, docs/runs.md). The next attempt then asks
+    ``settled`` first, in its own transaction: a :class:`Done` means the write is in the
+    database already and is not done twice (a claim, a run's end, an event); without
+    ``settled`` the write must be one that repeats harmlessly (a heartbeat).
     """
     retries = Retries(engine)
+    unsure = False  # whether the last attempt failed at its COMMIT
     while True:
+        committing = False
         try:
-            with write_connection(engine) if write else engine.connect() as conn, conn.begin():
-                return work(conn)
+            with write_connection(engine) if write else engine.connect() as conn:
+                with conn.begin():
+                    if unsure and settled is not None:
+                        done = settled(conn)
+                        if done is not None:
+                            return done.value
+                    result = work(conn)
+                    committing = True
+                return result
         except exc.DBAPIError as error:
+            unsure = unsure or committing
             if not retries.again(error):
                 raise translate_error(error, engine.url, what) from error
 

@@ -8,15 +8,16 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, insert, select, update
+from sqlalchemy import Connection, Table, insert, select, update
 
 from campaign.errors import LedgerInputError, NotFound
 from campaign.ledger import statements as sql
 from campaign.ledger.canonical import canonical_json
-from campaign.ledger.connections import run_in_transaction
+from campaign.ledger.connections import Done, Settled, run_in_transaction
 from campaign.ledger.leases import hold_lease
-from campaign.ledger.models import Artifact, Note, PhaseMeasurement, Pilot, Run
+from campaign.ledger.models import Artifact, Event, Note, PhaseMeasurement, Pilot, Run
 from campaign.ledger.reads import LedgerReader
+from campaign.ledger.settled import last_id, row_past
 
 _T = TypeVar("_T")
 runs_t = Run.__table__
@@ -24,52 +25,68 @@ notes_t = Note.__table__
 artifacts_t = Artifact.__table__
 phases_t = PhaseMeasurement.__table__
 pilots_t = Pilot.__table__
+events_t = Event.__table__
 
 
 class EvidenceWrites(LedgerReader):
     """Reads, plus the writes that record what happened to runs and pilots."""
 
-    def _write(self, work: Callable[[Connection], _T], what: str) -> _T:
-        return run_in_transaction(self.engine, work, write=True, what=what)
+    def _write(self, work: Callable[[Connection], _T], what: str,
+               settled: Settled[_T] | None = None) -> _T:
+        """One write transaction; ``settled``: how a retry recognises that an attempt whose
+        COMMIT was lost had taken effect (:mod:`campaign.ledger.settled`)."""
+        return run_in_transaction(self.engine, work, write=True, what=what, settled=settled)
 
     def add_event(self, campaign: str, kind: str, detail: str | None = None,
                   run_id: str | None = None, *, lease: str | None = None) -> None:
         """Append a lifecycle event (campaign-level when ``run_id`` is None)."""
+
+        mark = Mark()
 
         def work(conn: Connection) -> None:
             campaign_id = self._campaign_id(conn, campaign)
             if run_id is not None:
                 run_campaign(conn, run_id, campaign_id)
                 hold_lease(conn, run_id, lease)
+            mark.take(conn, events_t)
             record_event(conn, campaign_id, run_id, kind, detail)
 
-        self._write(work, f"recording event {kind!r}")
+        self._write(work, f"recording event {kind!r}",
+                    mark.settled(events_t, run_id=run_id, kind=kind, detail=detail))
 
     def add_run_events(self, campaign: str, kind: str, detail: str,
                        run_ids: Sequence[str]) -> None:
         """The same event for each of ``run_ids`` (a decision that covers exactly these
         runs, such as a recorded skip of the pilot), in one transaction."""
 
+        mark = Mark()
+
         def work(conn: Connection) -> None:
             campaign_id = self._campaign_id(conn, campaign)
             for run_id in run_ids:
                 run_campaign(conn, run_id, campaign_id)
+            mark.take(conn, events_t)
             if run_ids:
                 conn.execute(sql.INSERT_EVENT, [
                     {"campaign_id": campaign_id, "run_id": r, "kind": kind, "detail": detail}
                     for r in run_ids])
 
-        self._write(work, f"recording event {kind!r} for {len(run_ids)} runs")
+        self._write(work, f"recording event {kind!r} for {len(run_ids)} runs",
+                    mark.settled(events_t, run_id=run_ids[-1] if run_ids else None, kind=kind,
+                                 detail=detail))
 
     def add_note(self, campaign: str, text: str) -> None:
         if not text.strip():
             raise LedgerInputError("a note needs text")
 
+        mark = Mark()
+
         def work(conn: Connection) -> None:
             campaign_id = self._campaign_id(conn, campaign)
+            mark.take(conn, notes_t)
             conn.execute(insert(notes_t).values(campaign_id=campaign_id, text=text))
 
-        self._write(work, f"adding a note to {campaign!r}")
+        self._write(work, f"adding a note to {campaign!r}", mark.settled(notes_t, text=text))
 
     def add_artifact(
         self,
@@ -84,16 +101,21 @@ class EvidenceWrites(LedgerReader):
     ) -> int:
         """Record a file a run produced with its SHA-256 and size; returns its id."""
 
+        mark = Mark()
+
         def work(conn: Connection) -> int:
             run_row(conn, run_id, self.url)
             hold_lease(conn, run_id, lease)
+            mark.take(conn, artifacts_t)
             return conn.execute(
                 insert(artifacts_t)
                 .values(run_id=run_id, kind=kind, path=path, sha256=sha256, bytes=size, step=step)
                 .returning(artifacts_t.c.id)
             ).scalar_one()
 
-        return self._write(work, f"recording an artifact of run {run_id}")
+        return self._write(work, f"recording an artifact of run {run_id}",
+                           mark.settled(artifacts_t, run_id=run_id, kind=kind, path=path,
+                                        sha256=sha256, step=step))
 
     def create_pilot(self, campaign: str, config_sha256: str,
                      environment: Mapping[str, Any] | None = None,
@@ -101,7 +123,10 @@ class EvidenceWrites(LedgerReader):
         """Record a pilot of the frozen spec ``config_sha256`` for one gate class."""
         stack = None if environment is None else canonical_json(dict(environment))
 
+        mark = Mark()
+
         def work(conn: Connection) -> int:
+            mark.take(conn, pilots_t)
             return conn.execute(
                 insert(pilots_t)
                 .values(campaign_id=self._campaign_id(conn, campaign),
@@ -110,7 +135,9 @@ class EvidenceWrites(LedgerReader):
                 .returning(pilots_t.c.id)
             ).scalar_one()
 
-        return self._write(work, f"recording a pilot of {campaign!r}")
+        return self._write(work, f"recording a pilot of {campaign!r}",
+                           mark.settled(pilots_t, config_sha256=config_sha256,
+                                        gate_class=gate_class))
 
     def set_pilot_verdict(self, pilot_id: int, verdict: str) -> None:
         def work(conn: Connection) -> None:
@@ -132,12 +159,34 @@ class EvidenceWrites(LedgerReader):
         if not prepared:
             return
 
+        mark = Mark()
+        first = {k: prepared[0].get(k) for k in ("run_id", "pilot_id", "phase")}
+
         def work(conn: Connection) -> None:
             for run_id in sorted({r["run_id"] for r in prepared if r.get("run_id")}):
                 hold_lease(conn, run_id, lease)
+            mark.take(conn, phases_t)
             conn.execute(insert(phases_t), prepared)
 
-        self._write(work, "recording phase measurements")
+        self._write(work, "recording phase measurements", mark.settled(phases_t, **first))
+
+
+class Mark:
+    """The highest id of a table that an insert's attempt saw before inserting: after a COMMIT
+    lost with its connection, the retry looks past it for the row (settled.row_past)."""
+
+    def __init__(self) -> None:
+        self.id: int | None = None
+
+    def take(self, conn: Connection, table: Table) -> None:
+        if self.id is None:  # the first attempt's: a retry must look past the same mark
+            self.id = last_id(conn, table)
+
+    def settled(self, table: Table, **values: Any) -> Settled[Any]:
+        def check(conn: Connection) -> Done[Any] | None:
+            return None if self.id is None else row_past(conn, table, self.id, **values)
+
+        return check
 
 
 def run_row(conn: Connection, run_id: str, url: str) -> Any:

@@ -10,9 +10,10 @@ user waits on gives up at once: a mistyped host is no outage. SQLite has no serv
 its locks are waited out by the busy timeout (connections.py).
 
 A retried transaction is one that rolled back, so repeating it is safe, except the rare
-commit whose answer was lost with the connection: the metric writer's repeat is a no-op
-(points are keyed by segment, key and step), and a repeated run end or claim is refused by
-the status graph rather than done twice.
+COMMIT whose answer was lost with the connection: the write may be in the database already.
+The metric writer's repeat is a no-op (points are keyed by segment, key and step); every other
+write names a check that recognises it (:mod:`campaign.ledger.settled`: a claim by its lease
+token, a run's end by its status and stop, a new row by its values), so nothing is done twice.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from campaign.ledger import migrate
 from campaign.ledger import statements as sql
 from campaign.ledger.canonical import canonical_json, sha256_text
 from campaign.ledger.claims import claim_next_without_commit, start_without_commit
-from campaign.ledger.connections import create_ledger_engine, parse_url, sqlite_path
+from campaign.ledger.connections import Done, create_ledger_engine, parse_url, sqlite_path
 from campaign.ledger.connections import patient as engine_patience
 from campaign.ledger.dialects import utcnow
 from campaign.ledger.evidence import EvidenceWrites, record_event, run_campaign, run_row
@@ -32,6 +32,7 @@ from campaign.ledger.leases import (
     any_stale,
     hold_lease,
     mark_stale_lost_without_commit,
+    new_lease_token,
 )
 from campaign.ledger.location import resolve_url
 from campaign.ledger.metrics import MetricWriter
@@ -46,6 +47,7 @@ from campaign.ledger.records import (
     StopRecord,
 )
 from campaign.ledger.rules import check_end, check_plan, transition_refusal
+from campaign.ledger.settled import claim_under, ended_as, run_there
 from campaign.ledger.vocabulary import (
     PLANNED,
     RUNNING,
@@ -165,7 +167,15 @@ class Ledger(EvidenceWrites):
                 )
             return campaign_by_id(conn, campaign_id, tuple(r["id"] for r in run_rows))
 
-        return self._write(work, f"recording campaign {name!r}")
+        def settled(conn: Connection) -> Done[CampaignRecord] | None:
+            found = conn.execute(select(campaigns_t.c.id).where(
+                campaigns_t.c.name == name, campaigns_t.c.spec_sha256 == sha256_text(spec_text)
+            )).scalar()
+            if found is None or (run_rows and run_there(conn, run_rows[0]["id"]) is None):
+                return None
+            return Done(campaign_by_id(conn, found, tuple(r["id"] for r in run_rows)))
+
+        return self._write(work, f"recording campaign {name!r}", settled)
 
     def add_run(
         self,
@@ -212,22 +222,28 @@ class Ledger(EvidenceWrites):
             record_event(conn, campaign_id, run_id, "planned", detail)
             return run_id
 
-        return self._write(work, f"planning a run of {campaign!r}")
+        return self._write(work, f"planning a run of {campaign!r}",
+                           lambda conn: run_there(conn, run_id))
 
     # -- lifecycle ------------------------------------------------------------------
 
     def claim_next(self, campaign: str, worker: str) -> Claim | None:
         """Atomically take the next planned run of ``campaign``; None when none is left."""
 
-        def work(conn: Connection) -> Claim | None:
-            return claim_next_without_commit(conn, self._campaign_id(conn, campaign), worker)
+        lease = new_lease_token()
 
-        return self._write(work, f"claiming a run of {campaign!r}")
+        def work(conn: Connection) -> Claim | None:
+            return claim_next_without_commit(
+                conn, self._campaign_id(conn, campaign), worker, lease)
+
+        return self._write(work, f"claiming a run of {campaign!r}",
+                           lambda conn: claim_under(conn, lease))
 
     def start(
         self, run_id: str, worker: str, *, start_step: int = 0, resumed_from: int | None = None
     ) -> Claim:
         """Move one named run (planned, interrupted or lost) to running in a new segment."""
+        lease = new_lease_token()
 
         def work(conn: Connection) -> Claim:
             row = run_row(conn, run_id, self.url)
@@ -235,13 +251,13 @@ class Ledger(EvidenceWrites):
                 raise IllegalTransition(transition_refusal(run_id, row.status, RUNNING))
             try:
                 return start_without_commit(
-                    conn, row.campaign_id, run_id, row.status, row.config, worker,
+                    conn, row.campaign_id, run_id, row.status, row.config, worker, lease,
                     start_step, resumed_from,
                 )
             except LookupError as race:
                 raise IllegalTransition(f"{race} (another worker took it)") from None
 
-        return self._write(work, f"starting run {run_id}")
+        return self._write(work, f"starting run {run_id}", lambda conn: claim_under(conn, lease))
 
     def finish(
         self,
@@ -286,7 +302,8 @@ class Ledger(EvidenceWrites):
             if changed != 1:  # (the transaction, segment ends included, is rolled back)
                 raise IllegalTransition(f"run {run_id} changed status while it was being ended")
 
-        self._write(work, f"ending run {run_id}")
+        self._write(work, f"ending run {run_id}",
+                    lambda conn: ended_as(conn, run_id, status, stop, lease))
 
     def heartbeat(self, run_id: str, *, lease: str | None = None) -> bool:
         """Stamp the run's heartbeat with the database's clock.
@@ -380,7 +397,10 @@ class Ledger(EvidenceWrites):
                     "can be withdrawn"
                 )
 
-        self._write(work, f"withdrawing run {run_id}")
+        def settled(conn: Connection) -> Done[None] | None:
+            return Done(None) if run_row(conn, run_id, self.url).status == WITHDRAWN else None
+
+        self._write(work, f"withdrawing run {run_id}", settled)
 
     def metric_writer(
         self,

@@ -1,0 +1,112 @@
+"""A COMMIT whose answer is lost with its connection (an outage at the worst moment) is done
+once: the retry recognises the write that took effect (campaign/ledger/settled.py) instead of
+claiming a second run, refusing its own end as a lost lease, or writing an event twice. The
+database is the real PostgreSQL; what is injected is only the loss of the server's answer,
+after the server committed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from campaign.ledger import Ledger
+from campaign.ledger.records import StopRecord
+from tests.support.loop_helpers import plan_quick
+
+
+@pytest.fixture
+def riding(postgresql_ledger: Ledger) -> Iterator[Ledger]:
+    """The same database opened as a worker opens it: riding out outages."""
+    with Ledger.open(str(postgresql_ledger.engine.url.render_as_string(hide_password=False)),
+                     ride_out=True) as opened:
+        yield opened
+
+
+def _lose_next_commit_answer(ledger: Ledger, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The next COMMIT reaches the server and commits; its answer never comes back (the
+    connection is closed under it, as a restart would). Returns a counter of such losses."""
+    dialect = ledger.engine.dialect
+    committed = dialect.do_commit
+    lost: list[int] = []
+
+    def commit_then_lose(dbapi_connection: Any) -> None:
+        committed(dbapi_connection)
+        if not lost:
+            lost.append(1)
+            getattr(dbapi_connection, "dbapi_connection", dbapi_connection).close()
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(dialect, "do_commit", commit_then_lose)
+    return lost
+
+
+def _twice(ledger: Ledger, monkeypatch: pytest.MonkeyPatch, write: Callable[[], Any]) -> Any:
+    lost = _lose_next_commit_answer(ledger, monkeypatch)
+    result = write()
+    assert lost == [1], "the injected loss never happened: the test proves nothing"
+    return result
+
+
+def test_a_claim_whose_commit_answer_was_lost_is_one_claim(
+    riding: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first, second = plan_quick(riding, "lostcommit", runs=2, updates=3)
+    claim = _twice(riding, monkeypatch, lambda: riding.claim_next("lostcommit", "w1"))
+    assert claim is not None and claim.run_id == first
+    assert riding.run(second).status == "planned"  # not claimed as well
+    assert [r.status for r in (riding.run(first),)] == ["running"]
+    segments = riding.segments("lostcommit")
+    assert len(segments) == 1 and segments.iloc[0]["segment_id"] == claim.segment_id
+    events = riding.events("lostcommit")
+    assert (events["kind"] == "running").sum() == 1
+    assert riding.heartbeat(first, lease=claim.lease)  # the lease returned is the one held
+
+
+def test_an_end_whose_commit_answer_was_lost_is_not_refused(
+    riding: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (run_id,) = plan_quick(riding, "lostend", runs=1, updates=3)
+    claim = riding.claim_next("lostend", "w1")
+    assert claim is not None
+    stop = StopRecord("budget_reached", step=3)
+    _twice(riding, monkeypatch,
+           lambda: riding.finish(run_id, "completed", stop, lease=claim.lease))
+    assert riding.run(run_id).status == "completed"
+    events = riding.events("lostend")
+    assert (events["kind"] == "completed").sum() == 1
+
+
+def test_events_and_artifacts_whose_commit_answer_was_lost_are_written_once(
+    riding: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (run_id,) = plan_quick(riding, "lostrows", runs=1, updates=3)
+    claim = riding.claim_next("lostrows", "w1")
+    assert claim is not None
+    _twice(riding, monkeypatch, lambda: riding.add_event("lostrows", "note_kind", "once",
+                                                          run_id, lease=claim.lease))
+    events = riding.events("lostrows")
+    assert (events["kind"] == "note_kind").sum() == 1
+    artifact = _twice(riding, monkeypatch, lambda: riding.add_artifact(
+        run_id, "checkpoint", "ckpt/3", "ab" * 32, 10, 3, lease=claim.lease))
+    artifacts = riding.artifacts("lostrows")
+    assert list(artifacts["id"]) == [artifact]
+
+
+def test_without_the_check_the_loss_would_have_doubled_the_claim(
+    riding: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The injected loss really does commit first: a claim repeated blindly (no settled
+    check, as before) takes a second run. This is what the checks above prevent."""
+    from campaign.ledger.claims import claim_next_without_commit
+    from campaign.ledger.connections import run_in_transaction
+    from campaign.ledger.leases import new_lease_token
+
+    plan_quick(riding, "blind", runs=2, updates=3)
+    campaign_id = int(riding.campaign("blind").id)
+    _lose_next_commit_answer(riding, monkeypatch)
+    run_in_transaction(riding.engine, lambda c: claim_next_without_commit(
+        c, campaign_id, "w1", new_lease_token()), write=True, what="a blind claim")
+    assert sorted(r.status for r in riding.runs("blind").itertuples()) == ["running", "running"]
