@@ -220,8 +220,10 @@ def run_worker(
                 on_outcome(outcome)
             if outcome.status == "interrupted" and RESUME_REFUSED in outcome.detail:
                 report.not_resumed[taken[0]] = outcome.detail  # it waits; the others go on
-            elif outcome.status == "interrupted":
-                stopping.set()
+            elif outcome.status == "interrupted" and outcome.cause != "killed":
+                stopping.set()  # a signal, a full volume, an outage: the next run would meet it
+            # A run killed from outside (the OOM killer) is that run's event: the worker goes on
+            # (docs/runs.md, faults), and may resume it like a preempted run.
         report.stopped_by_signal = stopping.is_set()
         # Preempted whether the signal reached a run or came between two (the supervisor
         # records the signal it forwarded in the stop request).

@@ -117,6 +117,8 @@ def test_a_launch_left_unfinished_names_each_run_and_the_command_that_continues(
     assert "campaign: left: 1 interrupted" in said
     assert "interrupted (killed) at update 5, last checkpoint at update 4" in said
     assert "campaign: continue with: campaign launch left --resume-interrupted" in said
+    with Ledger.open(sqlite_url) as ledger:  # the kill was its run's: the worker went on
+        assert sorted(ledger.runs("left")["status"]) == ["completed", "interrupted"]
     code, said = _cli(sqlite_url, "launch", "left", "--workers", "1", "--artifacts", artifacts,
                       "--no-replay-check", "--resume-interrupted", *SKIP)
     assert code == 0, said
