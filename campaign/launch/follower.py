@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     replica = dp.Replica(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
     address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    with Ledger.open() as ledger:
+    with Ledger.open(ride_out=True) as ledger:  # a replica rides out an outage as its run does
         loop = RunLoop(ledger, args.run_id, artifacts=args.artifacts, device=args.device,
                        replica=replica, replay_in_subprocess=False)
         with dp.process_group(replica, address, port, torch.device(args.device)):

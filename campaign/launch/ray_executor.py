@@ -84,7 +84,7 @@ def execute_worker_task(url: str, secret: str | None, document: dict[str, Any],
                         cwd: str) -> dict[str, Any]:
     """The body of one Ray task: a worker (module level, so Ray ships it by reference)."""
     enter(cwd)
-    with Ledger.open(taken_back(url, secret)) as ledger:
+    with Ledger.open(taken_back(url, secret), ride_out=True) as ledger:
         report = run_worker(ledger, options_from(document))
     return {"worker": report.worker, "runs": [asdict(o) for o in report.outcomes],
             "stopped": report.stopped_by_signal}
@@ -217,7 +217,7 @@ def _follow(ray: Any, url: str, handed: tuple[str, str | None], options: WorkerO
             f"{resources.get('GPU', 0):g}: no run could ever be scheduled "
             "(use --devices cpu or --gpus-per-run 0)"
         )
-    with Ledger.open(url) as ledger:
+    with Ledger.open(url, ride_out=True) as ledger:  # the launcher follows through an outage
         ledger.mark_lost(options.lease_s, options.campaign)  # swept before anything is listed
         waiting = len(ledger.runs(options.campaign, status=["planned", *options.resume]))
         count = max(1, min(ray_options.workers or int(resources.get("CPU", 1)), waiting))

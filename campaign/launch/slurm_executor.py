@@ -183,7 +183,7 @@ def launch_on_slurm(
     previous = {s: signal.signal(s, lambda signum, _: signals.append(signum))
                 for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        with Ledger.open(url) as ledger:
+        with Ledger.open(url, ride_out=True) as ledger:  # follows through an outage
             _follow(ledger, job_id, options, slurm, display, signals)
             snapshot = settle(ledger, options, display)
     finally:

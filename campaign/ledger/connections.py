@@ -40,6 +40,7 @@ from campaign.errors import (
 )
 from campaign.ledger.outage import Backoff, is_outage, riding_out
 
+TCP_USER_TIMEOUT_S = 30  # a PostgreSQL server silent this long on a sent request is gone
 MAX_BUSY_TIMEOUT_S = 2_000_000  # about 23 days; SQLite's busy timeout is a 32-bit ms count
 
 
@@ -148,6 +149,11 @@ def create_ledger_engine(url: URL, *, read_only: bool = False) -> Engine:
             # (PgBouncer, docs/clusters.md) the next transaction may run on another server
             # connection, where it does not exist.
             "prepare_threshold": None,
+            # A server that vanished without closing (a node lost, a network cut) is noticed in
+            # tens of seconds, not the kernel's 15 minutes: probes on an idle connection, and a
+            # bound on data the server never acknowledges. Then it is an outage to ride out.
+            "keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5,
+            "keepalives_count": 3, "tcp_user_timeout": TCP_USER_TIMEOUT_S * 1000,
         },
     )
     if read_only:  # again per transaction: a pooler (PgBouncer) drops the session's options

@@ -52,12 +52,29 @@ def riding_out(engine: Engine, seconds: float | None = None) -> Engine:
     return engine.execution_options(**{_OPTION: outage_s() if seconds is None else seconds})
 
 
+# The server's own answers that mean "not now" rather than "not this": a connection failure
+# (class 08, a pooler's too), the server shutting down or crashing under the session, or one
+# that is starting and not yet taking connections.
+_OUTAGE_STATES = ("57P01", "57P02", "57P03")
+# A connection the server refused for good: a mistyped database or role, a password, the
+# access rules. Waiting cannot help; the user must hear it at once.
+_REFUSALS = ("does not exist", "authentication failed", "pg_hba.conf", "permission denied")
+
+
 def is_outage(error: exc.DBAPIError, dialect: str) -> bool:
     """A lost connection or a server that does not answer (PostgreSQL): not the statement's
-    fault, worth waiting for. SQLite's errors are about its file, never an outage."""
+    fault, worth waiting for. A refused password, a cancelled statement, a full disk or a lock
+    not granted are answers, not an outage. SQLite's errors are about its file, never one."""
     if dialect == "sqlite":
         return False
-    return bool(error.connection_invalidated) or isinstance(error, exc.OperationalError)
+    if error.connection_invalidated:
+        return True
+    if not isinstance(error, exc.OperationalError):
+        return False
+    state = getattr(error.orig, "sqlstate", None)
+    if state is None:  # a connection that failed: the client's own words, the server's inside
+        return not any(answer in str(error.orig) for answer in _REFUSALS)
+    return state.startswith("08") or state in _OUTAGE_STATES
 
 
 class Backoff:

@@ -189,10 +189,12 @@ def replay_file_in_subprocess(path: Path, task_reference: str) -> dict[str, Any]
         return {"identical": False, "error": str(error)}
 
 
-def replay_recorded(url: str, run_id: str, device: str = "cpu") -> dict[str, Any]:
+def replay_recorded(url: str, run_id: str, device: str = "cpu",
+                    ride_out: bool = False) -> dict[str, Any]:
     """:func:`replay` on the ledger at ``url``: what ``campaign replay`` and a run's own replay
-    check run in a fresh child of the task host (the URL travels on the host's channel)."""
-    with Ledger.open(url) as ledger:
+    check run in a fresh child of the task host (the URL travels on the host's channel).
+    ``ride_out``: a run's own check rides out an outage as the run does; the command does not."""
+    with Ledger.open(url, ride_out=ride_out) as ledger:
         return replay(ledger, run_id, device)
 
 
@@ -206,7 +208,7 @@ def replay_when_told(url: str, run_id: str, task_reference: str, go: str,
         load_factory(task_reference)
     while not Path(go).exists():
         time.sleep(0.02)
-    return replay_recorded(url, run_id, device)
+    return replay_recorded(url, run_id, device, ride_out=True)
 
 
 @dataclass(frozen=True)
@@ -266,7 +268,7 @@ class EarlyReplay:
                                      "a signal nobody of ours sent; `campaign replay "
                                      f"{self.run_id}` checks it again")
             try:
-                again = begin(replay_recorded, self.url, self.run_id, self.device,
+                again = begin(replay_recorded, self.url, self.run_id, self.device, True,
                               task=self.task_reference, what=f"replaying run {self.run_id}",
                               timeout_s=REPLAY_TIMEOUT_S)
             except CampaignError as error:

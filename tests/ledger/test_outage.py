@@ -15,14 +15,16 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import psycopg
 import pytest
+from sqlalchemy import create_engine, exc
 from sqlalchemy.engine import make_url
 
 from campaign.ledger import Ledger
-from campaign.ledger.outage import Backoff, outage_s, riding_out
+from campaign.ledger.outage import Backoff, is_outage, outage_s, riding_out
 from campaign.loop.train import execute
 from tests.conftest import POSTGRES_ADMIN_URL
 from tests.support.launch_helpers import last_step, losses, start, wait_for
@@ -177,3 +179,41 @@ def test_the_outage_budget_is_checked_and_bounded(monkeypatch: pytest.MonkeyPatc
             waits += 1
         assert waits == 2 and 0.7 <= time.monotonic() - began < 1.0  # 0.25 s, then 0.5 s
         assert not Backoff(ledger.engine).wait()  # a command the user waits on: at once
+
+
+def _error_of(engine: Any, *statements: str) -> exc.DBAPIError:
+    with pytest.raises(exc.DBAPIError) as caught, engine.connect() as conn:
+        for statement in statements:
+            conn.exec_driver_sql(statement)
+    return caught.value
+
+
+def test_only_a_lost_or_absent_server_is_an_outage(postgresql_ledger: Ledger) -> None:
+    """The server's answers (a cancelled statement, a lock not granted, a missing database)
+    fail at once; a session cut under a statement and a port nobody listens on are waited
+    for. Real errors of the real PostgreSQL, read as the retry policy reads them."""
+    engine = postgresql_ledger.engine
+    cancelled = _error_of(engine, "SET statement_timeout = 50", "SELECT pg_sleep(2)")
+    with engine.connect() as holder, holder.begin():
+        holder.exec_driver_sql("LOCK TABLE runs IN ACCESS EXCLUSIVE MODE")
+        not_granted = _error_of(engine, "SET lock_timeout = 50", "LOCK TABLE runs")
+    cut = _error_of(engine, "SELECT pg_terminate_backend(pg_backend_pid())")
+    absent = make_url(str(engine.url)).set(port=_free_port())
+    nobody = _error_of(create_engine(absent), "SELECT 1")
+    no_database = _error_of(create_engine(engine.url.set(database="campaign_no_such_db")),
+                            "SELECT 1")
+    assert not is_outage(cancelled, "postgresql") and not is_outage(not_granted, "postgresql")
+    assert not is_outage(no_database, "postgresql")
+    assert is_outage(cut, "postgresql") and is_outage(nobody, "postgresql")
+
+
+def test_a_server_that_vanished_silently_is_noticed_within_a_minute(
+        postgresql_ledger: Ledger) -> None:
+    """A half-open connection (a node lost, a cable cut) would block for the kernel's ~15
+    minutes; libpq is told to probe an idle one and to give up on an unacknowledged send."""
+    with postgresql_ledger.engine.connect() as conn:
+        given = conn.connection.driver_connection.info.get_parameters()
+    assert given["keepalives"] == "1" and int(given["keepalives_idle"]) <= 10
+    probes = int(given["keepalives_idle"]) + int(given["keepalives_interval"]) * int(
+        given["keepalives_count"])
+    assert probes <= 60 and int(given["tcp_user_timeout"]) <= 60_000
