@@ -20,6 +20,7 @@ from campaign.cli.options import (
 )
 from campaign.cli.output import output_options, render_rows
 from campaign.cli.source import LedgerSource
+from campaign.errors import LedgerError, first_line
 from campaign.launch.defaults import DEFAULT_HEARTBEAT_S, DEFAULT_LEASE_S, EXECUTORS
 
 
@@ -196,10 +197,47 @@ def launch(source: LedgerSource, campaign: str, workers: int | None, devices: st
 
         what = ", ".join(f"{n} {s}" for s, n in outcome.attention.items()) or "runs left"
         click.echo(f"campaign: {campaign}: {what}", err=True)
-        with source.open() as ledger:  # which runs, where each stands, and how to go on
-            for line in left_behind(ledger, campaign):
-                click.echo(f"campaign: {line}", err=True)
+        try:
+            with source.open() as ledger:  # which runs, where each stands, and how to go on
+                lines = left_behind(ledger, campaign, _as_given(source))
+        except LedgerError as error:
+            lines = [f"the runs left cannot be listed: {first_line(error)}",
+                     f"see them later with: campaign status {campaign}"]
+        for line in lines:
+            click.echo(f"campaign: {line}", err=True)
         raise click.exceptions.Exit(1)
+
+
+# What the launch was told that a continuing launch must be told again: where and on what it
+# runs (the resume flags and the output format are the continuing command's own).
+_NOT_REPEATED = {"resume_lost", "resume_interrupted", "output_format", "campaign"}
+
+
+def _as_given(source: LedgerSource) -> list[str]:
+    """The options of this launch as given on its command line, and the ledger when it is not
+    the one the environment names, so the command to continue is the one to paste."""
+    import shlex
+
+    from click.core import ParameterSource
+    from sqlalchemy.engine import make_url
+
+    from campaign.ledger.connections import safe_url
+    from campaign.ledger.location import resolve_url
+
+    context = click.get_current_context()
+    given = []
+    if source.url != resolve_url(None):  # a password stays hidden: the user knows it
+        given += ["--ledger", shlex.quote(safe_url(make_url(source.url)))]
+    for param in context.command.params:
+        if (not isinstance(param, click.Option) or param.name in _NOT_REPEATED
+                or context.get_parameter_source(param.name or "") != ParameterSource.COMMANDLINE):
+            continue
+        value, name = context.params.get(param.name or ""), param.opts[-1]
+        if param.is_flag:
+            given += [name] if value else []
+        elif value is not None:
+            given += [name, shlex.quote(str(value))]
+    return given
 
 
 @click.command()

@@ -8,6 +8,7 @@ lost" alone sends them to the ledger. Read from the ledger only, after the worke
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from campaign.ledger import Ledger
@@ -16,11 +17,14 @@ RESUMABLE = ("interrupted", "lost")
 LISTED_AT_MOST = 20  # one line each; the rest are counted
 
 
-def left_behind(ledger: Ledger, campaign: str) -> list[str]:
+def left_behind(ledger: Ledger, campaign: str, given: Sequence[str] = ()) -> list[str]:
     """One line per run not done (interrupted, lost, still running, never started), then the
-    command that continues them; empty when every run has ended."""
+    command that continues them (with ``given``: the options the launch was given, where it
+    ran and on what); empty when every run has ended. A run relaunched under a new id is
+    done with: its relaunch is the one listed."""
     runs = ledger.runs(campaign)
-    waiting = runs[runs["status"].isin((*RESUMABLE, "running"))]
+    relaunched = set(runs["relaunch_of"].dropna())
+    waiting = runs[runs["status"].isin((*RESUMABLE, "running")) & ~runs["run_id"].isin(relaunched)]
     planned = int((runs["status"] == "planned").sum())
     if waiting.empty and not planned:
         return []
@@ -30,17 +34,17 @@ def left_behind(ledger: Ledger, campaign: str) -> list[str]:
         lines = [*lines[:LISTED_AT_MOST], f"... and {len(lines) - LISTED_AT_MOST} more"]
     if planned:
         lines.append(f"{planned} planned run{'s' * (planned > 1)} never started")
-    return [*lines, continue_command(campaign, set(waiting["status"]))]
+    return [*lines, continue_command(campaign, set(waiting["status"]), given)]
 
 
-def continue_command(campaign: str, statuses: set[str]) -> str:
+def continue_command(campaign: str, statuses: set[str], given: Sequence[str] = ()) -> str:
     """The command that continues the campaign: planned runs always, the resumable ones only
     when asked for by name. A run left ``running`` with no worker is declared lost once its
     lease runs out, and resumed then with ``--resume-lost``."""
     flags = [f"--resume-{s}" for s in RESUMABLE if s in statuses]
     if "running" in statuses and "--resume-lost" not in flags:
         flags.append("--resume-lost")
-    return "continue with: " + " ".join(["campaign launch", campaign, *flags])
+    return "continue with: " + " ".join(["campaign launch", campaign, *given, *flags])
 
 
 def _line(row: Any, checkpoint: int | None) -> str:

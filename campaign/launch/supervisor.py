@@ -100,7 +100,7 @@ def supervise(
                    # task code (a tokenizer's cache) finds the artifacts folder
                    ARTIFACTS_ENV: str(folder.absolute().parent)}
     result.unlink(missing_ok=True)
-    board = progress_page.ProgressBoard(board_path, create=True)
+    board = progress_page.ProgressBoard(board_path, create=True, step=claim.start_step)
     oom_before = oom_kills()  # the OOM killer's count, to name it if it kills the run
     child: Child | None = None
     try:

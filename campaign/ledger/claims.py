@@ -54,4 +54,4 @@ def start_without_commit(
         {"campaign_id": campaign_id, "run_id": run_id, "kind": kind,
          "detail": f"{status} -> running, segment {ordinal}, worker {worker}"},
     )
-    return Claim(run_id, segment_id, ordinal, config, worker, lease)
+    return Claim(run_id, segment_id, ordinal, config, worker, lease, start_step)

@@ -88,6 +88,7 @@ class Claim:
     config: str
     worker: str
     lease: str = ""
+    start_step: int = 0  # the update its segment starts from (a resume's checkpoint)
 
 
 @dataclass(frozen=True)

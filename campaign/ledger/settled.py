@@ -27,14 +27,15 @@ def claim_under(conn: Connection, lease: str) -> Done[Claim] | None:
     """The claim made with ``lease`` (a token drawn for that claim alone), if it committed."""
     row = conn.execute(
         select(segments_t.c.id, segments_t.c.ordinal, segments_t.c.worker, runs_t.c.id.label("run"),
-               runs_t.c.config)
+               runs_t.c.config, segments_t.c.start_step)
         .join(runs_t, runs_t.c.id == segments_t.c.run_id)
         .where(segments_t.c.lease_token == lease, runs_t.c.lease_token == lease,
                runs_t.c.status == RUNNING, segments_t.c.ended_at.is_(None))
     ).first()
     if row is None:
         return None
-    return Done(Claim(row.run, row.id, row.ordinal, row.config, row.worker, lease))
+    return Done(Claim(row.run, row.id, row.ordinal, row.config, row.worker, lease,
+                      row.start_step))
 
 
 def ended_as(conn: Connection, run_id: str, status: str, stop: StopRecord,

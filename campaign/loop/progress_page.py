@@ -36,14 +36,19 @@ class ProgressBoard:
     """The shared page, mapped from ``path`` (``create``: the supervisor makes and zeroes it;
     the run's process maps the same file, writes, and the supervisor reads)."""
 
-    def __init__(self, path: Path, *, create: bool = False) -> None:
+    def __init__(self, path: Path, *, create: bool = False, step: int = 0) -> None:
+        """``step`` (with ``create``): the update the segment starts from (a resume's), what
+        the page says until the run's process says more; the process reads it from the page."""
         if create:
             path.write_bytes(bytes(mmap.PAGESIZE))
         with open(path, "r+b") as handle:
             self._page = mmap.mmap(handle.fileno(), mmap.PAGESIZE)
-        self._ticks, self._step, self._phase = 0, 0, b"setup"
+        self._ticks, self._step, self._phase = 0, step, b"setup"
         if create:
             self._write()
+        else:
+            self._ticks, self._step, phase = _LAYOUT.unpack_from(self._page, 0)
+            self._phase = phase.rstrip(b"\0") or b"setup"
 
     def tick(self, phase: str | None = None, step: int | None = None) -> None:
         self._ticks += 1

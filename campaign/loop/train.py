@@ -212,7 +212,7 @@ class RunLoop:
     def phase(self, name: str) -> None:
         """Every phase change tells a supervisor the run makes progress, and where it is."""
         self._phase = name
-        progress_page.tick(name, self.step)
+        progress_page.tick(name, self.step or None)  # before the restore: where it starts
 
     @property
     def _trainer(self) -> Trainer:

@@ -7,6 +7,7 @@ supervisor tests). Both engines, the real command line in-process, the run in a 
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import pandas as pd
@@ -55,6 +56,28 @@ def test_a_killed_run_is_interrupted_then_resumes_exactly(ledger: Ledger, ledger
                                    check_exact=True)  # bit for bit, every update once
     kills = ledger.events("killed", run_id=run_id)
     assert list(kills["kind"]).count("killed") == 1
+
+
+def test_a_kill_in_a_resumed_segments_setup_is_at_its_checkpoint(ledger: Ledger,
+                                                                  ledger_url: str,
+                                                                  tmp_path: Path) -> None:
+    """Killed at update 5 (checkpoint at 4), then killed again while the resume sets up: the
+    second kill is at update 4 (where the segment starts), not at update 0; a third there is
+    the second at that update, so `failed`."""
+    marker = str(tmp_path / "killed-once")
+    (run_id,) = plan_loop(ledger, "setupkill", task=TASK, hold=HOLD,
+                          config={"task.fault": "selfkill", "task.at": AT, "task.marker": marker,
+                                  "task.setup_kill_after": marker})
+    artifacts = str(tmp_path / "artifacts")
+    _cli(ledger_url, "run", run_id, "--artifacts", artifacts, "--no-replay-check", *SKIP)
+    assert ledger.run(run_id).stop_step == 5
+    _cli(ledger_url, "resume", run_id, "--artifacts", artifacts, "--no-replay-check")
+    record = ledger.run(run_id)
+    assert (record.status, record.stop_cause, record.stop_step) == ("interrupted", "killed", 4)
+    assert "after update 4" in record.stop_detail
+    _cli(ledger_url, "resume", run_id, "--artifacts", artifacts, "--no-replay-check")
+    record = ledger.run(run_id)
+    assert (record.status, record.stop_cause, record.stop_step) == ("failed", "killed", 4)
 
 
 def test_killed_twice_at_one_update_is_failed_with_both_kills(ledger: Ledger, ledger_url: str,
@@ -116,11 +139,31 @@ def test_a_launch_left_unfinished_names_each_run_and_the_command_that_continues(
     assert code == 1, said
     assert "campaign: left: 1 interrupted" in said
     assert "interrupted (killed) at update 5, last checkpoint at update 4" in said
-    assert "campaign: continue with: campaign launch left --resume-interrupted" in said
     with Ledger.open(sqlite_url) as ledger:  # the kill was its run's: the worker went on
         assert sorted(ledger.runs("left")["status"]) == ["completed", "interrupted"]
-    code, said = _cli(sqlite_url, "launch", "left", "--workers", "1", "--artifacts", artifacts,
-                      "--no-replay-check", "--resume-interrupted", *SKIP)
-    assert code == 0, said
+    # The line to paste: where the launch ran and on what, then the flag that resumes.
+    (command,) = [line.split("continue with: ", 1)[1] for line in said.splitlines()
+                  if "continue with: " in line]
+    words = shlex.split(command)
+    assert words[:3] == ["campaign", "launch", "left"] and words[-1] == "--resume-interrupted"
+    assert {"--ledger", "--workers", "--artifacts", "--skip-pilot"} <= set(words)
+    done = CliRunner().invoke(main, words[1:])
+    assert done.exit_code == 0, done.stderr
     with Ledger.open(sqlite_url) as ledger:
         assert set(ledger.runs("left")["status"]) == {"completed"}
+
+
+def test_a_run_relaunched_under_a_new_id_is_not_left_behind(sqlite_ledger: Ledger) -> None:
+    from campaign.launch.left_behind import left_behind
+    from campaign.ledger.records import StopRecord
+
+    (run_id,) = plan_loop(sqlite_ledger, "relaunched", task=TASK, hold=HOLD)
+    claim = sqlite_ledger.claim_next("relaunched", "w")
+    assert claim is not None
+    sqlite_ledger.finish(run_id, "interrupted", StopRecord("killed", step=3), lease=claim.lease)
+    assert left_behind(sqlite_ledger, "relaunched")[0].startswith(f"run {run_id} ")
+    record = sqlite_ledger.run(run_id)
+    sqlite_ledger.add_run("relaunched", record.variant, int(record.seed), record.config_document,
+                          relaunch_of=run_id, reason="a new id")
+    assert left_behind(sqlite_ledger, "relaunched") == [
+        "1 planned run never started", "continue with: campaign launch relaunched"]

@@ -26,12 +26,17 @@ class FaultyDigits(DigitsTask):
         self.config_signal = str(config["task"].get("signal", "SIGTERM"))
         self.sleep_lock = float(config["task"].get("lock_s", 0.0))
         self.calls = 0
+        # Killed while building the model (the setup of a segment) once this file exists.
+        self.setup_kill = config["task"].get("setup_kill_after")
 
     def model(self) -> torch.nn.Module:
         """In the process whose id CAMPAIGN_TEST_DRIFT names, the class scores are rolled by
         one: task code that behaves differently in another process, so the final artifact's
         replay in a fresh process predicts other labels."""
         model = super().model()
+        if self.setup_kill and os.path.exists(self.setup_kill) and os.environ.get(
+                "CAMPAIGN_SUPERVISOR_PID"):
+            os.kill(os.getpid(), signal.SIGKILL)
         if self.fault == "rank_drift" and os.environ.get("RANK") == "1":  # seeds by rank, say
             with torch.no_grad():
                 next(model.parameters()).add_(1e-3)
