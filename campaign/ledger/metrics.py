@@ -41,6 +41,7 @@ from campaign.ledger.dialects import (
     placeholder,
     share_lock,
 )
+from campaign.ledger.unconfirmed import UnconfirmedBatches
 
 MetricRow = tuple[str, int, str, int, float | None, int | None, float]
 
@@ -80,6 +81,8 @@ class MetricWriter(Closing):
         self._last_flush = time.time()
         self._raw: Any = None
         self.points_written = 0
+        # PostgreSQL acknowledges a metric batch before its log is on disk (unconfirmed.py)
+        self._unconfirmed = UnconfirmedBatches() if self._dialect == "postgresql" else None
 
     # -- logging (the hot path) -------------------------------------------------
 
@@ -145,6 +148,8 @@ class MetricWriter(Closing):
                 else:
                     raise
                 if retries.again(wrapped):
+                    if self._unconfirmed is not None:  # the server may have lost what it had
+                        self._unconfirmed.uncertain = True
                     continue
                 raise translate_error(wrapped, self._engine.url, "writing metrics") from error
         self._buffer = []
@@ -171,8 +176,11 @@ class MetricWriter(Closing):
                     f"writing metrics: {REFUSAL_PREFIX}: segment {self.segment_id} "
                     f"is not a segment of run {self.run_id}"
                 )
-            insert_metric_rows(self._dialect, cursor, rows)
+            again = [] if self._unconfirmed is None else self._unconfirmed.before_insert(cursor)
+            insert_metric_rows(self._dialect, cursor, again + rows)
             raw.commit()
+            if self._unconfirmed is not None:
+                self._unconfirmed.committed(rows)
         except BaseException:
             with contextlib.suppress(Exception):  # a lost connection cannot roll back: the
                 raw.rollback()  # error that lost it is the one to report

@@ -217,3 +217,31 @@ def test_a_server_that_vanished_silently_is_noticed_within_a_minute(
     probes = int(given["keepalives_idle"]) + int(given["keepalives_interval"]) * int(
         given["keepalives_count"])
     assert probes <= 60 and int(given["tcp_user_timeout"]) <= 60_000
+
+
+def test_points_acknowledged_but_not_on_disk_survive_a_crash(
+        private_cluster: tuple[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Metric batches commit before the server's log reaches its disk. Here the server is told
+    to flush that log only every 10 s, a batch is written, and the server is stopped at once
+    (`-m immediate`, a crash): it comes back without the batch. The writer kept it, and its
+    next flush, finding its connection gone, writes it again: every point is there once."""
+    monkeypatch.setenv("CAMPAIGN_LEDGER_OUTAGE_S", "60")
+    (version, name), url = private_cluster[0].split(), private_cluster[1]
+    with psycopg.connect(url.replace("+psycopg", ""), autocommit=True) as admin:
+        admin.execute("ALTER SYSTEM SET wal_writer_delay = '10s'")
+        admin.execute("SELECT pg_reload_conf()")
+    with Ledger.open(url, create=True) as plain:
+        (run_id,) = plan_quick(plain, "crash", runs=1, updates=3)
+    with Ledger.open(url, ride_out=True) as ledger:
+        claim = ledger.claim_next("crash", "w")
+        assert claim is not None
+        writer = ledger.metric_writer(run_id, claim.segment_id, lease=claim.lease)
+        for step in range(1, 101):
+            writer.log("train/loss", step, 1.0 / step)
+        assert writer.flush() == 100  # acknowledged, in the server's memory only
+        _cluster(version, name, "restart", "-m", "immediate")
+        for step in range(101, 151):
+            writer.log("train/loss", step, 1.0 / step)
+        writer.close()
+        points = ledger.metrics(runs=[run_id], keys=["train/loss"], all_segments=True)
+    assert sorted(points["step"]) == list(range(1, 151))
