@@ -27,6 +27,9 @@ from campaign.ledger import Ledger
 # two threads, 54 CPU-s with one; 70 s and 50 s of wall time). Set before torch is imported.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+# Fixtures of a private ledger server to restart and crash (outage tests of several packages).
+pytest_plugins = ["tests.support.outages"]
+
 POSTGRES_ADMIN_URL = os.environ.get(
     "CAMPAIGN_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test"
 )

@@ -4,20 +4,15 @@ seconds, cost no run and no point. The worker, its supervisor and the run's proc
 with backoff; the run ends `completed` with the series of its uninterrupted twin, every
 update's point written once. Sessions are killed only in this test's own database of the
 local PostgreSQL; restarts happen to a private cluster the test makes on its own port
-(Debian's pg_createcluster) and drops, never to the shared server. Real processes."""
+(tests/support/outages.py), never to the shared server. Real processes."""
 
 from __future__ import annotations
 
-import socket
-import subprocess
 import threading
 import time
-import uuid
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 import psycopg
 import pytest
 from sqlalchemy import create_engine, exc
@@ -27,42 +22,18 @@ from campaign.ledger import Ledger
 from campaign.ledger.outage import Backoff, is_outage, outage_s, riding_out
 from campaign.loop.train import execute
 from tests.conftest import POSTGRES_ADMIN_URL
-from tests.support.launch_helpers import last_step, losses, start, wait_for
+from tests.support.launch_helpers import last_step, start, wait_for
 from tests.support.loop_helpers import plan_quick
-
-SKIP = ("--skip-pilot", "--reason", "a test of ledger outages")
-SLOW = {"task": {"sleep_s": 0.02}, "hold": {"loop.checkpoint_every": 5}, "validation_every": 3}
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-@pytest.fixture
-def private_cluster() -> Iterator[tuple[str, str]]:
-    """A PostgreSQL cluster of this test's own (version, name) on a free port, with a ledger
-    database; dropped afterwards. Its URL is the second item."""
-    version = sorted(p.name for p in Path("/etc/postgresql").iterdir())[-1]
-    name, port = f"campaign{uuid.uuid4().hex[:8]}", _free_port()
-    subprocess.run(["pg_createcluster", version, name, "-p", str(port), "--",
-                    "--auth-host=trust", "--auth-local=trust"],
-                   check=True, capture_output=True, timeout=120)
-    try:
-        _cluster(version, name, "start")
-        with psycopg.connect(f"postgresql://postgres@127.0.0.1:{port}/postgres",
-                             autocommit=True) as admin:
-            admin.execute("CREATE DATABASE ledger")
-        yield f"{version} {name}", f"postgresql+psycopg://postgres@127.0.0.1:{port}/ledger"
-    finally:
-        subprocess.run(["pg_dropcluster", "--stop", version, name], capture_output=True,
-                       timeout=120)
-
-
-def _cluster(version: str, name: str, *action: str) -> None:
-    subprocess.run(["pg_ctlcluster", version, name, *action], check=True, capture_output=True,
-                   timeout=120)
+from tests.support.outages import (
+    SKIP,
+    SLOW,
+    UPDATES,
+    Cluster,
+    assert_twin,
+    free_port,
+    ridden_out,
+    stopped_for,
+)
 
 
 def _terminate_sessions(database: str, stop: threading.Event, every_s: float) -> list[int]:
@@ -82,9 +53,9 @@ def test_a_worker_rides_out_its_sessions_being_killed(postgresql_ledger: Ledger,
                                                       postgresql_url: str,
                                                       tmp_path: Path) -> None:
     ledger = postgresql_ledger
-    (twin,) = plan_quick(ledger, "twin", runs=1, updates=30, **SLOW)
+    (twin,) = plan_quick(ledger, "twin", runs=1, updates=UPDATES, **SLOW)
     execute(ledger, twin, artifacts=tmp_path / "twin", replay_in_subprocess=False)
-    (run_id,) = plan_quick(ledger, "blinks", runs=1, updates=30, **SLOW)
+    (run_id,) = plan_quick(ledger, "blinks", runs=1, updates=UPDATES, **SLOW)
     worker = start(postgresql_url, "worker", "blinks", "--artifacts", str(tmp_path / "a"),
                    "--no-replay-check", *SKIP)
     wait_for(lambda: last_step(ledger, run_id) >= 3, 120, "update 3 of the run")
@@ -102,65 +73,30 @@ def test_a_worker_rides_out_its_sessions_being_killed(postgresql_ledger: Ledger,
             worker.kill()
     assert sum(killed) >= 3, killed  # sessions really were killed while it trained
     assert worker.returncode == 0, stderr[-3000:]
-    record = ledger.run(run_id)
-    assert (record.status, record.stop_cause) == ("completed", "budget_reached"), record
-    points = ledger.metrics(runs=[run_id], keys=["train/loss"], all_segments=True)
-    assert sorted(points["step"]) == list(range(1, 31))  # every update once: none lost or twice
-    pd.testing.assert_series_equal(losses(ledger, run_id), losses(ledger, twin),
-                                   check_exact=True)
-
-
-def _ridden_out(url: str, tmp_path: Path, disrupt: Callable[[], None],
-                command: tuple[str, ...] = ("worker", "blinks")) -> None:
-    """``command`` (a worker, or a local launch and its worker) trains a run on ``url``;
-    ``disrupt()`` at update 3; the run must end as its twin (trained uninterrupted on the
-    same ledger first), every point once."""
-    with Ledger.open(url, create=True) as ledger:
-        (twin,) = plan_quick(ledger, "twin", runs=1, updates=30, **SLOW)
-        execute(ledger, twin, artifacts=tmp_path / "twin", replay_in_subprocess=False)
-        (run_id,) = plan_quick(ledger, "blinks", runs=1, updates=30, **SLOW)
-        worker = start(url, *command, "--artifacts", str(tmp_path / "a"), "--no-replay-check",
-                       *SKIP)
-        try:
-            wait_for(lambda: last_step(ledger, run_id) >= 3, 120, "update 3 of the run")
-            disrupt()
-            _, stderr = worker.communicate(timeout=300)
-        finally:
-            if worker.poll() is None:
-                worker.kill()
-        assert worker.returncode == 0, stderr[-3000:]
-        record = ledger.run(run_id)
-        assert (record.status, record.stop_cause) == ("completed", "budget_reached"), record
-        points = ledger.metrics(runs=[run_id], keys=["train/loss"], all_segments=True)
-        assert sorted(points["step"]) == list(range(1, 31))
-        pd.testing.assert_series_equal(losses(ledger, run_id), losses(ledger, twin),
-                                       check_exact=True)
+    assert_twin(ledger, run_id, twin)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("how", ["restart -m fast", "restart -m immediate", "stop 6 s"])
-def test_a_worker_rides_out_a_restart_of_its_server(private_cluster: tuple[str, str],
+@pytest.mark.parametrize("how", ["restart -m fast", "restart -m immediate", "stop 30 s"])
+def test_a_worker_rides_out_a_restart_of_its_server(private_cluster: Cluster,
                                                      tmp_path: Path, how: str) -> None:
-    (version, name), url = private_cluster[0].split(), private_cluster[1]
-
     def disrupt() -> None:
         if how.startswith("restart"):
-            _cluster(version, name, "restart", "-m", how.split()[-1])
+            private_cluster.ctl("restart", "-m", how.split()[-1])
         else:
-            _cluster(version, name, "stop", "-m", "fast")
-            time.sleep(6)
-            _cluster(version, name, "start")
+            stopped_for(30, lambda: private_cluster.ctl("stop", "-m", "fast"),
+                        lambda: private_cluster.ctl("start"))
 
-    _ridden_out(url, tmp_path, disrupt)
+    ridden_out(private_cluster.url, tmp_path, disrupt)
 
 
 @pytest.mark.slow
-def test_a_local_launch_rides_out_a_restart_of_its_server(private_cluster: tuple[str, str],
+def test_a_local_launch_rides_out_a_restart_of_its_server(private_cluster: Cluster,
                                                           tmp_path: Path) -> None:
     """The launcher polls the ledger too: it and its worker wait the restart out."""
-    (version, name), url = private_cluster[0].split(), private_cluster[1]
-    _ridden_out(url, tmp_path, lambda: _cluster(version, name, "restart", "-m", "fast"),
-                ("launch", "blinks", "--workers", "1"))
+    ridden_out(private_cluster.url, tmp_path,
+               lambda: private_cluster.ctl("restart", "-m", "fast"),
+               ("launch", "blinks", "--workers", "1"))
 
 
 def test_the_outage_budget_is_checked_and_bounded(monkeypatch: pytest.MonkeyPatch,
@@ -198,7 +134,7 @@ def test_only_a_lost_or_absent_server_is_an_outage(postgresql_ledger: Ledger) ->
         holder.exec_driver_sql("LOCK TABLE runs IN ACCESS EXCLUSIVE MODE")
         not_granted = _error_of(engine, "SET lock_timeout = 50", "LOCK TABLE runs")
     cut = _error_of(engine, "SELECT pg_terminate_backend(pg_backend_pid())")
-    absent = make_url(str(engine.url)).set(port=_free_port())
+    absent = make_url(str(engine.url)).set(port=free_port())
     nobody = _error_of(create_engine(absent), "SELECT 1")
     no_database = _error_of(create_engine(engine.url.set(database="campaign_no_such_db")),
                             "SELECT 1")
@@ -220,16 +156,14 @@ def test_a_server_that_vanished_silently_is_noticed_within_a_minute(
 
 
 def test_points_acknowledged_but_not_on_disk_survive_a_crash(
-        private_cluster: tuple[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+        private_cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
     """Metric batches commit before the server's log reaches its disk. Here the server is told
     to flush that log only every 10 s, a batch is written, and the server is stopped at once
     (`-m immediate`, a crash): it comes back without the batch. The writer kept it, and its
     next flush, finding its connection gone, writes it again: every point is there once."""
     monkeypatch.setenv("CAMPAIGN_LEDGER_OUTAGE_S", "60")
-    (version, name), url = private_cluster[0].split(), private_cluster[1]
-    with psycopg.connect(url.replace("+psycopg", ""), autocommit=True) as admin:
-        admin.execute("ALTER SYSTEM SET wal_writer_delay = '10s'")
-        admin.execute("SELECT pg_reload_conf()")
+    url = private_cluster.url
+    private_cluster.admin("ALTER SYSTEM SET wal_writer_delay = '10s'", "SELECT pg_reload_conf()")
     with Ledger.open(url, create=True) as plain:
         (run_id,) = plan_quick(plain, "crash", runs=1, updates=3)
     with Ledger.open(url, ride_out=True) as ledger:
@@ -239,7 +173,7 @@ def test_points_acknowledged_but_not_on_disk_survive_a_crash(
         for step in range(1, 101):
             writer.log("train/loss", step, 1.0 / step)
         assert writer.flush() == 100  # acknowledged, in the server's memory only
-        _cluster(version, name, "restart", "-m", "immediate")
+        private_cluster.ctl("restart", "-m", "immediate")
         for step in range(101, 151):
             writer.log("train/loss", step, 1.0 / step)
         writer.close()

@@ -1,0 +1,171 @@
+"""A ledger server of a test's own, to restart, stop and crash: a private PostgreSQL cluster
+(Debian's pg_createcluster) on a free port and, in front of it, a private PgBouncer in
+transaction mode, each dropped afterwards; and the check every outage test makes: a run
+trained through the outage ends as its uninterrupted twin, every point once. Never the shared
+server (docs/runs.md, faults)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import psycopg
+import pytest
+
+from campaign.ledger import Ledger
+from tests.support.launch_helpers import last_step, losses, start, wait_for
+from tests.support.loop_helpers import plan_quick
+
+SKIP = ("--skip-pilot", "--reason", "a test of ledger outages")
+SLOW = {"task": {"sleep_s": 0.02}, "hold": {"loop.checkpoint_every": 5}, "validation_every": 3}
+UPDATES = 30
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """A private PostgreSQL cluster: ``url`` of its ``ledger`` database."""
+
+    version: str
+    name: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/ledger"
+
+    def ctl(self, *action: str) -> None:
+        subprocess.run(["pg_ctlcluster", self.version, self.name, *action], check=True,
+                       capture_output=True, timeout=120)
+
+    def admin(self, *statements: str) -> None:
+        with psycopg.connect(f"postgresql://postgres@127.0.0.1:{self.port}/postgres",
+                             autocommit=True) as admin:
+            for statement in statements:
+                admin.execute(statement)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def private_cluster() -> Iterator[Cluster]:
+    """A PostgreSQL cluster of this test's own on a free port, with a ``ledger`` database."""
+    version = sorted(p.name for p in Path("/etc/postgresql").iterdir())[-1]
+    cluster = Cluster(version, f"campaign{uuid.uuid4().hex[:8]}", free_port())
+    subprocess.run(["pg_createcluster", version, cluster.name, "-p", str(cluster.port), "--",
+                    "--auth-host=trust", "--auth-local=trust"],
+                   check=True, capture_output=True, timeout=120)
+    try:
+        cluster.ctl("start")
+        cluster.admin("CREATE DATABASE ledger")
+        yield cluster
+    finally:
+        subprocess.run(["pg_dropcluster", "--stop", version, cluster.name],
+                       capture_output=True, timeout=120)
+
+
+@dataclass
+class Bouncer:
+    """A private PgBouncer in transaction mode in front of a private cluster."""
+
+    folder: Path
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/ledger"
+
+    def start(self) -> None:
+        subprocess.run(["pgbouncer", "-d", "-u", "postgres", str(self.folder / "pgbouncer.ini")],
+                       check=True, capture_output=True, timeout=60)
+        wait_for(self._answers, 30, "the private PgBouncer to answer")
+
+    def stop(self) -> None:
+        """SIGTERM: PgBouncer exits at once, cutting every client (a crash, or a restart)."""
+        pid_file = self.folder / "pgbouncer.pid"
+        if not pid_file.exists():
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid_file.read_text()), signal.SIGTERM)
+        wait_for(lambda: not pid_file.exists(), 30, "the private PgBouncer to exit")
+
+    def _answers(self) -> bool:
+        done = subprocess.run(["pg_isready", "-q", "-h", "127.0.0.1", "-p", str(self.port)],
+                              capture_output=True, timeout=30)
+        return done.returncode == 0
+
+
+@pytest.fixture
+def private_bouncer(private_cluster: Cluster) -> Iterator[Bouncer]:
+    """PgBouncer (Debian's package, installed by scripts/test-services) on a free port. It
+    runs as the postgres user, so its folder is one that user may enter (not pytest's)."""
+    folder = Path(tempfile.mkdtemp(prefix="campaign-pgbouncer-"))
+    bouncer = Bouncer(folder, free_port())
+    (folder / "pgbouncer.ini").write_text(
+        f"[databases]\n* = host=127.0.0.1 port={private_cluster.port}\n\n[pgbouncer]\n"
+        f"listen_addr = 127.0.0.1\nlisten_port = {bouncer.port}\nunix_socket_dir =\n"
+        f"auth_type = trust\nauth_file = {folder}/users.txt\npool_mode = transaction\n"
+        "ignore_startup_parameters = options,extra_float_digits\nserver_reset_query =\n"
+        f"logfile = {folder}/pgbouncer.log\npidfile = {folder}/pgbouncer.pid\n")
+    (folder / "users.txt").write_text('"postgres" ""\n')
+    subprocess.run(["chown", "-R", "postgres", str(folder)], check=True)
+    bouncer.start()
+    try:
+        yield bouncer
+    finally:
+        bouncer.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def ridden_out(url: str, tmp_path: Path, disrupt: Callable[[], None],
+               command: tuple[str, ...] = ("worker", "blinks")) -> None:
+    """``command`` (a worker, or a launch and its workers) trains a run on ``url``;
+    ``disrupt()`` at update 3; the run must end as its twin (trained uninterrupted on the
+    same ledger first), every point once."""
+    from campaign.loop.train import execute
+
+    with Ledger.open(url, create=True) as ledger:
+        (twin,) = plan_quick(ledger, "twin", runs=1, updates=UPDATES, **SLOW)
+        execute(ledger, twin, artifacts=tmp_path / "twin", replay_in_subprocess=False)
+        (run_id,) = plan_quick(ledger, "blinks", runs=1, updates=UPDATES, **SLOW)
+        worker = start(url, *command, "--artifacts", str(tmp_path / "a"), "--no-replay-check",
+                       *SKIP)
+        try:
+            wait_for(lambda: last_step(ledger, run_id) >= 3, 120, "update 3 of the run")
+            disrupt()
+            _, stderr = worker.communicate(timeout=300)
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+        assert worker.returncode == 0, stderr[-3000:]
+        assert_twin(ledger, run_id, twin)
+
+
+def assert_twin(ledger: Ledger, run_id: str, twin: str) -> None:
+    """Completed, every update's point once, the twin's series bit for bit."""
+    record = ledger.run(run_id)
+    assert (record.status, record.stop_cause) == ("completed", "budget_reached"), record
+    points = ledger.metrics(runs=[run_id], keys=["train/loss"], all_segments=True)
+    assert sorted(points["step"]) == list(range(1, UPDATES + 1))  # none lost, none twice
+    pd.testing.assert_series_equal(losses(ledger, run_id), losses(ledger, twin),
+                                   check_exact=True)
+
+
+def stopped_for(seconds: float, stop: Callable[[], None], go: Callable[[], None]) -> None:
+    stop()
+    time.sleep(seconds)
+    go()
