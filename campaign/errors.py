@@ -152,6 +152,11 @@ class LedgerUnreachable(LedgerError):
     """The database could not be opened or connected to."""
 
 
+class LedgerUnwritable(LedgerUnreachable):
+    """The ledger's file cannot take writes (a full or read-only volume): a worker claims
+    nothing; a run rides it out like an outage, then ends ``interrupted``."""
+
+
 class NotALedger(LedgerError):
     """The database exists but is not a campaign ledger."""
 

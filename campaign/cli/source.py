@@ -27,7 +27,22 @@ class LedgerSource:
         rides out a ledger outage (docs/runs.md) rather than ending at its first blink."""
         from campaign.ledger import Ledger
 
+        if ride_out:  # these commands claim runs: none on a file that cannot take writes
+            _refuse_unwritable(self.url)
         return Ledger.open(self.url, create=create, check=check, ride_out=ride_out)
+
+
+def _refuse_unwritable(text: str) -> None:
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    from campaign.ledger.writable import refuse_if_unwritable
+
+    try:
+        url = make_url(text)
+    except ArgumentError:
+        return  # Ledger.open says what is wrong with it
+    refuse_if_unwritable(url)
 
 
 def empty_ledger(where: str) -> None:

@@ -39,6 +39,7 @@ from campaign.host import calls
 from campaign.launch.defaults import DEFAULT_HEARTBEAT_S, DEFAULT_LEASE_S, RUN_PRELOAD
 from campaign.launch.supervisor import Supervision, supervise
 from campaign.ledger import Claim, IllegalTransition, Ledger
+from campaign.ledger.writable import refuse_if_unwritable
 from campaign.loop.outcome import RunOutcome
 from campaign.loop.resume import choose_resume_point
 
@@ -279,6 +280,7 @@ def _next_run(
     atomically. A resumable run is taken by the loop's own compare-and-set
     start, so two workers racing for it cannot both win.
     """
+    refuse_if_unwritable(ledger.engine.url)  # a full or read-only ledger file: claim nothing
     resumable: list[tuple[str, str | None]] = [(status, None) for status in options.resume]
     if options.resume_preempted:  # (status, stop cause) to look for, in this order
         resumable[:0] = [("interrupted", "preempted"), ("interrupted", "killed")]
@@ -354,6 +356,7 @@ def execute_one(ledger: Ledger, run_id: str, options: WorkerOptions) -> RunOutco
     """``campaign run`` / ``campaign resume``: one run, supervised, in this process's child.
     A planned run is taken here; a resumable one after its checkpoint verifies."""
     worker = worker_name(options.device, options.name)
+    refuse_if_unwritable(ledger.engine.url)  # before the run leaves its status
     claim = ledger.start(run_id, worker) if ledger.run(run_id).status == "planned" else None
     with _stop_on_signals() as stopping:
         outcome = _execute(ledger, options, worker, run_id, claim, stopping)

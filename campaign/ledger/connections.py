@@ -34,6 +34,7 @@ from sqlalchemy.pool import StaticPool
 from campaign.errors import (
     LedgerError,
     LedgerUnreachable,
+    LedgerUnwritable,
     LedgerUrlError,
     NotALedger,
     RefusedWrite,
@@ -391,6 +392,12 @@ def wrapped_driver_error(engine: Engine, error: Exception, statement: str) -> ex
                                    connection_invalidated=lost, dialect=dialect)
 
 
+# What SQLite says when its file cannot take writes (a full volume; a read-only file or mount,
+# which an open connection meets as an I/O error); writable.py finds out which.
+_FILE_FULL_OR_READ_ONLY = ("database or disk is full", "readonly database", "disk I/O error",
+                           "unable to open database file")
+
+
 def translate_error(error: exc.DBAPIError, url: URL, what: str) -> LedgerError:
     """Turn a driver error into one clear line of the ledger's own kind."""
     message = str(error.orig).strip().splitlines()[0] if error.orig else str(error)
@@ -404,8 +411,13 @@ def translate_error(error: exc.DBAPIError, url: URL, what: str) -> LedgerError:
     if "malformed" in message or "database corruption" in message:
         return LedgerError(f"ledger {where} is corrupted ({message}) while {what}: see "
                            "`campaign doctor`; restore it from a copy or an archive")
-    if "readonly database" in message:
-        return RefusedWrite(f"{what}: ledger {where} is read-only here (its file or mount)")
+    if any(sign in message for sign in _FILE_FULL_OR_READ_ONLY):
+        from campaign.ledger.writable import why_unwritable
+
+        cause = why_unwritable(sqlite_path(url))
+        if cause is not None or "disk I/O error" not in message:
+            return LedgerUnwritable(f"ledger {where} cannot take writes while {what}: "
+                                    f"{cause or message}")
     if "database is locked" in message:
         return LedgerUnreachable(
             f"ledger {where} stayed locked by another writer for over "

@@ -6,8 +6,10 @@ A run's process, its supervisor's claims and ends, a worker and a launcher open 
 connect, is tried again with backoff (0.25 s doubling to 5 s) for up to
 ``CAMPAIGN_LEDGER_OUTAGE_S`` seconds (default 60, docs/runs.md); past it the ledger's
 ``LedgerUnreachable`` ends a run ``interrupted`` (resumable, never ``failed``). A command the
-user waits on gives up at once: a mistyped host is no outage. SQLite has no server to blink:
-its locks are waited out by the busy timeout (connections.py).
+user waits on gives up at once: a mistyped host is no outage. SQLite has no server to blink,
+but its file can stop taking writes (a full volume, a read-only mount): ridden out the same
+way, while workers claim nothing more (writable.py); its locks are waited out by the busy
+timeout (connections.py).
 
 A retried transaction is one that rolled back, so repeating it is safe, except the rare
 COMMIT whose answer was lost with the connection: the write may be in the database already.
@@ -56,6 +58,9 @@ def riding_out(engine: Engine, seconds: float | None = None) -> Engine:
 # (class 08, a pooler's too), the server shutting down or crashing under the session, or one
 # that is starting and not yet taking connections.
 _OUTAGE_STATES = ("57P01", "57P02", "57P03")
+# A SQLite file that cannot take writes now: a full volume, a mount made read-only (an open
+# file then fails its writes with an I/O error), a file made read-only.
+_FILE_OUTAGES = ("database or disk is full", "readonly database", "disk I/O error")
 # A connection the server refused for good: a mistyped database or role, a password, the
 # access rules. Waiting cannot help; the user must hear it at once.
 _REFUSALS = ("does not exist", "authentication failed", "pg_hba.conf", "permission denied")
@@ -64,9 +69,10 @@ _REFUSALS = ("does not exist", "authentication failed", "pg_hba.conf", "permissi
 def is_outage(error: exc.DBAPIError, dialect: str) -> bool:
     """A lost connection or a server that does not answer (PostgreSQL): not the statement's
     fault, worth waiting for. A refused password, a cancelled statement, a full disk or a lock
-    not granted are answers, not an outage. SQLite's errors are about its file, never one."""
-    if dialect == "sqlite":
-        return False
+    not granted are answers, not an outage. SQLite's: a full or read-only file (it may be
+    freed), never a lock (the busy timeout waits for those) nor a corrupt file."""
+    if dialect == "sqlite":  # its file: full, or made read-only, may be freed again
+        return any(cause in str(error.orig or error) for cause in _FILE_OUTAGES)
     if error.connection_invalidated:
         return True
     if not isinstance(error, exc.OperationalError):
