@@ -39,7 +39,7 @@ from campaign.errors import (
     NotALedger,
     RefusedWrite,
 )
-from campaign.ledger.outage import Backoff, is_outage, riding_out
+from campaign.ledger.outage import Backoff, came_back, is_outage, riding_out
 
 TCP_USER_TIMEOUT_S = 30  # a PostgreSQL server silent this long on a sent request is gone
 MAX_BUSY_TIMEOUT_S = 2_000_000  # about 23 days; SQLite's busy timeout is a 32-bit ms count
@@ -314,6 +314,8 @@ def run_in_transaction(
         try:
             with write_connection(engine) if write else engine.connect() as conn:
                 with conn.begin():
+                    if retries.outage.waited:  # connected again: the ledger is back
+                        came_back()
                     if unsure and settled is not None:
                         done = settled(conn)
                         if done is not None:

@@ -41,6 +41,7 @@ from campaign.ledger.dialects import (
     placeholder,
     share_lock,
 )
+from campaign.ledger.outage import came_back
 from campaign.ledger.unconfirmed import UnconfirmedBatches
 
 MetricRow = tuple[str, int, str, int, float | None, int | None, float]
@@ -152,6 +153,8 @@ class MetricWriter(Closing):
                         self._unconfirmed.uncertain = True
                     continue
                 raise translate_error(wrapped, self._engine.url, "writing metrics") from error
+        if retries.outage.waited:
+            came_back()
         self._buffer = []
         self.points_written += len(rows)
         return len(rows)

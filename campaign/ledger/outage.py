@@ -83,6 +83,23 @@ def is_outage(error: exc.DBAPIError, dialect: str) -> bool:
     return state.startswith("08") or state in _OUTAGE_STATES
 
 
+# When this process last saw the ledger come back from an outage it rode out (monotonic).
+_came_back_at: float | None = None
+
+
+def came_back() -> None:
+    """An outage this process waited on has ended (the transaction went through)."""
+    global _came_back_at
+    _came_back_at = time.monotonic()
+
+
+def back_for_less_than(seconds: float) -> bool:
+    """Whether this process saw the ledger return from an outage under ``seconds`` ago: a
+    heartbeat judged then may be stale only because no run could beat during the outage, so
+    no run is declared lost on it before its own process had a full lease to beat again."""
+    return _came_back_at is not None and time.monotonic() - _came_back_at < seconds
+
+
 class Backoff:
     """One transaction's patience with an outage: how long it has waited, and the next wait."""
 
@@ -90,6 +107,12 @@ class Backoff:
         self.budget_s = float(engine.get_execution_options().get(_OPTION, 0.0))
         self.began: float | None = None
         self.wait_s = FIRST_WAIT_S
+
+    @property
+    def waited(self) -> bool:
+        """Whether this transaction waited on an outage (and so, having gone through, saw the
+        ledger come back)."""
+        return self.began is not None
 
     def wait(self) -> bool:
         """Sleep before the next attempt; False when the outage outlasted the budget."""

@@ -37,7 +37,7 @@ from campaign.ledger.leases import (
 from campaign.ledger.location import resolve_url
 from campaign.ledger.metrics import MetricWriter
 from campaign.ledger.models import Campaign, Event, Run, Variant
-from campaign.ledger.outage import riding_out
+from campaign.ledger.outage import back_for_less_than, riding_out
 from campaign.ledger.reads import campaign_by_id
 from campaign.ledger.records import (
     CampaignRecord,
@@ -58,6 +58,7 @@ from campaign.ledger.vocabulary import (
 campaigns_t = Campaign.__table__
 variants_t = Variant.__table__
 runs_t = Run.__table__
+NEVER_STALE_S = 10 * 365 * 24 * 3600.0  # a heartbeat limit no run reaches
 events_t = Event.__table__
 
 
@@ -333,15 +334,18 @@ class Ledger(EvidenceWrites):
         if stale_after_s <= 0:
             raise LedgerInputError("the heartbeat limit must be a positive number of seconds")
 
+        def limit() -> float:  # never across an outage this process saw: dead workers only
+            return NEVER_STALE_S if back_for_less_than(stale_after_s) else stale_after_s
+
         def work(conn: Connection) -> list[LostRun]:
             campaign_id = None if campaign is None else self._campaign_id(conn, campaign)
             return mark_stale_lost_without_commit(
-                conn, stale_after_s, campaign_id, dead_workers, dry_run=dry_run
+                conn, limit(), campaign_id, dead_workers, dry_run=dry_run
             )
 
         if dry_run:
             return self._read(work, "listing runs without a heartbeat")
-        if not self._read(lambda c: any_stale(c, stale_after_s, dead_workers), "sweeping runs"):
+        if not self._read(lambda c: any_stale(c, limit(), dead_workers), "sweeping runs"):
             return []
         return self._write(work, "marking runs without a heartbeat as lost")
 

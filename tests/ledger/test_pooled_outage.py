@@ -7,13 +7,29 @@ a private cluster (tests/support/outages.py)."""
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
-from campaign.ledger import Ledger
+from campaign.ledger import Ledger, outage
+from campaign.loop.train import execute
+from tests.support.launch_helpers import last_step, start, wait_for
 from tests.support.loop_helpers import plan_quick
-from tests.support.outages import Bouncer, Cluster, ridden_out, stopped_for
+from tests.support.outages import (
+    SKIP,
+    SLOW,
+    UPDATES,
+    Bouncer,
+    Cluster,
+    assert_twin,
+    ridden_out,
+    stopped_for,
+)
 
 pytestmark = pytest.mark.engine
 
@@ -54,3 +70,57 @@ def test_points_the_server_forgot_behind_a_pooler_are_written_again(
         writer.close()
         points = ledger.metrics(runs=[run_id], keys=["train/loss"], all_segments=True)
     assert sorted(points["step"]) == list(range(1, 151))
+
+
+@pytest.mark.slow
+def test_no_run_is_declared_lost_on_a_heartbeat_stale_only_from_an_outage(
+        private_bouncer: Bouncer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pooler is down for 8 s, longer than the 5 s lease, and the training worker is slow
+    to come back (its processes paused through the outage and 3 s past it, as a backoff's
+    sleep would keep them). A sweeper that waited the outage out (here the test, as a launcher
+    or an idle worker would) must not declare the run lost the moment the ledger answers: the
+    run's own process gets a full lease to beat again. It does, and the run ends as its twin,
+    never lost, trained by one process."""
+    url = private_bouncer.url
+    with Ledger.open(url, create=True) as ledger:
+        (twin,) = plan_quick(ledger, "twin", runs=1, updates=UPDATES, **SLOW)
+        execute(ledger, twin, artifacts=tmp_path / "twin", replay_in_subprocess=False)
+        (run_id,) = plan_quick(ledger, "blinks", runs=1, updates=UPDATES, **SLOW)
+    worker = start(url, "worker", "blinks", "--artifacts", str(tmp_path / "a"),
+                   "--no-replay-check", "--heartbeat-s", "0.5", "--lease-s", "5", *SKIP)
+
+    def signal_all(signum: int) -> None:  # the worker, the run's process, its task host
+        tree = psutil.Process(worker.pid)
+        for process in [tree, *tree.children(recursive=True)]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.send_signal(signum)
+
+    def blackout() -> None:
+        signal_all(signal.SIGSTOP)
+        stopped_for(8, private_bouncer.stop, private_bouncer.start)
+        time.sleep(3)
+        signal_all(signal.SIGCONT)
+
+    # The sweeper retries every 0.1 s, so it is back within a fraction of a second of the
+    # ledger (a launcher's backoff may wait up to 5 s): the race, made certain.
+    monkeypatch.setattr(outage, "FIRST_WAIT_S", 0.1)
+    monkeypatch.setattr(outage, "LONGEST_WAIT_S", 0.1)
+    declared: list[str] = []
+    with Ledger.open(url, ride_out=True) as sweeper:
+        try:
+            wait_for(lambda: last_step(sweeper, run_id) >= 3, 120, "update 3 of the run")
+            disrupting = threading.Thread(target=blackout)
+            disrupting.start()
+            while disrupting.is_alive() or worker.poll() is None:  # sweeps as a launcher does
+                declared += [lost.run_id for lost in sweeper.mark_lost(5, "blinks")]
+                time.sleep(0.1)
+            disrupting.join()
+            _, stderr = worker.communicate(timeout=300)
+        finally:
+            if worker.poll() is None:
+                signal_all(signal.SIGCONT)
+                worker.kill()
+        assert declared == [], "a run was declared lost on a heartbeat the outage made stale"
+        assert worker.returncode == 0, stderr[-3000:]
+        assert "lost" not in set(sweeper.events("blinks", run_id=run_id)["kind"])
+        assert_twin(sweeper, run_id, twin)
