@@ -33,6 +33,7 @@ from tests.support.engine_helpers import (
 )
 from tests.support.launch_helpers import ROOT, event_counts, run, wait_for
 from tests.support.loop_helpers import plan_quick
+from tests.support.outages import Cluster, ridden_out
 
 pytestmark = pytest.mark.engine
 
@@ -281,3 +282,16 @@ def test_a_cluster_address_nothing_answers_at_is_one_error_line(
     assert "Traceback" not in stderr
     with Ledger.open(postgresql_url) as ledger:
         assert set(ledger.runs("no-cluster")["status"]) == {"planned"}
+
+
+@pytest.mark.slow
+def test_ray_workers_and_their_launcher_ride_out_a_restart_of_the_ledger_server(
+    private_cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ledger's server (a private cluster) restarts (`-m fast`) under a Ray worker task
+    training a run and the launcher following it: the run ends as its twin, every point once;
+    the private Ray instance is not shut down for it (docs/runs.md, faults)."""
+    monkeypatch.setenv("CAMPAIGN_SECRETS_DIR", str(tmp_path / "secrets"))
+    ridden_out(private_cluster.url, tmp_path,
+               lambda: private_cluster.ctl("restart", "-m", "fast"),
+               ("launch", "blinks", "--executor", "ray", "--workers", "1"))

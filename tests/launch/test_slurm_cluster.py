@@ -26,6 +26,7 @@ from tests.conftest import REQUIRE_ALL
 from tests.support.engine_helpers import checkpoint_steps, no_secret_in, running_past, with_password
 from tests.support.launch_helpers import ROOT, invoke, last_step, losses, wait_for
 from tests.support.loop_helpers import plan_quick
+from tests.support.outages import Cluster, ridden_out
 
 pytestmark = pytest.mark.engine
 
@@ -263,3 +264,16 @@ def test_the_time_limit_warning_is_a_preemption(
         assert "SIGUSR2" in str(record.stop_detail) and "killed" not in str(record.stop_detail)
         assert record.stop_step in checkpoint_steps(ledger, "sl-limit-time", run_id)
         assert 0 < record.stop_step < 5000
+
+
+@pytest.mark.slow
+def test_an_array_and_its_launcher_ride_out_a_crash_of_the_ledger_server(
+    cluster: list[str], private_cluster: Cluster, tmp_path: Path
+) -> None:
+    """The ledger's server (a private cluster) crashes and restarts (`-m immediate`) under an
+    array task training a run and the launcher following it: neither exits, the run ends as
+    its twin, every point once (docs/runs.md, faults)."""
+    cluster.append("blinks")
+    ridden_out(private_cluster.url, tmp_path,
+               lambda: private_cluster.ctl("restart", "-m", "immediate"),
+               ("launch", "blinks", "--executor", "slurm", "--workers", "1"))
