@@ -20,7 +20,7 @@ from campaign.cli.options import (
 )
 from campaign.cli.output import output_options, render_rows
 from campaign.cli.source import LedgerSource
-from campaign.errors import LedgerError, first_line
+from campaign.errors import LedgerError, LedgerUnreachable, first_line
 from campaign.launch.defaults import DEFAULT_HEARTBEAT_S, DEFAULT_LEASE_S, EXECUTORS
 
 
@@ -284,12 +284,30 @@ def worker(source: LedgerSource, campaign: str, skip_pilot: bool, reason: str | 
     # process imports the ledger's code and reads the gate and the stack (the critical path
     # to a launch's first update).
     start_early(RUN_PRELOAD)
-    from campaign.launch.worker import run_worker
-    from campaign.ledger.locality import check_single_host
-
     options = _options(campaign, artifacts, **kw)
     if slurm_task:
         options = replace(options, preempt_signals=(int(signal.SIGUSR2),), resume_preempted=True)
+    try:
+        report, left = _work(source, campaign, options, launched, skip_pilot, reason,
+                             slurm_task)
+    except LedgerUnreachable:  # an outage past CAMPAIGN_LEDGER_OUTAGE_S: as a preemption, a
+        if slurm_task:  # SLURM task goes back in the queue, to find its runs when it is back
+            _requeue(max_requeues, "the ledger is unreachable")
+        raise
+    if report.signal_name:  # a stop, not an error (a SLURM task's log says so: launch reads it)
+        click.echo(f"campaign: worker {report.worker} stopped by {report.signal_name}", err=True)
+    if left:
+        _requeue(max_requeues)
+    if report.stopped_by_signal:
+        raise click.exceptions.Exit(1)
+
+
+def _work(source: LedgerSource, campaign: str, options: Any, launched: bool,
+          skip_pilot: bool, reason: str | None, slurm_task: bool) -> tuple[Any, bool]:
+    """The worker's runs, and whether a SLURM task leaves work for a requeued self."""
+    from campaign.launch.worker import run_worker
+    from campaign.ledger.locality import check_single_host
+
     with source.open(ride_out=True) as ledger:
         ledger.campaign(campaign)
         check_single_host(ledger, options.lease_s)
@@ -308,11 +326,7 @@ def worker(source: LedgerSource, campaign: str, skip_pilot: bool, reason: str | 
 
         report = run_worker(ledger, options, on_outcome=None if launched else tell,
                             on_warning=_say_stack_warning)
-        left = slurm_task and report.preempted and _work_left(ledger, campaign)
-    if left:
-        _requeue(max_requeues)
-    if report.stopped_by_signal:
-        raise click.exceptions.Exit(1)
+        return report, bool(slurm_task and report.preempted and _work_left(ledger, campaign))
 
 
 def _work_left(ledger: Any, campaign: str) -> bool:
@@ -323,8 +337,9 @@ def _work_left(ledger: Any, campaign: str) -> bool:
     return bool(((runs["status"] == "planned") | resumable).any())
 
 
-def _requeue(max_requeues: int) -> None:
-    """A preempted SLURM array task goes back in the queue (its run is checkpointed)."""
+def _requeue(max_requeues: int, why: str = "preempted") -> None:
+    """A preempted SLURM array task goes back in the queue (its run is checkpointed); so does
+    one that the ledger left (its run ends interrupted, or lost, and is resumed first)."""
     from campaign.launch.slurm_task import RequeueRefused, requeue, this_task
 
     task = this_task()
@@ -334,13 +349,13 @@ def _requeue(max_requeues: int) -> None:
     try:
         requeued = requeue(task, max_requeues)
     except RequeueRefused as refused:
-        click.echo(f"campaign: {refused}; the preempted run stays interrupted", err=True)
+        click.echo(f"campaign: {refused}; the run stays interrupted", err=True)
         return
     if requeued:
-        click.echo(f"campaign: preempted; SLURM task {task.name} requeued "
+        click.echo(f"campaign: {why}; SLURM task {task.name} requeued "
                    f"({task.restarts + 1} of {max_requeues})", err=True)
     else:
-        click.echo(f"campaign: preempted; SLURM task {task.name} used its {max_requeues} "
+        click.echo(f"campaign: {why}; SLURM task {task.name} used its {max_requeues} "
                    "requeue(s): the run stays interrupted (launch --resume-interrupted)",
                    err=True)
 

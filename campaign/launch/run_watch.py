@@ -155,8 +155,7 @@ class RunWatch:
             self.forwarded = True
             first = self.signals.received[0]
             if self.stopping is not None:
-                self.stopping.signum = first
-                self.stopping.set()
+                self.stopping.by(first)
             self.board.request_stop(first)  # first on the page: read if the signal came early
             signal_to(self.child.pid, first)  # SIGTERM, SIGINT or a preemption signal
             grace = self.limits.grace_s

@@ -21,6 +21,7 @@ no run is ``running`` (or after the grace) the job is cancelled.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -221,12 +222,35 @@ def _follow(ledger: Ledger, job_id: str, options: WorkerOptions, slurm: SlurmOpt
 
 
 def _say_failed_tasks(folder: Path, job_id: str) -> None:
-    """A task whose worker ended in an error says so in its log's last line: name it."""
+    """One line for each task that did not simply finish: how it ended, from its log."""
     for log in sorted(folder.glob(f"{job_id}_*.log")):
-        lines = [line.strip() for line in _tail(log) if line.strip()]
-        last = lines[-1] if lines else ""
-        if "error" in last.lower():  # srun: error, an exception's last line
-            print(f"campaign: SLURM task {log.stem}: {last} (log: {log})", file=sys.stderr)
+        said = task_ending([line.strip() for line in _tail(log) if line.strip()])
+        if said is not None:
+            print(f"campaign: SLURM task {log.stem}: {said} (log: {log})", file=sys.stderr)
+
+
+def task_ending(lines: list[str]) -> str | None:
+    """How an array task ended, in words, from the last lines of its log (srun's and
+    slurmstepd's own lines, the worker's last): None when it finished normally. A stop by a
+    signal is no error (its runs checkpointed); a task killed outright is named as such."""
+    text = "\n".join(lines)
+    if re.search(r"task \d+: Killed|oom[-_ ]kill|OUT_OF_MEMORY", text, re.IGNORECASE):
+        return ("killed by SIGKILL (the kernel's OOM killer, an operator, a lost node): its run "
+                "is declared lost once its lease runs out, then resumed (--resume-lost)")
+    limit = re.search(r"CANCELLED AT \S+ DUE TO (TIME LIMIT|PREEMPTION)", text)
+    if limit:
+        return f"stopped by SLURM ({limit.group(1).lower()}); its run checkpointed"
+    stopped = re.search(r"stopped by (SIG\w+)", text)  # the worker's own last word
+    if stopped or "CANCELLED" in text or re.search(r"task \d+: Terminated", text):
+        name = stopped.group(1) if stopped else "SIGTERM"
+        why = ("a preemption or the time-limit warning" if name == "SIGUSR2"
+               else "scancel, or the launcher's stop")
+        return f"stopped by {name} ({why}); its run checkpointed"
+    errors = [line for line in lines if "error" in line.lower() and "srun: error" not in line]
+    last = lines[-1] if lines else ""
+    if errors or "error" in last.lower():  # the worker's own error line, else srun's
+        return (errors or [last])[-1]
+    return None
 
 
 def _tail(path: Path, size: int = 8192) -> list[str]:

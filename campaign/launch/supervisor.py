@@ -116,8 +116,7 @@ def supervise(
                 raise RunSetupFailed(f"run {claim.run_id}: {detail}") from None
             verdict = _watch(ledger, claim, child, board, supervision, config, signals, stopping)
         if signals.received and stopping is not None:  # it came as the run was ending
-            stopping.signum = signals.received[0]
-            stopping.set()
+            stopping.by(signals.received[0])
     finally:
         if child is not None:
             child.kill()

@@ -93,6 +93,7 @@ class WorkerReport:
     not_resumed: dict[str, str] = field(default_factory=dict)
     stopped_by_signal: bool = False
     preempted: bool = False
+    signal_name: str | None = None  # the stop signal that came, if one did
 
 
 def worker_name(device: str, name: str | None = None, pid: int | None = None) -> str:
@@ -226,6 +227,8 @@ def run_worker(
             # A run killed from outside (the OOM killer) is that run's event: the worker goes on
             # (docs/runs.md, faults), and may resume it like a preempted run.
         report.stopped_by_signal = stopping.is_set()
+        if stopping.signalled:
+            report.signal_name = signal.Signals(stopping.signum).name
         # Preempted whether the signal reached a run or came between two (the supervisor
         # records the signal it forwarded in the stop request).
         report.preempted = stopping.is_set() and stopping.signum in options.preempt_signals
@@ -366,9 +369,15 @@ def execute_one(ledger: Ledger, run_id: str, options: WorkerOptions) -> RunOutco
 
 
 class StopRequest(threading.Event):
-    """Set by a signal that arrived outside a run's loop; remembers which."""
+    """Set by a signal (:meth:`by`), or by the worker itself after a run's interruption;
+    remembers which signal, if one came."""
 
     signum: int = signal.SIGTERM
+    signalled: bool = False
+
+    def by(self, signum: int) -> None:
+        self.signum, self.signalled = signum, True
+        self.set()
 
 
 @contextlib.contextmanager
@@ -380,8 +389,7 @@ def _stop_on_signals(extra: Sequence[int] = ()) -> Iterator[StopRequest]:
         return
 
     def handler(signum: int, _frame: Any) -> None:
-        stopping.signum = signum
-        stopping.set()
+        stopping.by(signum)
 
     previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT, *extra)}
     try:

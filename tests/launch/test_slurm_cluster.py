@@ -154,6 +154,7 @@ def test_scancel_interrupts_with_a_checkpoint_at_the_stop_update(
         assert record.stop_step in checkpoint_steps(ledger, "sl-cancel", run_id)
         assert record.stop_step < 400
         assert "1 interrupted" in stderr and "Traceback" not in stderr
+        assert "stopped by SIGTERM" in stderr and "error" not in stderr.lower(), stderr
 
 
 @pytest.mark.slow
@@ -201,6 +202,7 @@ def test_a_killed_step_is_lost_then_resumed_by_a_live_array_task(
                 continue
         _, stderr = launch.communicate(timeout=400)
         assert launch.returncode == 0, stderr[-3000:]
+        assert "killed by SIGKILL" in stderr, stderr  # the task is named, not silent
         runs = ledger.runs("sl-crash").set_index("run_id")
         assert (runs["status"] == "completed").all(), runs["status"]
         events = ledger.events("sl-crash", victim)
@@ -277,3 +279,38 @@ def test_an_array_and_its_launcher_ride_out_a_crash_of_the_ledger_server(
     ridden_out(private_cluster.url, tmp_path,
                lambda: private_cluster.ctl("restart", "-m", "immediate"),
                ("launch", "blinks", "--executor", "slurm", "--workers", "1"))
+
+
+@pytest.mark.slow
+def test_a_task_the_ledger_left_past_the_limit_is_requeued_and_its_run_resumed(
+    cluster: list[str], private_cluster: Cluster, tmp_path: Path
+) -> None:
+    """The ledger's server stops for 25 s, past a 5 s CAMPAIGN_LEDGER_OUTAGE_S: the array task
+    gives up, and goes back in the queue as a preempted one does; once the server is back the
+    requeued task resumes the run (its lease expired), which ends as its twin."""
+    cluster.append("outlived")
+    url = private_cluster.url
+    with Ledger.open(url, create=True) as ledger:
+        (twin,) = plan_quick(ledger, "twin", runs=1, updates=40, **SLOW)
+        execute(ledger, twin, artifacts=tmp_path / "twin", replay_in_subprocess=False)
+        (run_id,) = plan_quick(ledger, "outlived", runs=1, updates=40, **SLOW)
+        environment = {**os.environ, "CAMPAIGN_LEDGER_OUTAGE_S": "5", "OMP_NUM_THREADS": "1"}
+        art = tmp_path / "art"
+        launch = subprocess.Popen(
+            [sys.executable, "-m", "campaign", "--ledger", url, "launch", "outlived",
+             "--executor", "slurm", "--workers", "1", "--resume-lost", "--skip-pilot",
+             "--reason", "slurm test", "--artifacts", str(art), *FAST_LEASE,
+             "--no-replay-check"], cwd=ROOT, env=environment, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        wait_for(lambda: last_step(ledger, run_id) >= 5, 240, "update 5 in the array task")
+        private_cluster.ctl("stop", "-m", "fast")
+        logs = sorted((art / "slurm").glob("*_0.log"))
+        wait_for(lambda: "requeued" in logs[0].read_text(), 120, "the task to requeue itself")
+        private_cluster.ctl("start")
+        _, stderr = launch.communicate(timeout=120)  # the launcher gave up on the ledger too
+        assert launch.returncode == 3, stderr[-3000:]
+        assert "the ledger is unreachable; SLURM task" in logs[0].read_text()
+        wait_for(lambda: _release_requeued("outlived") or ledger.run(run_id).status == "completed",
+                 400, "the requeued task to complete the run", every=2)
+        assert losses(ledger, run_id).equals(losses(ledger, twin))
+        assert {"lost", "resumed"} <= set(ledger.events("outlived", run_id)["kind"])
