@@ -10,10 +10,11 @@ its detail): the run itself is what dies there. Each kill is recorded as a ``kil
 A crash the process raises on itself (SIGSEGV, SIGBUS, SIGABRT, ...) is the run's own failure
 and stays ``failed``/``exception``.
 
-Whether the kernel's OOM killer did it is read from this process's cgroup (v2
-``memory.events``, ``oom_kill``): the run's process is in its supervisor's cgroup, so a count
-that grew while the run ran names the OOM killer; without cgroup v2 the detail says only the
-signal.
+Whether the kernel's OOM killer did it is read from this process's memory cgroup (v2
+``memory.events``, v1 ``memory.oom_control``, both ``oom_kill``): the run's process is in its
+supervisor's cgroup, so a count that grew while the run ran names the OOM killer, and the
+detail sets the campaign pilot's host-memory peak beside it (what the run was measured to
+need); without a readable count the detail says only the signal.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import contextlib
 from pathlib import Path
 
 from campaign.host.processes import signal_name
-from campaign.ledger import Claim, Ledger
+from campaign.ledger import Claim, Ledger, LedgerError
 from campaign.loop import progress_page
 
 KILLED_EVENT = "killed"  # one per kill: "update N: how"
@@ -30,12 +31,31 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
 def oom_kills() -> int | None:
-    """The OOM killer's count in this process's cgroup (v2), None when it cannot be read."""
-    with contextlib.suppress(OSError, ValueError, StopIteration):
-        line = next(x for x in Path("/proc/self/cgroup").read_text().splitlines()
-                    if x.startswith("0::"))
-        events = (CGROUP_ROOT / line[3:].lstrip("/") / "memory.events").read_text()
-        return int(next(x.split()[1] for x in events.splitlines() if x.startswith("oom_kill ")))
+    """The OOM killer's count in this process's memory cgroup, None when it cannot be read."""
+    groups = {}
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            groups[controllers] = path.lstrip("/")
+    places = []
+    if "memory" in groups:  # cgroup v1: the memory controller's own hierarchy
+        places.append(CGROUP_ROOT / "memory" / groups["memory"] / "memory.oom_control")
+    if "" in groups:  # cgroup v2 (unified), at the root or beside v1
+        for root in (CGROUP_ROOT, CGROUP_ROOT / "unified"):
+            places.append(root / groups[""] / "memory.events")
+    for place in places:
+        with contextlib.suppress(OSError, ValueError, StopIteration):
+            return int(next(x.split()[1] for x in place.read_text().splitlines()
+                            if x.startswith("oom_kill ")))
+    return None
+
+
+def pilot_host_peak(ledger: Ledger, campaign: str) -> int | None:
+    """The highest host memory (RSS) the campaign's pilots measured, in bytes, if any did."""
+    with contextlib.suppress(LedgerError, KeyError):
+        phases = ledger.phases(campaign)
+        peaks = phases.loc[phases["pilot_id"].notna(), "rss_peak"].dropna()
+        return int(peaks.max()) if not peaks.empty else None
     return None
 
 
@@ -72,6 +92,10 @@ def killed_end(ledger: Ledger, claim: Claim, how: str,
     """Record this kill and say how the run ends: (status, detail). ``interrupted`` unless it
     was killed at this update before."""
     before = [step for step in earlier_kills(ledger, claim) if step == seen.step]
+    if "OOM killer" in how:  # what the run was measured to need, beside what killed it
+        peak = pilot_host_peak(ledger, ledger.run(claim.run_id).campaign)
+        how += (f" (its pilot's host-memory peak: {peak / 2**30:.2f} GiB)" if peak is not None
+                else " (no pilot measured its host memory)")
     ledger.add_event(ledger.run(claim.run_id).campaign, KILLED_EVENT,
                      f"update {seen.step}: the run's process {how} in {seen.phase}",
                      run_id=claim.run_id, lease=claim.lease)

@@ -86,6 +86,13 @@ class FaultyDigits(DigitsTask):
                                    (4096, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
             elif self.fault == "ledger_lock" and self.marker and not os.path.exists(self.marker):
                 hold_ledger_lock(os.environ["CAMPAIGN_LEDGER"], self.sleep_lock, self.marker)
+            elif (self.fault == "hog" and os.environ.get("CAMPAIGN_TEST_HOG") and self.marker
+                  and not os.path.exists(self.marker)):
+                open(self.marker, "w").close()  # once, in a memory cgroup: takes host memory
+                hoard = []  # until the kernel's OOM killer kills the process (at most 8 GiB:
+                for _ in range(128):  # a test without its cgroup must not take the machine)
+                    hoard.append(torch.ones(64 * 2**20 // 4))  # 64 MiB, written
+                raise MemoryError("the hog fault took 8 GiB and was not killed")
             elif self.fault == "oom":
                 raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return total, units
