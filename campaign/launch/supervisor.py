@@ -44,12 +44,13 @@ from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from campaign.errors import LeaseLost, RunSetupFailed
+from campaign.errors import LeaseLost, LedgerUnreachable, RunSetupFailed
 from campaign.host import calls
 from campaign.host.client import Child, HostError
 from campaign.host.processes import ended_how, killed_from_outside, signal_name
 from campaign.launch.defaults import RUN_PRELOAD
 from campaign.launch.kills import how_killed, killed_end, oom_kills
+from campaign.launch.pending_ends import leave_pending_end
 from campaign.launch.run_process import (
     ARTIFACTS_ENV,
     SUPERVISOR_ENV,
@@ -58,6 +59,7 @@ from campaign.launch.run_process import (
 )
 from campaign.launch.run_watch import Limits, RunWatch, Signals, Verdict
 from campaign.ledger import Claim, Ledger, LedgerError, RefusedWrite, StopRecord
+from campaign.ledger.spill import SPILL_NAME
 from campaign.loop import progress_page
 from campaign.loop.outcome import RunOutcome
 from campaign.loop.run_files import record_file
@@ -127,12 +129,13 @@ def supervise(
         answer = _read_result(result)  # read (and removed) whatever ended the watch
     if "lease_lost" in answer:
         raise LeaseLost(answer["lease_lost"])
-    row = ledger.run(claim.run_id)
-    if row.status != "running":  # the child recorded its end
-        if "outcome" in answer:
-            return RunOutcome(**answer["outcome"])
-        return RunOutcome(row.id, row.status, str(row.stop_cause), int(row.stop_step or 0),
-                          str(row.stop_detail or ""))
+    if "outcome" in answer:  # the child recorded its end
+        return RunOutcome(**answer["outcome"])
+    with contextlib.suppress(LedgerUnreachable):  # (still away: the end is decided here)
+        row = ledger.run(claim.run_id)
+        if row.status != "running":  # it did, though its answer was lost
+            return RunOutcome(row.id, row.status, str(row.stop_cause), int(row.stop_step or 0),
+                              str(row.stop_detail or ""))
     if verdict is None and signals.received:  # a job-wide signal before the run's handler
         verdict = Verdict("interrupted", "interrupted",
                            f"{signal_name(signals.received[0])} received; the run's process "
@@ -142,7 +145,15 @@ def supervise(
     with contextlib.suppress(OSError, LedgerError, SQLAlchemyError):
         if log.exists():  # before the end: an ended run takes no more rows
             record_file(ledger, claim.run_id, "log", log, seen.step, lease=claim.lease)
-    ledger.finish(claim.run_id, verdict.status, stop, lease=claim.lease)
+    try:
+        if (folder / SPILL_NAME).exists():  # points the run kept through an outage, then left
+            with ledger.metric_writer(claim.run_id, claim.segment_id, lease=claim.lease,
+                                      spill=folder / SPILL_NAME) as leftover:
+                leftover.write_spilled()
+        ledger.finish(claim.run_id, verdict.status, stop, lease=claim.lease)
+    except LedgerUnreachable:  # still away: the next worker here writes it (pending_ends.py)
+        leave_pending_end(folder, claim, verdict.status, stop)
+        raise
     return RunOutcome(claim.run_id, verdict.status, verdict.cause, seen.step, verdict.detail)
 
 

@@ -37,6 +37,7 @@ from campaign.gates.launch_gate import stack_warnings
 from campaign.gates.stack_gate import unfit_problems
 from campaign.host import calls
 from campaign.launch.defaults import DEFAULT_HEARTBEAT_S, DEFAULT_LEASE_S, RUN_PRELOAD
+from campaign.launch.pending_ends import settle_pending_ends
 from campaign.launch.supervisor import Supervision, supervise
 from campaign.ledger import Claim, IllegalTransition, Ledger
 from campaign.ledger.writable import refuse_if_unwritable
@@ -202,6 +203,7 @@ def run_worker(
         while not stopping.is_set():
             if options.max_runs is not None and len(report.outcomes) >= options.max_runs:
                 break
+            settle_pending_ends(ledger, options.artifacts, options.campaign)  # before a sweep
             report.lost_marked += [
                 lost.run_id for lost in ledger.mark_lost(options.lease_s, options.campaign)
             ]

@@ -20,11 +20,12 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, exc
 
-from campaign.errors import LeaseLost, RefusedWrite
+from campaign.errors import LeaseLost, LedgerError, LedgerUnreachable, RefusedWrite
 from campaign.ledger.closing import Closing
 from campaign.ledger.connections import (
     REFUSAL_PREFIX,
@@ -41,10 +42,26 @@ from campaign.ledger.dialects import (
     placeholder,
     share_lock,
 )
-from campaign.ledger.outage import came_back
+from campaign.ledger.outage import FIRST_WAIT_S, LONGEST_WAIT_S, came_back, outage_s
+from campaign.ledger.spill import KEEP_IN_MEMORY, SpillFile
 from campaign.ledger.unconfirmed import UnconfirmedBatches
 
 MetricRow = tuple[str, int, str, int, float | None, int | None, float]
+
+
+class Away:
+    """A keep-going writer's view of an outage: since when, and when to try again (0.25 s
+    doubling to 5 s, as a transaction's backoff)."""
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+        self.next_try, self.wait_s = 0.0, FIRST_WAIT_S
+
+    def missed(self) -> None:
+        now = time.monotonic()
+        self.since = now if self.since is None else self.since
+        self.next_try = now + self.wait_s
+        self.wait_s = min(self.wait_s * 2, LONGEST_WAIT_S)
 
 
 class MetricWriter(Closing):
@@ -59,6 +76,7 @@ class MetricWriter(Closing):
         batch_size: int = 1000,
         interval_s: float = 5.0,
         lease: str | None = None,
+        spill: Path | None = None,
     ) -> None:
         if batch_size < 1 or interval_s <= 0:
             raise ValueError("batch_size must be >= 1 and interval_s > 0")
@@ -84,6 +102,9 @@ class MetricWriter(Closing):
         self.points_written = 0
         # PostgreSQL acknowledges a metric batch before its log is on disk (unconfirmed.py)
         self._unconfirmed = UnconfirmedBatches() if self._dialect == "postgresql" else None
+        # A run's writer keeps going through an outage (spill.py); None: a flush waits it out
+        self._spill = None if spill is None else SpillFile(spill)
+        self._away = Away()
 
     # -- logging (the hot path) -------------------------------------------------
 
@@ -128,12 +149,75 @@ class MetricWriter(Closing):
     # -- flushing ---------------------------------------------------------------
 
     def flush(self) -> int:
-        """Write every buffered point in one transaction; return how many."""
-        rows = self._buffer
+        """Write every buffered point in one transaction; return how many. A writer that
+        keeps going (``spill``) writes nothing while its ledger is away, and does not wait."""
         self._last_flush = time.time()
+        if self._spill is None:
+            return self._send(self._buffer)
+        if self._away.since is not None and time.monotonic() < self._away.next_try:
+            self._bound()
+            return 0
+        try:
+            written = self._send_spilled(0.0) + self._send(self._buffer, 0.0)
+        except LedgerUnreachable:  # an outage, a full or read-only file: keep the points
+            self._went_away()
+            return 0
+        self._away = Away()
+        return written
+
+    def write_spilled(self) -> int:
+        """Write the spill file's points now, riding out an outage (a supervisor, before the
+        end it writes for a run whose process could not: its segment is still open)."""
+        return self._send_spilled(None)
+
+    def adopt_spilled(self, up_to_step: int) -> None:
+        """A resumed segment takes over the points an ended segment left in the spill file
+        (its ledger went away and never came back for it), up to the update it resumes from:
+        the later ones it trains again."""
+        if not self._spill:
+            return
+        kept = [(self.run_id, self.segment_id, *row[2:])
+                for batch in self._spill.batches(self.batch_size) for row in batch
+                if row[1] == self.segment_id or row[3] <= up_to_step]
+        self._spill.remove()
+        if kept:
+            self._spill.append(kept)
+
+    def away_s(self) -> float:
+        """How long this writer has found its ledger away (0 when it is not)."""
+        return 0.0 if self._away.since is None else time.monotonic() - self._away.since
+
+    def _went_away(self) -> None:
+        self._drop_connection()
+        if self._unconfirmed is not None:  # the server may lose what it acknowledged
+            self._unconfirmed.uncertain = True
+        self._away.missed()
+        self._bound()
+
+    def _bound(self) -> None:
+        """Past KEEP_IN_MEMORY points, the buffer goes to the run folder's spill file."""
+        if self._spill is not None and len(self._buffer) >= KEEP_IN_MEMORY:
+            self._spill.append(self._buffer)
+            self._buffer = []
+
+    def _send_spilled(self, outage_s: float | None) -> int:
+        """Write the spill file's points (this segment's, or a dead segment's it left)."""
+        if not self._spill:
+            return 0
+        written = sum(self._send(batch, outage_s, keep=True)
+                      for batch in self._spill.batches(self.batch_size))
+        self._spill.remove()
+        return written
+
+    def _send(self, rows: list[MetricRow], outage_s: float | None = None,
+              keep: bool = False) -> int:
+        """One transaction of ``rows``; ``outage_s``: how long to ride out an outage (None:
+        the engine's patience). Clears the buffer unless ``keep``."""
         if not rows:
             return 0
         retries = Retries(self._engine)
+        if outage_s is not None:
+            retries.outage.budget_s = outage_s
         while True:
             try:
                 self._write(rows)
@@ -155,9 +239,21 @@ class MetricWriter(Closing):
                 raise translate_error(wrapped, self._engine.url, "writing metrics") from error
         if retries.outage.waited:
             came_back()
-        self._buffer = []
+        if not keep:
+            self._buffer = []
         self.points_written += len(rows)
         return len(rows)
+
+    def _close_kept(self) -> None:
+        left = max(0.0, outage_s() - self.away_s())
+        try:
+            self._send_spilled(left)
+            self._send(self._buffer, left)
+        except LedgerError:
+            if self._spill is not None and self._buffer:
+                self._spill.append(self._buffer)
+                self._buffer = []
+            raise
 
     def _write(self, rows: list[MetricRow]) -> None:
         raw = self._connection()
@@ -205,9 +301,14 @@ class MetricWriter(Closing):
                 self._raw = None
 
     def close(self) -> None:
-        """Flush what is left and give the connection back to the pool."""
+        """Flush what is left and give the connection back to the pool. A writer that keeps
+        going waits out what is left of the outage limit, then leaves its points in the spill
+        file (its supervisor writes them before the run's end) and raises."""
         try:
-            self.flush()
+            if self._spill is None:
+                self.flush()
+            else:
+                self._close_kept()
         finally:
             if self._raw is not None:
                 self._raw.close()

@@ -4,7 +4,7 @@ outage to ride out, not an error, for the processes that live through a campaign
 A run's process, its supervisor's claims and ends, a worker and a launcher open the ledger
 "riding out" (:func:`riding_out`): a transaction whose connection was lost, or that cannot
 connect, is tried again with backoff (0.25 s doubling to 5 s) for up to
-``CAMPAIGN_LEDGER_OUTAGE_S`` seconds (default 60, docs/runs.md); past it the ledger's
+``CAMPAIGN_LEDGER_OUTAGE_S`` seconds (default 600, docs/runs.md); past it the ledger's
 ``LedgerUnreachable`` ends a run ``interrupted`` (resumable, never ``failed``). A command the
 user waits on gives up at once: a mistyped host is no outage. SQLite has no server to blink,
 but its file can stop taking writes (a full volume, a read-only mount): ridden out the same
@@ -29,7 +29,7 @@ from sqlalchemy import Engine, exc
 from campaign.errors import LedgerError
 
 OUTAGE_ENV = "CAMPAIGN_LEDGER_OUTAGE_S"
-DEFAULT_OUTAGE_S = 60.0
+DEFAULT_OUTAGE_S = 600.0  # 10 minutes: a server restart, a failover, a maintenance
 FIRST_WAIT_S, LONGEST_WAIT_S = 0.25, 5.0
 _OPTION = "campaign_outage_s"
 

@@ -414,16 +414,12 @@ class Ledger(EvidenceWrites):
         batch_size: int = 1000,
         interval_s: float = 5.0,
         lease: str | None = None,
+        spill: Path | None = None,
     ) -> MetricWriter:
-        """A buffered writer for one segment's metric points (see :mod:`.metrics`)."""
-        return MetricWriter(
-            self.engine,
-            run_id,
-            segment_id,
-            batch_size=batch_size,
-            interval_s=interval_s,
-            lease=lease,
-        )
+        """A buffered writer for one segment's metric points (see :mod:`.metrics`); with
+        ``spill`` (a file in the run's folder) it keeps going through an outage."""
+        return MetricWriter(self.engine, run_id, segment_id, batch_size=batch_size,
+                            interval_s=interval_s, lease=lease, spill=spill)
 
 
 def _empty_file(path: Path) -> bool:

@@ -36,12 +36,14 @@ import torch
 from campaign.errors import RESUME_REFUSED, LeaseLost, LoopError, RunSetupFailed, first_line
 from campaign.ledger import Claim, Ledger, StopRecord
 from campaign.ledger.canonical import canonical_json
+from campaign.ledger.spill import SPILL_NAME
 from campaign.loop import checkpoint as ckpt
 from campaign.loop import model_state, progress_page
 from campaign.loop import replicas as dp
 from campaign.loop.data import describe_inputs
 from campaign.loop.decisions import agree, final_recorded, record_stop, stop_at_resume, validated_at
 from campaign.loop.heartbeat import Heartbeat
+from campaign.loop.ledger_away import CheckpointRecords, end_if_away_too_long
 from campaign.loop.measure import Probe
 from campaign.loop.outcome import RunOutcome
 from campaign.loop.preflight import refuse_impossible
@@ -108,6 +110,7 @@ class RunLoop:
         self.rules = StopRules(self.config)
         self.trainer: Trainer | None = None
         self.metrics: Any = None
+        self.checkpoints = CheckpointRecords(self.ledger, run_id)  # recorded once it answers
         self.step, self.examples_seen = 0, 0
         self.phase = "setup"
         self.replayed_from: int | None = None  # the step a resume restarted from
@@ -186,8 +189,11 @@ class RunLoop:
         self.rules = StopRules(self.config)  # the wall-time clock starts once the run is built
         if resume_from:
             self._restore(resume_from)
-        self.metrics = (self.ledger.metric_writer(self.run_id, self.segment_id, lease=self.lease)
+        self.metrics = (self.ledger.metric_writer(self.run_id, self.segment_id, lease=self.lease,
+                                                  spill=self.folder / SPILL_NAME)
                         if self.writes else dp.DiscardedMetrics())
+        if self.writes:  # points an earlier segment left when its ledger went away
+            self.metrics.adopt_spilled(self.step)
         for key, step, value, seen, wall in self._pending:
             self.metrics.log(key, step, float("nan") if value is None else value, seen, wall)
         self.signals.install()
@@ -219,8 +225,6 @@ class RunLoop:
         if self.trainer is None:
             raise LoopError(f"run {self.run_id}: setup() has not built the trainer")
         return self.trainer
-
-    # -- training ------------------------------------------------------------------
 
     def train(self) -> RunOutcome:
         traceback_artifact = None
@@ -350,8 +354,6 @@ class RunLoop:
         stop = self.rules.after_validation(scores.get(self.config["validation"]["metric"]))
         return replace(stop, phase="validation") if stop is not None else None
 
-    # -- checkpoints --------------------------------------------------------------------
-
     @property
     def _segment_suffix(self) -> str:
         """Files of later segments carry their ordinal: a resumed run never overwrites (and a
@@ -376,17 +378,13 @@ class RunLoop:
             )
             name = f"step-{self.step:08d}{self._segment_suffix}.safetensors"
             saved = ckpt.save(self.folder / "checkpoints" / name, tensors, state)
-        artifact = record_file(
-            self.ledger, self.run_id, "checkpoint", saved.path, saved.step,
-            lease=self.lease, sha256=saved.sha256,
-        )
+        artifact = self.checkpoints.record(saved, self.lease)  # waits if the ledger is away
         self._checkpointed = saved.step
+        end_if_away_too_long(self.metrics, saved.step)
         keep = int(self.config.get("checkpoint", {}).get("keep_last", 3))
         ckpt.prune(saved.path.parent, keep, saved.path)
         self._write_phases()
         return artifact
-
-    # -- ending ------------------------------------------------------------------------
 
     def _end(self, stop: StopDecision, traceback_artifact: int | None) -> RunOutcome:
         """Checkpoint/export as the stop asks, then record the end. The heartbeat keeps going
@@ -413,6 +411,7 @@ class RunLoop:
             stop = failure_decision(error, self.phase, self.step, self.run_id, ending=stop.cause)
         with contextlib.suppress(Exception):
             self.metrics.close()
+        self.checkpoints.flush(self.lease)  # a resume trusts only the checkpoints recorded
         self._record_replayed_steps()
         if self.log is not None:  # before the end: nothing is added to an ended run
             record_log(self.ledger, self.run_id, self.log, self.step, lease=self.lease)
@@ -474,8 +473,6 @@ class RunLoop:
             rows = dp.rows_of_every_rank(rows, self.replica, self._group_device)
         if rows and self.writes:
             self.ledger.add_phase_measurements(rows, lease=self.lease)
-
-    # -- signals and cleanup ------------------------------------------------------------
 
     def request_stop(self, signum: int) -> None:
         """Stop after the current update as if ``signum`` had arrived (checkpoint, interrupted)."""

@@ -8,6 +8,7 @@ local PostgreSQL; restarts happen to a private cluster the test makes on its own
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from pathlib import Path
@@ -19,10 +20,11 @@ from sqlalchemy import create_engine, exc
 from sqlalchemy.engine import make_url
 
 from campaign.ledger import Ledger
+from campaign.ledger import metrics as metrics_module
 from campaign.ledger.outage import Backoff, is_outage, outage_s, riding_out
 from campaign.loop.train import execute
 from tests.conftest import POSTGRES_ADMIN_URL
-from tests.support.launch_helpers import last_step, start, wait_for
+from tests.support.launch_helpers import last_step, losses, start, wait_for
 from tests.support.loop_helpers import plan_quick
 from tests.support.outages import (
     SKIP,
@@ -179,3 +181,91 @@ def test_points_acknowledged_but_not_on_disk_survive_a_crash(
         writer.close()
         points = ledger.metrics(runs=[run_id], keys=["train/loss"], all_segments=True)
     assert sorted(points["step"]) == list(range(1, 151))
+
+
+def test_a_runs_writer_keeps_its_points_through_an_outage_and_spills_them(
+        private_cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run's metric writer does not wait for its ledger: while the server is stopped each
+    flush returns at once, the points stay in memory, then (past the bound, 50 here) go to the
+    run folder's spill file; once the server is back one flush writes them all, once, in
+    order, and removes the file."""
+    from campaign.ledger import spill
+
+    monkeypatch.setattr(spill, "KEEP_IN_MEMORY", 50)
+    monkeypatch.setattr(metrics_module, "KEEP_IN_MEMORY", 50)
+    url = private_cluster.url
+    with Ledger.open(url, create=True) as plain:
+        (run_id,) = plan_quick(plain, "away", runs=1, updates=3)
+    spill_file = tmp_path / spill.SPILL_NAME
+    with Ledger.open(url, ride_out=True) as ledger:
+        claim = ledger.claim_next("away", "w")
+        assert claim is not None
+        writer = ledger.metric_writer(run_id, claim.segment_id, lease=claim.lease,
+                                      spill=spill_file, batch_size=10)
+        for step in range(1, 11):
+            writer.log("train/loss", step, 1.0 / step)
+        private_cluster.ctl("stop", "-m", "fast")
+        began = time.monotonic()
+        for step in range(11, 131):  # every 10th log flushes: each returns at once
+            writer.log("train/loss", step, 1.0 / step)
+        assert time.monotonic() - began < 5  # training was never held up by the outage
+        assert writer.away_s() > 0 and spill_file.exists()
+        assert writer.pending < 50  # bounded: the rest is on disk
+        private_cluster.ctl("start")
+        wait_for(lambda: writer.flush() > 0 or writer.away_s() == 0, 60, "the ledger back",
+                 every=0.5)
+        writer.close()
+        assert not spill_file.exists()
+        points = ledger.metrics(runs=[run_id], keys=["train/loss"], all_segments=True)
+    assert sorted(points["step"]) == list(range(1, 131))
+
+
+@pytest.mark.slow
+def test_past_the_limit_a_run_stops_at_a_checkpoint_and_its_end_waits_for_the_ledger(
+        private_cluster: Cluster, tmp_path: Path) -> None:
+    """CAMPAIGN_LEDGER_OUTAGE_S=5 and the server stopped for good: the run trains on, stops at
+    its first checkpoint past 5 s away, and its worker, unable to write the end, leaves it in
+    the run's folder and exits 3, never `failed`. Once the server is back the next worker
+    writes that end (`interrupted`/`ledger_unreachable`) and the points kept, then resumes the
+    run, which ends as its twin."""
+    url = private_cluster.url
+    updates = {"runs": 1, "updates": 200, **SLOW}
+    with Ledger.open(url, create=True) as ledger:
+        (twin,) = plan_quick(ledger, "twin", **updates)
+        execute(ledger, twin, artifacts=tmp_path / "twin", replay_in_subprocess=False)
+        (run_id,) = plan_quick(ledger, "outlived", **updates)
+        art = tmp_path / "a"
+        worker = start(url, "worker", "outlived", "--artifacts", str(art), "--no-replay-check",
+                       *SKIP, env={"CAMPAIGN_LEDGER_OUTAGE_S": "5"})
+        try:
+            wait_for(lambda: last_step(ledger, run_id) >= 3, 120, "update 3 of the run")
+            private_cluster.ctl("stop", "-m", "fast")
+            _, stderr = worker.communicate(timeout=180)
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+        assert worker.returncode == 3, stderr[-3000:]
+        assert (art / run_id / "pending-end.json").exists()
+        private_cluster.ctl("start")
+        wait_for(lambda: _answers(url), 60, "the server back")
+        assert ledger.run(run_id).status == "running"  # nobody could write anything
+        resumed = start(url, "worker", "outlived", "--artifacts", str(art), "--no-replay-check",
+                        "--resume-interrupted", *SKIP)
+        _, stderr = resumed.communicate(timeout=300)
+        assert resumed.returncode == 0, stderr[-3000:]
+        ends = ledger.events("outlived", run_id=run_id)
+        stopped = ends.loc[ends["kind"] == "interrupted", "detail"]
+        assert len(stopped) == 1 and "ledger_unreachable" in stopped.iloc[0], ends
+        first = ledger.segments("outlived").iloc[0]  # it trained on while the ledger was away
+        assert first["end_step"] >= 10 and first["end_step"] % 5 == 0, first
+        assert ledger.run(run_id).status == "completed"
+        assert losses(ledger, run_id).equals(losses(ledger, twin))
+        points = ledger.metrics(runs=[run_id], keys=["train/loss"])
+        assert sorted(points["step"]) == list(range(1, 201))  # none lost
+
+
+def _answers(url: str) -> bool:
+    with contextlib.suppress(Exception), Ledger.open(url) as ledger:
+        ledger.campaigns()
+        return True
+    return False

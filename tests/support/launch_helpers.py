@@ -22,11 +22,14 @@ def cli(url: str, *args: str) -> list[str]:
     return [sys.executable, "-m", "campaign", "--ledger", url, *args]
 
 
-def start(url: str, *args: str, **kwargs: object) -> subprocess.Popen[str]:
-    """A `campaign` process in the repository root (so `tests.support.tasks...` imports)."""
+def start(url: str, *args: str, env: dict[str, str] | None = None,
+          **kwargs: object) -> subprocess.Popen[str]:
+    """A `campaign` process in the repository root (so `tests.support.tasks...` imports);
+    ``env``: variables set for it on top of this process's."""
     return subprocess.Popen(
         cli(url, *args), cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        env={**os.environ, "OMP_NUM_THREADS": "1"}, **kwargs,  # type: ignore[arg-type]
+        env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
+        **kwargs,  # type: ignore[arg-type]
     )
 
 
