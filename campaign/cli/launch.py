@@ -186,6 +186,14 @@ def launch(source: LedgerSource, campaign: str, workers: int | None, devices: st
             outcome = launch_campaign(ledger, source.url, request, on_gate=_say_gate)
         except LaunchRefused as error:
             raise click.UsageError(str(error)) from None
+        except LedgerUnreachable as error:  # away past the limit: its runs stop at checkpoints
+            from campaign.launch.left_behind import continue_command
+
+            click.echo(f"campaign: {first_line(error)}", err=True)
+            click.echo("campaign: the runs this launch left end interrupted (or lost) once the "
+                       "ledger answers; then " + continue_command(
+                           campaign, {"interrupted", "lost"}, _as_given(source)), err=True)
+            raise click.exceptions.Exit(error.exit_code) from None
     if output_format == "json":
         click.echo(json.dumps(outcome.snapshot.document(), indent=2))
     for refusal in outcome.refusals:

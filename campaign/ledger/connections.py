@@ -39,6 +39,7 @@ from campaign.errors import (
     NotALedger,
     RefusedWrite,
 )
+from campaign.ledger.file_state import why_unwritable
 from campaign.ledger.outage import Backoff, came_back, is_outage, riding_out
 
 TCP_USER_TIMEOUT_S = 30  # a PostgreSQL server silent this long on a sent request is gone
@@ -414,8 +415,6 @@ def translate_error(error: exc.DBAPIError, url: URL, what: str) -> LedgerError:
         return LedgerError(f"ledger {where} is corrupted ({message}) while {what}: see "
                            "`campaign doctor`; restore it from a copy or an archive")
     if any(sign in message for sign in _FILE_FULL_OR_READ_ONLY):
-        from campaign.ledger.writable import why_unwritable
-
         cause = why_unwritable(sqlite_path(url))
         if cause is not None or "disk I/O error" not in message:
             return LedgerUnwritable(f"ledger {where} cannot take writes while {what}: "

@@ -12,49 +12,18 @@ then changes nothing); only a file the workers write directly needs looking at.
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 from sqlalchemy.engine import URL
 
 from campaign.errors import LedgerUnwritable
-
-# Below this much free space a claim is refused: the run's first writes (its segment, the
-# write-ahead log's growth, its first metric batches) would not fit.
-MIN_FREE_BYTES = 4 * 1024 * 1024
-
-
-def why_unwritable(path: Path | None) -> str | None:
-    """What keeps the ledger's file ``path`` from taking writes now, in words; None when
-    nothing does (or the ledger is not a file)."""
-    if path is None or not path.exists():
-        return None
-    folder = path.parent
-    try:
-        volume = os.statvfs(folder)
-    except OSError as error:
-        return f"its folder cannot be read ({error.strerror})"
-    if volume.f_flag & os.ST_RDONLY:
-        return "its volume is mounted read-only"
-    if not os.access(path, os.W_OK) or not os.access(folder, os.W_OK | os.X_OK):
-        return f"it is read-only for this user ({_which_is(path)})"
-    free = volume.f_bavail * volume.f_frsize
-    if free < MIN_FREE_BYTES:
-        return f"its volume is full ({free:,} bytes free)"
-    return None
+from campaign.ledger.connections import safe_url, sqlite_path
+from campaign.ledger.file_state import why_unwritable
 
 
 def refuse_if_unwritable(url: URL) -> None:
     """Before a claim: raise :class:`LedgerUnwritable` naming the file and the cause, if
     there is one."""
-    from campaign.ledger.connections import safe_url, sqlite_path
-
     cause = why_unwritable(sqlite_path(url))
     if cause is not None:
         raise LedgerUnwritable(
             f"ledger {safe_url(url)} cannot take writes: {cause}; no run was claimed (the "
             "planned ones wait); free the volume or make it writable, then start again")
-
-
-def _which_is(path: Path) -> str:
-    return "the file" if not os.access(path, os.W_OK) else "its folder"

@@ -9,6 +9,7 @@ local PostgreSQL; restarts happen to a private cluster the test makes on its own
 from __future__ import annotations
 
 import contextlib
+import shlex
 import threading
 import time
 from pathlib import Path
@@ -221,13 +222,15 @@ def test_a_runs_writer_keeps_its_points_through_an_outage_and_spills_them(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("command", ["worker", "launch"])
 def test_past_the_limit_a_run_stops_at_a_checkpoint_and_its_end_waits_for_the_ledger(
-        private_cluster: Cluster, tmp_path: Path) -> None:
+        private_cluster: Cluster, tmp_path: Path, command: str) -> None:
     """CAMPAIGN_LEDGER_OUTAGE_S=5 and the server stopped for good: the run trains on, stops at
     its first checkpoint past 5 s away, and its worker, unable to write the end, leaves it in
-    the run's folder and exits 3, never `failed`. Once the server is back the next worker
-    writes that end (`interrupted`/`ledger_unreachable`) and the points kept, then resumes the
-    run, which ends as its twin."""
+    the run's folder and exits 3 (a launch too, printing the command that continues), never
+    `failed`. Once the server is back the next worker (that command, for a launch) writes
+    that end (`interrupted`/`ledger_unreachable`) and the points kept, then resumes the run,
+    which ends as its twin."""
     url = private_cluster.url
     updates = {"runs": 1, "updates": 200, **SLOW}
     with Ledger.open(url, create=True) as ledger:
@@ -235,8 +238,10 @@ def test_past_the_limit_a_run_stops_at_a_checkpoint_and_its_end_waits_for_the_le
         execute(ledger, twin, artifacts=tmp_path / "twin", replay_in_subprocess=False)
         (run_id,) = plan_quick(ledger, "outlived", **updates)
         art = tmp_path / "a"
-        worker = start(url, "worker", "outlived", "--artifacts", str(art), "--no-replay-check",
-                       *SKIP, env={"CAMPAIGN_LEDGER_OUTAGE_S": "5"})
+        how = ("launch", "outlived", "--workers", "1") if command == "launch" else (
+            "worker", "outlived")
+        worker = start(url, *how, "--artifacts", str(art), "--no-replay-check", *SKIP,
+                       env={"CAMPAIGN_LEDGER_OUTAGE_S": "5"})
         try:
             wait_for(lambda: last_step(ledger, run_id) >= 3, 120, "update 3 of the run")
             private_cluster.ctl("stop", "-m", "fast")
@@ -249,8 +254,14 @@ def test_past_the_limit_a_run_stops_at_a_checkpoint_and_its_end_waits_for_the_le
         private_cluster.ctl("start")
         wait_for(lambda: _answers(url), 60, "the server back")
         assert ledger.run(run_id).status == "running"  # nobody could write anything
-        resumed = start(url, "worker", "outlived", "--artifacts", str(art), "--no-replay-check",
-                        "--resume-interrupted", *SKIP)
+        again = ("worker", "outlived", "--artifacts", str(art), "--no-replay-check",
+                 "--resume-interrupted", *SKIP)
+        if command == "launch":  # the line it printed, as a user would paste it
+            (line,) = [x for x in stderr.splitlines() if "continue with: " in x]
+            words = shlex.split(line.split("continue with: ", 1)[1])
+            assert words[:3] == ["campaign", "launch", "outlived"] and "--resume-lost" in words
+            again = tuple(words[1:])
+        resumed = start(url, *again)
         _, stderr = resumed.communicate(timeout=300)
         assert resumed.returncode == 0, stderr[-3000:]
         ends = ledger.events("outlived", run_id=run_id)
