@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from campaign.errors import LedgerUnreachable
 from campaign.host.calls import with_torch
 from campaign.host.client import SHARED_HOST, share_path
 from campaign.launch.live_table import ProgressDisplay
@@ -150,6 +151,9 @@ class LocalLauncher:
         workers = [self._spawn(slot) for slot in self.slots]
         finished: list[int] = []
         forwarded_at: float | None = None
+        # Its own reads give up at once in an outage: the workers ride it out (and stop at
+        # their limit), the launcher keeps watching them and answering signals meanwhile.
+        quick, away = ledger.impatient(), None
         try:
             while workers:
                 for worker in list(workers):
@@ -179,13 +183,20 @@ class LocalLauncher:
                     elif time.monotonic() - forwarded_at > self.grace_s:
                         for worker in workers:
                             worker.process.kill()
-                self._lost += [
-                    lost.run_id
-                    for lost in ledger.mark_lost(self.options.lease_s, self.options.campaign)
-                ]
-                self.display.show(take_snapshot(ledger, self.options.campaign, len(self.slots)))
+                try:
+                    self._lost += [
+                        lost.run_id
+                        for lost in quick.mark_lost(self.options.lease_s, self.options.campaign)
+                    ]
+                    self.display.show(take_snapshot(quick, self.options.campaign,
+                                                    len(self.slots)))
+                    away = None
+                except LedgerUnreachable as error:
+                    away = error
                 if workers:
                     time.sleep(self.poll_s)
+            if away is not None:  # still away when the last worker ended (they gave up on it
+                quick.campaign(self.options.campaign)  # past the limit): so does the launch
         finally:
             for worker in workers:  # an exception in the launcher must not orphan workers
                 if worker.process.poll() is None:

@@ -43,7 +43,7 @@ from campaign.loop import replicas as dp
 from campaign.loop.data import describe_inputs
 from campaign.loop.decisions import agree, final_recorded, record_stop, stop_at_resume, validated_at
 from campaign.loop.heartbeat import Heartbeat
-from campaign.loop.ledger_away import CheckpointRecords, end_if_away_too_long
+from campaign.loop.ledger_away import WaitingRecords, end_if_away_too_long
 from campaign.loop.measure import Probe
 from campaign.loop.outcome import RunOutcome
 from campaign.loop.preflight import refuse_impossible
@@ -110,7 +110,7 @@ class RunLoop:
         self.rules = StopRules(self.config)
         self.trainer: Trainer | None = None
         self.metrics: Any = None
-        self.checkpoints = CheckpointRecords(self.ledger, run_id)  # recorded once it answers
+        self.waiting = WaitingRecords(self.ledger, run_id)  # recorded once the ledger answers
         self.step, self.examples_seen = 0, 0
         self.phase = "setup"
         self.replayed_from: int | None = None  # the step a resume restarted from
@@ -349,7 +349,7 @@ class RunLoop:
         if self.writes:
             name = f"step-{self.step:08d}{self._segment_suffix}.parquet"
             path = write_predictions(self.folder / "predictions" / name, records)
-            record_file(self.ledger, self.run_id, "predictions", path, self.step, lease=self.lease)
+            self.waiting.file("predictions", path, self.step, self.lease)
         self._write_phases(every_rank=True)
         stop = self.rules.after_validation(scores.get(self.config["validation"]["metric"]))
         return replace(stop, phase="validation") if stop is not None else None
@@ -360,7 +360,7 @@ class RunLoop:
         stale worker never clobbers) another segment's file."""
         return "" if self.segment_ordinal <= 1 else f"-segment-{self.segment_ordinal}"
 
-    def save_checkpoint(self) -> int | None:
+    def save_checkpoint(self) -> None:
         self.phase = "checkpoint"
         if not self.writes:
             return None
@@ -378,13 +378,12 @@ class RunLoop:
             )
             name = f"step-{self.step:08d}{self._segment_suffix}.safetensors"
             saved = ckpt.save(self.folder / "checkpoints" / name, tensors, state)
-        artifact = self.checkpoints.record(saved, self.lease)  # waits if the ledger is away
+        self.waiting.file("checkpoint", saved.path, saved.step, self.lease, saved.sha256)
         self._checkpointed = saved.step
         end_if_away_too_long(self.metrics, saved.step)
         keep = int(self.config.get("checkpoint", {}).get("keep_last", 3))
         ckpt.prune(saved.path.parent, keep, saved.path)
         self._write_phases()
-        return artifact
 
     def _end(self, stop: StopDecision, traceback_artifact: int | None) -> RunOutcome:
         """Checkpoint/export as the stop asks, then record the end. The heartbeat keeps going
@@ -411,7 +410,7 @@ class RunLoop:
             stop = failure_decision(error, self.phase, self.step, self.run_id, ending=stop.cause)
         with contextlib.suppress(Exception):
             self.metrics.close()
-        self.checkpoints.flush(self.lease)  # a resume trusts only the checkpoints recorded
+        self.waiting.flush(self.lease)  # a resume trusts only the checkpoints recorded
         self._record_replayed_steps()
         if self.log is not None:  # before the end: nothing is added to an ended run
             record_log(self.ledger, self.run_id, self.log, self.step, lease=self.lease)
@@ -472,7 +471,7 @@ class RunLoop:
         if every_rank and self.replica.world > 1 and rows:
             rows = dp.rows_of_every_rank(rows, self.replica, self._group_device)
         if rows and self.writes:
-            self.ledger.add_phase_measurements(rows, lease=self.lease)
+            self.waiting.phases(rows, self.lease)
 
     def request_stop(self, signum: int) -> None:
         """Stop after the current update as if ``signum`` had arrived (checkpoint, interrupted)."""
