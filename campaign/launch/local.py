@@ -34,6 +34,7 @@ from campaign.launch.worker import WorkerOptions, worker_name
 from campaign.launch.worker_command import worker_command
 from campaign.ledger import Ledger
 from campaign.ledger.location import ENV_VAR
+from campaign.ledger.outage import came_back
 from campaign.ledger.progress import Snapshot, take_snapshot
 from campaign.stack.devices import cuda_device_count
 
@@ -183,6 +184,8 @@ class LocalLauncher:
                     elif time.monotonic() - forwarded_at > self.grace_s:
                         for worker in workers:
                             worker.process.kill()
+                if away is not None:  # (maybe) back: no heartbeat is judged for a lease
+                    came_back()
                 try:
                     self._lost += [
                         lost.run_id

@@ -224,7 +224,8 @@ def run_worker(
                 on_outcome(outcome)
             if outcome.status == "interrupted" and RESUME_REFUSED in outcome.detail:
                 report.not_resumed[taken[0]] = outcome.detail  # it waits; the others go on
-            elif outcome.status == "interrupted" and outcome.cause != "killed":
+            elif outcome.status == "interrupted" and outcome.cause not in (
+                    "killed", "ledger_unreachable"):
                 stopping.set()  # a signal, a full volume, an outage: the next run would meet it
             # A run killed from outside (the OOM killer) is that run's event: the worker goes on
             # (docs/runs.md, faults), and may resume it like a preempted run.

@@ -249,6 +249,8 @@ class MetricWriter(Closing):
         try:
             self._send_spilled(left)
             self._send(self._buffer, left)
+        except LeaseLost:
+            raise  # another segment owns the run now: nothing of this one is kept
         except LedgerError:
             if self._spill is not None and self._buffer:
                 self._spill.append(self._buffer)

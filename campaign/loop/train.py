@@ -382,7 +382,8 @@ class RunLoop:
         self._checkpointed = saved.step
         end_if_away_too_long(self.metrics, saved.step)
         keep = int(self.config.get("checkpoint", {}).get("keep_last", 3))
-        ckpt.prune(saved.path.parent, keep, saved.path)
+        if not self.waiting.pending:  # never the recorded ones while newer wait for the ledger
+            ckpt.prune(saved.path.parent, keep, saved.path)
         self._write_phases()
 
     def _end(self, stop: StopDecision, traceback_artifact: int | None) -> RunOutcome:
@@ -411,6 +412,7 @@ class RunLoop:
         with contextlib.suppress(Exception):
             self.metrics.close()
         self.waiting.flush(self.lease)  # a resume trusts only the checkpoints recorded
+        self.metrics.write_spilled()  # points close() left in the run folder: before the end
         self._record_replayed_steps()
         if self.log is not None:  # before the end: nothing is added to an ended run
             record_log(self.ledger, self.run_id, self.log, self.step, lease=self.lease)

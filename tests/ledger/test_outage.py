@@ -158,6 +158,7 @@ def test_a_server_that_vanished_silently_is_noticed_within_a_minute(
     assert probes <= 60 and int(given["tcp_user_timeout"]) <= 60_000
 
 
+@pytest.mark.slow  # a private cluster of its own: ~10 s
 def test_points_acknowledged_but_not_on_disk_survive_a_crash(
         private_cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
     """Metric batches commit before the server's log reaches its disk. Here the server is told
@@ -184,6 +185,7 @@ def test_points_acknowledged_but_not_on_disk_survive_a_crash(
     assert sorted(points["step"]) == list(range(1, 151))
 
 
+@pytest.mark.slow  # a private cluster of its own: ~10 s
 def test_a_runs_writer_keeps_its_points_through_an_outage_and_spills_them(
         private_cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A run's metric writer does not wait for its ledger: while the server is stopped each
