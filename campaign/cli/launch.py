@@ -338,10 +338,10 @@ def _work(source: LedgerSource, campaign: str, options: Any, launched: bool,
 
 
 def _work_left(ledger: Any, campaign: str) -> bool:
-    """Planned runs, or runs a preemption or a kill interrupted: a requeued task would have
-    work (it resumes those first)."""
+    """Planned runs, or runs a preemption, a kill or an outage interrupted: a requeued task
+    would have work (it resumes those first)."""
     runs = ledger.runs(campaign, status=["planned", "interrupted"])
-    resumable = runs["stop_cause"].isin(("preempted", "killed"))
+    resumable = runs["stop_cause"].isin(("preempted", "killed", "ledger_unreachable"))
     return bool(((runs["status"] == "planned") | resumable).any())
 
 

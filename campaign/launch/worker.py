@@ -289,7 +289,8 @@ def _next_run(
     refuse_if_unwritable(ledger.engine.url)  # a full or read-only ledger file: claim nothing
     resumable: list[tuple[str, str | None]] = [(status, None) for status in options.resume]
     if options.resume_preempted:  # (status, stop cause) to look for, in this order
-        resumable[:0] = [("interrupted", "preempted"), ("interrupted", "killed")]
+        resumable[:0] = [("interrupted", "preempted"), ("interrupted", "killed"),
+                         ("interrupted", "ledger_unreachable")]
     for status, cause in resumable:
         for run_id in _candidates(ledger, options, (status,), cause):
             if run_id not in refused:
