@@ -39,7 +39,7 @@ from campaign.errors import (
     NotALedger,
     RefusedWrite,
 )
-from campaign.ledger.file_state import why_unwritable
+from campaign.ledger.file_state import CANNOT_WRITE_SIGNS, why_unwritable
 from campaign.ledger.outage import Backoff, came_back, is_outage, riding_out
 
 TCP_USER_TIMEOUT_S = 30  # a PostgreSQL server silent this long on a sent request is gone
@@ -395,12 +395,6 @@ def wrapped_driver_error(engine: Engine, error: Exception, statement: str) -> ex
                                    connection_invalidated=lost, dialect=dialect)
 
 
-# What SQLite says when its file cannot take writes (a full volume; a read-only file or mount,
-# which an open connection meets as an I/O error); writable.py finds out which.
-_FILE_FULL_OR_READ_ONLY = ("database or disk is full", "readonly database", "disk I/O error",
-                           "unable to open database file")
-
-
 def translate_error(error: exc.DBAPIError, url: URL, what: str) -> LedgerError:
     """Turn a driver error into one clear line of the ledger's own kind."""
     message = str(error.orig).strip().splitlines()[0] if error.orig else str(error)
@@ -414,7 +408,7 @@ def translate_error(error: exc.DBAPIError, url: URL, what: str) -> LedgerError:
     if "malformed" in message or "database corruption" in message:
         return LedgerError(f"ledger {where} is corrupted ({message}) while {what}: see "
                            "`campaign doctor`; restore it from a copy or an archive")
-    if any(sign in message for sign in _FILE_FULL_OR_READ_ONLY):
+    if any(sign in message for sign in CANNOT_WRITE_SIGNS):  # file_state finds out which
         cause = why_unwritable(sqlite_path(url))
         if cause is not None or "disk I/O error" not in message:
             return LedgerUnwritable(f"ledger {where} cannot take writes while {what}: "

@@ -8,6 +8,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+# What SQLite says when its file cannot take writes now: a full volume; a read-only file or
+# mount (an open connection meets it as an I/O error); a -wal/-shm it cannot create.
+CANNOT_WRITE_SIGNS = ("database or disk is full", "readonly database", "disk I/O error",
+                      "unable to open database file")
+
 # Below this much free space a claim is refused: the run's first writes (its segment, the
 # write-ahead log's growth, its first metric batches) would not fit.
 MIN_FREE_BYTES = 4 * 1024 * 1024

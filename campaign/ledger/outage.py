@@ -27,6 +27,7 @@ import time
 from sqlalchemy import Engine, exc
 
 from campaign.errors import LedgerError
+from campaign.ledger.file_state import CANNOT_WRITE_SIGNS
 
 OUTAGE_ENV = "CAMPAIGN_LEDGER_OUTAGE_S"
 DEFAULT_OUTAGE_S = 600.0  # 10 minutes: a server restart, a failover, a maintenance
@@ -58,9 +59,6 @@ def riding_out(engine: Engine, seconds: float | None = None) -> Engine:
 # (class 08, a pooler's too), the server shutting down or crashing under the session, or one
 # that is starting and not yet taking connections.
 _OUTAGE_STATES = ("57P01", "57P02", "57P03")
-# A SQLite file that cannot take writes now: a full volume, a mount made read-only (an open
-# file then fails its writes with an I/O error), a file made read-only.
-_FILE_OUTAGES = ("database or disk is full", "readonly database", "disk I/O error")
 # A connection the server refused for good: a mistyped database or role, a password, the
 # access rules. Waiting cannot help; the user must hear it at once.
 _REFUSALS = ("does not exist", "authentication failed", "pg_hba.conf", "permission denied")
@@ -72,7 +70,7 @@ def is_outage(error: exc.DBAPIError, dialect: str) -> bool:
     not granted are answers, not an outage. SQLite's: a full or read-only file (it may be
     freed), never a lock (the busy timeout waits for those) nor a corrupt file."""
     if dialect == "sqlite":  # its file: full, or made read-only, may be freed again
-        return any(cause in str(error.orig or error) for cause in _FILE_OUTAGES)
+        return any(sign in str(error.orig or error) for sign in CANNOT_WRITE_SIGNS)
     if error.connection_invalidated:
         return True
     if not isinstance(error, exc.OperationalError):

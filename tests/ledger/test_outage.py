@@ -34,6 +34,7 @@ from tests.support.outages import (
     Cluster,
     assert_twin,
     free_port,
+    points_through_a_crash,
     ridden_out,
     stopped_for,
 )
@@ -166,23 +167,7 @@ def test_points_acknowledged_but_not_on_disk_survive_a_crash(
     (`-m immediate`, a crash): it comes back without the batch. The writer kept it, and its
     next flush, finding its connection gone, writes it again: every point is there once."""
     monkeypatch.setenv("CAMPAIGN_LEDGER_OUTAGE_S", "60")
-    url = private_cluster.url
-    private_cluster.admin("ALTER SYSTEM SET wal_writer_delay = '10s'", "SELECT pg_reload_conf()")
-    with Ledger.open(url, create=True) as plain:
-        (run_id,) = plan_quick(plain, "crash", runs=1, updates=3)
-    with Ledger.open(url, ride_out=True) as ledger:
-        claim = ledger.claim_next("crash", "w")
-        assert claim is not None
-        writer = ledger.metric_writer(run_id, claim.segment_id, lease=claim.lease)
-        for step in range(1, 101):
-            writer.log("train/loss", step, 1.0 / step)
-        assert writer.flush() == 100  # acknowledged, in the server's memory only
-        private_cluster.ctl("restart", "-m", "immediate")
-        for step in range(101, 151):
-            writer.log("train/loss", step, 1.0 / step)
-        writer.close()
-        points = ledger.metrics(runs=[run_id], keys=["train/loss"], all_segments=True)
-    assert sorted(points["step"]) == list(range(1, 151))
+    assert points_through_a_crash(private_cluster, private_cluster.url) == list(range(1, 151))
 
 
 @pytest.mark.slow  # a private cluster of its own: ~10 s

@@ -27,6 +27,7 @@ from tests.support.outages import (
     Bouncer,
     Cluster,
     assert_twin,
+    points_through_a_crash,
     ridden_out,
     stopped_for,
 )
@@ -54,22 +55,7 @@ def test_points_the_server_forgot_behind_a_pooler_are_written_again(
     comes back; the pooler gives the writer's next transaction a new server connection, so
     nothing failed on the writer's side. It sees the server's new start time and writes its
     kept batch again."""
-    private_cluster.admin("ALTER SYSTEM SET wal_writer_delay = '10s'", "SELECT pg_reload_conf()")
-    with Ledger.open(private_bouncer.url, create=True) as ledger:
-        (run_id,) = plan_quick(ledger, "hidden", runs=1, updates=3)
-    with Ledger.open(private_bouncer.url, ride_out=True) as ledger:
-        claim = ledger.claim_next("hidden", "w")
-        assert claim is not None
-        writer = ledger.metric_writer(run_id, claim.segment_id, lease=claim.lease)
-        for step in range(1, 101):
-            writer.log("train/loss", step, 1.0 / step)
-        assert writer.flush() == 100
-        private_cluster.ctl("restart", "-m", "immediate")
-        for step in range(101, 151):
-            writer.log("train/loss", step, 1.0 / step)
-        writer.close()
-        points = ledger.metrics(runs=[run_id], keys=["train/loss"], all_segments=True)
-    assert sorted(points["step"]) == list(range(1, 151))
+    assert points_through_a_crash(private_cluster, private_bouncer.url) == list(range(1, 151))
 
 
 @pytest.mark.slow

@@ -169,3 +169,25 @@ def stopped_for(seconds: float, stop: Callable[[], None], go: Callable[[], None]
     stop()
     time.sleep(seconds)
     go()
+
+
+def points_through_a_crash(cluster: Cluster, url: str) -> list[int]:
+    """On ``url`` (the cluster, or a pooler in front of it), told to flush its log only every
+    10 s: 100 points acknowledged, the server crashed at once (`-m immediate`), 50 more; the
+    steps the ledger holds afterwards."""
+    cluster.admin("ALTER SYSTEM SET wal_writer_delay = '10s'", "SELECT pg_reload_conf()")
+    with Ledger.open(url, create=True) as plain:
+        (run_id,) = plan_quick(plain, "crash", runs=1, updates=3)
+    with Ledger.open(url, ride_out=True) as ledger:
+        claim = ledger.claim_next("crash", "w")
+        assert claim is not None
+        writer = ledger.metric_writer(run_id, claim.segment_id, lease=claim.lease)
+        for step in range(1, 101):
+            writer.log("train/loss", step, 1.0 / step)
+        assert writer.flush() == 100  # acknowledged, in the server's memory only
+        cluster.ctl("restart", "-m", "immediate")
+        for step in range(101, 151):
+            writer.log("train/loss", step, 1.0 / step)
+        writer.close()
+        points = ledger.metrics(runs=[run_id], keys=["train/loss"], all_segments=True)
+    return sorted(points["step"])
