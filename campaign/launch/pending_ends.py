@@ -19,6 +19,7 @@ from pathlib import Path
 from campaign.errors import LeaseLost, LedgerError
 from campaign.ledger import Claim, Ledger, StopRecord
 from campaign.ledger.spill import SPILL_NAME
+from campaign.loop.ledger_away import record_left_waiting
 
 PENDING_END = "pending-end.json"
 
@@ -56,6 +57,7 @@ def _settle(ledger: Ledger, folder: Path, pending: dict) -> bool:
             with ledger.metric_writer(run_id, int(pending["segment_id"]), lease=lease,
                                       spill=folder / SPILL_NAME) as leftover:
                 leftover.write_spilled()
+        record_left_waiting(ledger, folder, run_id, lease)  # the checkpoints it wrote
         ledger.finish(run_id, pending["status"],
                       StopRecord(pending["cause"], pending["step"], pending["phase"],
                                  pending["detail"]), lease=lease)

@@ -61,6 +61,7 @@ from campaign.launch.run_watch import Limits, RunWatch, Signals, Verdict
 from campaign.ledger import Claim, Ledger, LedgerError, RefusedWrite, StopRecord
 from campaign.ledger.spill import SPILL_NAME
 from campaign.loop import progress_page
+from campaign.loop.ledger_away import record_left_waiting
 from campaign.loop.outcome import RunOutcome
 from campaign.loop.run_files import record_file
 
@@ -150,6 +151,7 @@ def supervise(
             with ledger.metric_writer(claim.run_id, claim.segment_id, lease=claim.lease,
                                       spill=folder / SPILL_NAME) as leftover:
                 leftover.write_spilled()
+        record_left_waiting(ledger, folder, claim.run_id, claim.lease)  # its checkpoints
         ledger.finish(claim.run_id, verdict.status, stop, lease=claim.lease)
     except LedgerUnreachable:  # still away: the next worker here writes it (pending_ends.py)
         leave_pending_end(folder, claim, verdict.status, stop)
@@ -201,7 +203,12 @@ def _died(ledger: Ledger, claim: Claim, child: Child, answer: Mapping[str, Any],
     exitcode = child.exitcode
     if killed_from_outside(exitcode, child.host_gone) and not answer.get("error"):
         how = how_killed(exitcode or 0, child.host_gone, oom_before)
-        status, detail = killed_end(ledger, claim, how, board)
+        try:
+            status, detail = killed_end(ledger, claim, how, board)
+        except LedgerUnreachable:  # decided without its earlier kills: resumable all the same
+            status, detail = "interrupted", (
+                f"the run's process {how} in {board.phase} after update {board.step}, while "
+                "the ledger was away (this kill is not counted among its killed events)")
         return Verdict(status, "killed", detail)
     detail = (f"the run's process {ended_how(exitcode)} in {board.phase} after update "
               f"{board.step} without recording its end")

@@ -40,7 +40,7 @@ from campaign.errors import (
     RefusedWrite,
 )
 from campaign.ledger.file_state import CANNOT_WRITE_SIGNS, why_unwritable
-from campaign.ledger.outage import Backoff, came_back, is_outage, riding_out
+from campaign.ledger.outage import Backoff, answered, came_back, is_outage, riding_out
 
 TCP_USER_TIMEOUT_S = 30  # a PostgreSQL server silent this long on a sent request is gone
 MAX_BUSY_TIMEOUT_S = 2_000_000  # about 23 days; SQLite's busy timeout is a 32-bit ms count
@@ -292,7 +292,7 @@ Settled = Callable[[Connection], "Done[_T] | None"]
 
 def run_in_transaction(
     engine: Engine, work: Callable[[Connection], _T], *, write: bool, what: str,
-    settled: Settled[_T] | None = None,
+    settled: Settled[_T] | None = None, unsure: bool = False,
 ) -> _T:
     """Run ``work`` in one transaction, retrying races a bounded number of times.
 
@@ -306,10 +306,11 @@ def run_in_transaction(
     COMMIT was on the wire (an outage ridden out, docs/runs.md). The next attempt then asks
     ``settled`` first, in its own transaction: a :class:`Done` means the write is in the
     database already and is not done twice (a claim, a run's end, an event); without
-    ``settled`` the write must be one that repeats harmlessly (a heartbeat).
+    ``settled`` the write must be one that repeats harmlessly (a heartbeat). ``unsure``: an
+    earlier call's attempt may have committed it (a record that waited through an outage), so
+    the first attempt asks ``settled`` too.
     """
     retries = Retries(engine)
-    unsure = False  # whether the last attempt failed at its COMMIT
     while True:
         committing = False
         try:
@@ -317,6 +318,8 @@ def run_in_transaction(
                 with conn.begin():
                     if retries.outage.waited:  # connected again: the ledger is back
                         came_back()
+                    else:  # (an outage another transaction of this process met is over)
+                        answered()
                     if unsure and settled is not None:
                         done = settled(conn)
                         if done is not None:

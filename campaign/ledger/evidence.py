@@ -32,10 +32,12 @@ class EvidenceWrites(LedgerReader):
     """Reads, plus the writes that record what happened to runs and pilots."""
 
     def _write(self, work: Callable[[Connection], _T], what: str,
-               settled: Settled[_T] | None = None) -> _T:
+               settled: Settled[_T] | None = None, unsure: bool = False) -> _T:
         """One write transaction; ``settled``: how a retry recognises that an attempt whose
-        COMMIT was lost had taken effect (:mod:`campaign.ledger.settled`)."""
-        return run_in_transaction(self.engine, work, write=True, what=what, settled=settled)
+        COMMIT was lost had taken effect (:mod:`campaign.ledger.settled`); ``unsure``: asked
+        before the first attempt too (an earlier call's attempt may have committed)."""
+        return run_in_transaction(self.engine, work, write=True, what=what, settled=settled,
+                                  unsure=unsure)
 
     def add_event(self, campaign: str, kind: str, detail: str | None = None,
                   run_id: str | None = None, *, lease: str | None = None) -> None:
@@ -98,10 +100,13 @@ class EvidenceWrites(LedgerReader):
         step: int | None = None,
         *,
         lease: str | None = None,
+        mark: Mark | None = None,
     ) -> int:
-        """Record a file a run produced with its SHA-256 and size; returns its id."""
+        """Record a file a run produced with its SHA-256 and size; returns its id. ``mark``:
+        that of an earlier call that may have committed it (a record kept through an outage)."""
 
-        mark = Mark()
+        unsure = mark is not None and mark.id is not None
+        mark = mark or Mark()
 
         def work(conn: Connection) -> int:
             run_row(conn, run_id, self.url)
@@ -115,7 +120,7 @@ class EvidenceWrites(LedgerReader):
 
         return self._write(work, f"recording an artifact of run {run_id}",
                            mark.settled(artifacts_t, run_id=run_id, kind=kind, path=path,
-                                        sha256=sha256, step=step))
+                                        sha256=sha256, step=step), unsure)
 
     def create_pilot(self, campaign: str, config_sha256: str,
                      environment: Mapping[str, Any] | None = None,
@@ -146,10 +151,12 @@ class EvidenceWrites(LedgerReader):
         self._write(work, f"recording the verdict of pilot {pilot_id}")
 
     def add_phase_measurements(
-        self, rows: Iterable[Mapping[str, Any]], *, lease: str | None = None
+        self, rows: Iterable[Mapping[str, Any]], *, lease: str | None = None,
+        mark: Mark | None = None,
     ) -> None:
         """Insert phase measurement rows (each with ``run_id`` or ``pilot_id``); with ``lease``
-        every run named must still be running under it."""
+        every run named must still be running under it; ``mark`` as for
+        :meth:`add_artifact`."""
         prepared = []
         for row in rows:
             item = dict(row)
@@ -159,7 +166,8 @@ class EvidenceWrites(LedgerReader):
         if not prepared:
             return
 
-        mark = Mark()
+        unsure = mark is not None and mark.id is not None
+        mark = mark or Mark()
         first = {k: prepared[0].get(k) for k in ("run_id", "pilot_id", "phase")}
 
         def work(conn: Connection) -> None:
@@ -168,7 +176,8 @@ class EvidenceWrites(LedgerReader):
             mark.take(conn, phases_t)
             conn.execute(insert(phases_t), prepared)
 
-        self._write(work, "recording phase measurements", mark.settled(phases_t, **first))
+        self._write(work, "recording phase measurements", mark.settled(phases_t, **first),
+                    unsure)
 
 
 class Mark:

@@ -42,7 +42,7 @@ from campaign.ledger.dialects import (
     placeholder,
     share_lock,
 )
-from campaign.ledger.outage import FIRST_WAIT_S, LONGEST_WAIT_S, came_back, outage_s
+from campaign.ledger.outage import FIRST_WAIT_S, LONGEST_WAIT_S, answered, came_back, outage_s
 from campaign.ledger.spill import KEEP_IN_MEMORY, SpillFile
 from campaign.ledger.unconfirmed import UnconfirmedBatches
 
@@ -239,6 +239,8 @@ class MetricWriter(Closing):
                 raise translate_error(wrapped, self._engine.url, "writing metrics") from error
         if retries.outage.waited:
             came_back()
+        else:
+            answered()
         if not keep:
             self._buffer = []
         self.points_written += len(rows)

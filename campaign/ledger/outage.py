@@ -83,12 +83,38 @@ def is_outage(error: exc.DBAPIError, dialect: str) -> bool:
 
 # When this process last saw the ledger come back from an outage it rode out (monotonic).
 _came_back_at: float | None = None
+# The outage this process is in: when one of its transactions first found the ledger away,
+# and the last time one did. Every transaction's patience counts from the first (one deadline
+# for the process: a run that stopped for an outage past the limit, then its supervisor and
+# its worker, each give up at once instead of waiting a full limit again, docs/runs.md).
+_away_since: float | None = None
+_last_miss_s = 0.0
+# Misses further apart than this, with no answer between, are two outages (a process that
+# rides one out tries at least every LONGEST_WAIT_S).
+SAME_OUTAGE_S = 60.0
 
 
 def came_back() -> None:
     """An outage this process waited on has ended (the transaction went through)."""
-    global _came_back_at
+    global _came_back_at, _away_since
     _came_back_at = time.monotonic()
+    _away_since = None
+
+
+def answered() -> None:
+    """A transaction went through: an outage this process met, if any, is over."""
+    if _away_since is not None:
+        came_back()
+
+
+def missed() -> float:
+    """A transaction found the ledger away; the seconds this process has been in the outage."""
+    global _away_since, _last_miss_s
+    now = time.monotonic()
+    if _away_since is None or now - _last_miss_s > SAME_OUTAGE_S:
+        _away_since = now
+    _last_miss_s = now
+    return now - _away_since
 
 
 def back_for_less_than(seconds: float) -> bool:
@@ -113,10 +139,12 @@ class Backoff:
         return self.began is not None
 
     def wait(self) -> bool:
-        """Sleep before the next attempt; False when the outage outlasted the budget."""
+        """Sleep before the next attempt; False when the outage outlasted the budget (counted
+        from when this process first met it)."""
         now = time.monotonic()
         self.began = now if self.began is None else self.began
-        if now - self.began + self.wait_s > self.budget_s:
+        away_s = max(missed(), now - self.began)
+        if away_s + self.wait_s > self.budget_s:
             return False
         time.sleep(self.wait_s)
         self.wait_s = min(self.wait_s * 2, LONGEST_WAIT_S)

@@ -12,55 +12,100 @@ or its supervisor, and it resumes from that checkpoint.
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 from pathlib import Path
 from typing import Any
 
 from campaign.errors import LedgerUnreachable
 from campaign.ledger import Ledger
+from campaign.ledger.evidence import Mark
 from campaign.ledger.outage import outage_s
 from campaign.loop.checkpoint_file import file_sha256
 from campaign.loop.run_files import record_file
 
+WAITING_NAME = "waiting-records.json"  # beside the spill file, while records wait
+
 
 class WaitingRecords:
     """What one segment wrote that its ledger has not recorded yet: files (checkpoints,
-    predictions) and phase measurements, in the order they came."""
+    predictions) and phase measurements, in the order they came. While any wait they are also
+    in the run folder's ``waiting-records.json``: a run's process that dies in the outage
+    leaves them to its supervisor, or to the next worker (:func:`record_left_waiting`).
+    Each keeps the mark of its first attempt, so an attempt whose COMMIT was lost with its
+    connection is recognised by the next, never recorded twice."""
 
-    def __init__(self, ledger: Ledger, run_id: str) -> None:
+    def __init__(self, ledger: Ledger, run_id: str, folder: Path | None = None) -> None:
         self.ledger, self.run_id = ledger, run_id
-        # ("file", kind, path, step, sha256) or ("phases", rows), oldest first
-        self.pending: list[tuple[Any, ...]] = []
+        self.kept = None if folder is None else folder / WAITING_NAME
+        # {"file": kind, "path", "step", "sha256", "mark"} or {"phases": rows, "mark"}
+        self.pending: list[dict[str, Any]] = []
 
     def file(self, kind: str, path: Path, step: int, lease: str | None,
              sha256: str | None = None) -> None:
         """Record a file the run wrote now if the ledger answers, else keep it and go on."""
-        self.pending.append(("file", kind, path, step, sha256 or file_sha256(path)))
+        self.pending.append({"file": kind, "path": str(path), "step": step,
+                             "sha256": sha256 or file_sha256(path), "mark": None})
         self.flush(lease, patient=False)
 
     def phases(self, rows: list[dict[str, Any]], lease: str | None) -> None:
         """Record phase measurements now if the ledger answers, else keep them and go on."""
-        self.pending.append(("phases", rows))
+        self.pending.append({"phases": rows, "mark": None})
         self.flush(lease, patient=False)
 
     def flush(self, lease: str | None, *, patient: bool = True) -> None:
         """Write what waits, oldest first; ``patient``: ride out an outage (before the run's
-        end), else give up at once and keep it."""
+        end), else give up at once and keep it (in the run folder too)."""
         ledger = self.ledger if patient else self.ledger.impatient()
-        while self.pending:
-            item = self.pending[0]
-            try:
-                if item[0] == "file":
-                    _, kind, path, step, sha256 = item
-                    if path.exists():  # (a checkpoint pruned meanwhile needs no record)
-                        record_file(ledger, self.run_id, kind, path, step, lease=lease,
-                                    sha256=sha256)
-                else:
-                    ledger.add_phase_measurements(item[1], lease=lease)
-            except LedgerUnreachable:
-                if patient:
-                    raise
-                return
-            self.pending.pop(0)
+        try:
+            while self.pending:
+                _record(ledger, self.run_id, self.pending[0], lease)
+                self.pending.pop(0)
+        except LedgerUnreachable:
+            self._keep()
+            if patient:
+                raise
+            return
+        if self.kept is not None:
+            self.kept.unlink(missing_ok=True)
+
+    def _keep(self) -> None:
+        if self.kept is None:
+            return
+        self.kept.parent.mkdir(parents=True, exist_ok=True)
+        partial = self.kept.with_suffix(".partial")
+        partial.write_text(json.dumps({"run_id": self.run_id, "pending": self.pending}))
+        os.replace(partial, self.kept)
+
+
+def record_left_waiting(ledger: Ledger, folder: Path, run_id: str, lease: str | None) -> None:
+    """Record what a run's process left waiting in ``folder`` when it ended in an outage (its
+    supervisor, before the run's end; or the next worker, with the end it left). Riding out."""
+    kept = folder / WAITING_NAME
+    with contextlib.suppress(FileNotFoundError, ValueError, KeyError, TypeError):
+        document = json.loads(kept.read_text())
+        if document["run_id"] != run_id:
+            return
+        waiting = WaitingRecords(ledger, run_id, folder)
+        waiting.pending = list(document["pending"])
+        waiting.flush(lease)
+
+
+def _record(ledger: Ledger, run_id: str, item: dict[str, Any], lease: str | None) -> None:
+    """One waiting record, under the mark of its first attempt (kept in ``item``)."""
+    mark = Mark()
+    mark.id = item["mark"]
+    try:
+        if "file" in item:
+            path = Path(item["path"])
+            if path.exists():  # (a checkpoint pruned meanwhile needs no record)
+                record_file(ledger, run_id, item["file"], path, int(item["step"]),
+                            lease=lease, sha256=item["sha256"], mark=mark)
+        else:
+            ledger.add_phase_measurements(item["phases"], lease=lease, mark=mark)
+    finally:
+        item["mark"] = mark.id
 
 
 def end_if_away_too_long(metrics: Any, step: int) -> None:

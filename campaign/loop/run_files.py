@@ -29,15 +29,17 @@ def record_file(
     *,
     lease: str | None,
     sha256: str | None = None,
+    mark: Any = None,
 ) -> int:
-    """Add the artifact row of a file already written (its hash taken now unless given).
+    """Add the artifact row of a file already written (its hash taken now unless given;
+    ``mark``: that of an earlier attempt, ledger/evidence.py).
 
     The path is recorded absolute: a resume from another working directory finds it (and
     one given another ``--artifacts`` folder finds it there, see :func:`locate`)."""
     digest = sha256 if sha256 is not None else file_sha256(path)
     return ledger.add_artifact(
-        run_id, kind, str(path.absolute()), digest, path.stat().st_size, step, lease=lease
-    )
+        run_id, kind, str(path.absolute()), digest, path.stat().st_size, step, lease=lease,
+        mark=mark)
 
 
 def record_log(ledger: Ledger, run_id: str, path: Path, step: int, *, lease: str | None) -> None:

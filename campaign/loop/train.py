@@ -110,7 +110,7 @@ class RunLoop:
         self.rules = StopRules(self.config)
         self.trainer: Trainer | None = None
         self.metrics: Any = None
-        self.waiting = WaitingRecords(self.ledger, run_id)  # recorded once the ledger answers
+        self.waiting = WaitingRecords(self.ledger, run_id, self.folder)  # once the ledger answers
         self.step, self.examples_seen = 0, 0
         self.phase = "setup"
         self.replayed_from: int | None = None  # the step a resume restarted from

@@ -306,7 +306,12 @@ def test_a_task_the_ledger_left_past_the_limit_is_requeued_and_its_run_resumed(
         wait_for(lambda: last_step(ledger, run_id) >= 5, 240, "update 5 in the array task")
         private_cluster.ctl("stop", "-m", "fast")
         logs = sorted((art / "slurm").glob("*_0.log"))
-        wait_for(lambda: "requeued" in logs[0].read_text(), 120, "the task to requeue itself")
+        try:
+            wait_for(lambda: "requeued" in logs[0].read_text(), 120, "the task to requeue itself")
+        except AssertionError as late:  # what the task said, and the queue: why it did not
+            queue = subprocess.run(["squeue", "-a", "-r"], capture_output=True, text=True)
+            raise AssertionError(f"{late}\n{logs[0].read_text()[-4000:]}\n{queue.stdout}"
+                                 ) from None
         private_cluster.ctl("start")
         _, stderr = launch.communicate(timeout=120)  # the launcher gave up on the ledger too
         assert launch.returncode == 3, stderr[-3000:]

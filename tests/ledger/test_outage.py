@@ -20,8 +20,10 @@ import pytest
 from sqlalchemy import create_engine, exc
 from sqlalchemy.engine import make_url
 
-from campaign.ledger import Ledger
+from campaign.errors import LedgerUnreachable
+from campaign.ledger import Ledger, outage
 from campaign.ledger import metrics as metrics_module
+from campaign.ledger.connections import run_in_transaction
 from campaign.ledger.outage import Backoff, is_outage, outage_s, riding_out
 from campaign.loop.train import execute
 from tests.conftest import POSTGRES_ADMIN_URL
@@ -103,8 +105,16 @@ def test_a_local_launch_rides_out_a_restart_of_its_server(private_cluster: Clust
                ("launch", "blinks", "--workers", "1"))
 
 
+@pytest.fixture
+def outside_any_outage(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process in no outage, and as it was after the test (the state is the process's)."""
+    monkeypatch.setattr(outage, "_away_since", None)
+    monkeypatch.setattr(outage, "_came_back_at", None)
+
+
 def test_the_outage_budget_is_checked_and_bounded(monkeypatch: pytest.MonkeyPatch,
-                                                  sqlite_url: str) -> None:
+                                                  sqlite_url: str, outside_any_outage: None
+                                                  ) -> None:
     from campaign.errors import LedgerError
 
     monkeypatch.setenv("CAMPAIGN_LEDGER_OUTAGE_S", "soon")
@@ -119,6 +129,28 @@ def test_the_outage_budget_is_checked_and_bounded(monkeypatch: pytest.MonkeyPatc
             waits += 1
         assert waits == 2 and 0.7 <= time.monotonic() - began < 1.0  # 0.25 s, then 0.5 s
         assert not Backoff(ledger.engine).wait()  # a command the user waits on: at once
+
+
+def test_one_outage_is_one_deadline_for_every_transaction_of_the_process(
+        monkeypatch: pytest.MonkeyPatch, sqlite_url: str, outside_any_outage: None) -> None:
+    """A process that waited the limit out gives up at once on its next transaction (a run
+    that stopped for the outage, then its supervisor, then its worker do not each wait the
+    limit again); an answer from the ledger ends the outage, and the next gets the limit."""
+    monkeypatch.setenv("CAMPAIGN_LEDGER_OUTAGE_S", "1.5")
+    away = riding_out(create_engine(f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/x"))
+
+    def give_up_after() -> float:
+        began = time.monotonic()
+        with pytest.raises(LedgerUnreachable):
+            run_in_transaction(away, lambda conn: conn.exec_driver_sql("SELECT 1"),
+                               write=False, what="reading")
+        return time.monotonic() - began
+
+    assert give_up_after() >= 0.7  # 0.25 s, 0.5 s, then the next wait would pass 1.5 s
+    assert give_up_after() < 0.5  # the same outage: no second limit
+    with Ledger.open(sqlite_url, create=True) as ledger:
+        ledger.campaigns()  # an answer
+    assert give_up_after() >= 0.7
 
 
 def _error_of(engine: Any, *statements: str) -> exc.DBAPIError:
