@@ -201,10 +201,12 @@ class MetricWriter(Closing):
             self._buffer = []
 
     def _send_spilled(self, outage_s: float | None) -> int:
-        """Write the spill file's points (this segment's, or a dead segment's it left)."""
+        """Write the spill file's points of this segment (a dead segment's were adopted, at
+        the resume; one still appended by a process whose lease is gone is never written)."""
         if not self._spill:
             return 0
-        written = sum(self._send(batch, outage_s, keep=True)
+        written = sum(self._send([row for row in batch if row[1] == self.segment_id],
+                                 outage_s, keep=True)
                       for batch in self._spill.batches(self.batch_size))
         self._spill.remove()
         return written

@@ -33,7 +33,7 @@ from tests.support.engine_helpers import (
 )
 from tests.support.launch_helpers import ROOT, event_counts, run, wait_for
 from tests.support.loop_helpers import plan_quick
-from tests.support.outages import Cluster, ridden_out
+from tests.support.outages import FAULTS, Cluster, ledger_fault, ridden_out
 
 pytestmark = pytest.mark.engine
 
@@ -285,13 +285,16 @@ def test_a_cluster_address_nothing_answers_at_is_one_error_line(
 
 
 @pytest.mark.slow
-def test_ray_workers_and_their_launcher_ride_out_a_restart_of_the_ledger_server(
-    private_cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("fault", FAULTS)
+def test_ray_workers_and_their_launcher_ride_out_a_ledger_outage(
+    private_cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str,
+    request: pytest.FixtureRequest
 ) -> None:
-    """The ledger's server (a private cluster) restarts (`-m fast`) under a Ray worker task
-    training a run and the launcher following it: the run ends as its twin, every point once;
-    the private Ray instance is not shut down for it (docs/runs.md, faults)."""
+    """The ledger's server (a private cluster) crashes and restarts (`-m immediate`), or the
+    PgBouncer in front of it restarts, under a Ray worker task training a run and the
+    launcher following it: the run ends as its twin, every point once; the private Ray
+    instance is not shut down for it (docs/runs.md, faults)."""
     monkeypatch.setenv("CAMPAIGN_SECRETS_DIR", str(tmp_path / "secrets"))
-    ridden_out(private_cluster.url, tmp_path,
-               lambda: private_cluster.ctl("restart", "-m", "fast"),
+    url, disrupt = ledger_fault(fault, private_cluster, request)
+    ridden_out(url, tmp_path, disrupt,
                ("launch", "blinks", "--executor", "ray", "--workers", "1"))

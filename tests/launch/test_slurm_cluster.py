@@ -26,7 +26,7 @@ from tests.conftest import REQUIRE_ALL
 from tests.support.engine_helpers import checkpoint_steps, no_secret_in, running_past, with_password
 from tests.support.launch_helpers import ROOT, invoke, last_step, losses, wait_for
 from tests.support.loop_helpers import plan_quick
-from tests.support.outages import Cluster, ridden_out
+from tests.support.outages import FAULTS, Cluster, ledger_fault, ridden_out
 
 pytestmark = pytest.mark.engine
 
@@ -269,15 +269,18 @@ def test_the_time_limit_warning_is_a_preemption(
 
 
 @pytest.mark.slow
-def test_an_array_and_its_launcher_ride_out_a_crash_of_the_ledger_server(
-    cluster: list[str], private_cluster: Cluster, tmp_path: Path
+@pytest.mark.parametrize("fault", FAULTS)
+def test_an_array_and_its_launcher_ride_out_a_ledger_outage(
+    cluster: list[str], private_cluster: Cluster, tmp_path: Path, fault: str,
+    request: pytest.FixtureRequest
 ) -> None:
-    """The ledger's server (a private cluster) crashes and restarts (`-m immediate`) under an
-    array task training a run and the launcher following it: neither exits, the run ends as
-    its twin, every point once (docs/runs.md, faults)."""
+    """The ledger's server (a private cluster) crashes and restarts (`-m immediate`), or the
+    PgBouncer in front of it restarts, under an array task training a run and the launcher
+    following it: neither exits, the run ends as its twin, every point once (docs/runs.md,
+    faults)."""
     cluster.append("blinks")
-    ridden_out(private_cluster.url, tmp_path,
-               lambda: private_cluster.ctl("restart", "-m", "immediate"),
+    url, disrupt = ledger_fault(fault, private_cluster, request)
+    ridden_out(url, tmp_path, disrupt,
                ("launch", "blinks", "--executor", "slurm", "--workers", "1"))
 
 

@@ -7,6 +7,7 @@ after the server committed."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -110,3 +111,47 @@ def test_without_the_check_the_loss_would_have_doubled_the_claim(
     run_in_transaction(riding.engine, lambda c: claim_next_without_commit(
         c, campaign_id, "w1", new_lease_token()), write=True, what="a blind claim")
     assert sorted(r.status for r in riding.runs("blind").itertuples()) == ["running", "running"]
+
+
+def test_a_waiting_record_whose_commit_answer_was_lost_is_recorded_once(
+    riding: Ledger, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A checkpoint's record tried at once during an outage (impatient) whose COMMIT took
+    effect unanswered stays waiting, in the run folder too; the next try recognises it by the
+    first attempt's mark instead of recording it twice."""
+    from campaign.loop.ledger_away import WAITING_NAME, WaitingRecords
+
+    (run_id,) = plan_quick(riding, "waits", runs=1, updates=3)
+    claim = riding.claim_next("waits", "w1")
+    assert claim is not None
+    checkpoint = tmp_path / "step-2.safetensors"
+    checkpoint.write_bytes(b"weights")
+    waiting = WaitingRecords(riding, run_id, tmp_path)
+    lost = _lose_next_commit_answer(riding, monkeypatch)
+    waiting.file("checkpoint", checkpoint, 2, claim.lease)
+    assert lost and len(waiting.pending) == 1 and (tmp_path / WAITING_NAME).exists()
+    waiting.flush(claim.lease)
+    assert not waiting.pending and not (tmp_path / WAITING_NAME).exists()
+    assert list(riding.artifacts("waits")["step"]) == [2]
+
+
+def test_a_spill_file_gives_each_segment_only_its_own_points(riding: Ledger,
+                                                             tmp_path: Path) -> None:
+    """Points a process whose lease is gone appended to the run folder's spill file after a
+    new segment adopted it are not written into the run (nor under the new lease)."""
+    from campaign.ledger.spill import SpillFile
+
+    (run_id,) = plan_quick(riding, "spilt", runs=1, updates=9)
+    first = riding.claim_next("spilt", "w1")
+    assert first is not None
+    riding.finish(run_id, "interrupted", StopRecord("preempted", 0, "train", "a test"),
+                  lease=first.lease)
+    second = riding.start(run_id, "w2", start_step=4)
+    spill = SpillFile(tmp_path / "metrics-spill.jsonl")
+    spill.append([(run_id, second.segment_id, "train/loss", 5, 0.5, None, 1.0),
+                  (run_id, first.segment_id, "train/loss", 7, 0.7, None, 1.0)])  # the stale
+    with riding.metric_writer(run_id, second.segment_id, lease=second.lease,
+                              spill=spill.path) as writer:
+        assert writer.write_spilled() == 1
+    points = riding.metrics(runs=[run_id], keys=["train/loss"], all_segments=True)
+    assert list(points["step"]) == [5] and not spill

@@ -196,3 +196,17 @@ def points_through_a_crash(cluster: Cluster, url: str) -> list[int]:
         writer.close()
         points = ledger.metrics(runs=[run_id], keys=["train/loss"], all_segments=True)
     return sorted(points["step"])
+
+
+FAULTS = ("server crash", "pooler restart")
+
+
+def ledger_fault(fault: str, cluster: Cluster, request: pytest.FixtureRequest
+                 ) -> tuple[str, Callable[[], None]]:
+    """The ledger's URL and the disruption for one of ``FAULTS``: the private cluster crashes
+    and restarts (`-m immediate`), or a private PgBouncer in front of it restarts (every
+    client connection cut)."""
+    if fault == "pooler restart":
+        bouncer: Bouncer = request.getfixturevalue("private_bouncer")
+        return bouncer.url, lambda: stopped_for(2, bouncer.stop, bouncer.start)
+    return cluster.url, lambda: cluster.ctl("restart", "-m", "immediate")
