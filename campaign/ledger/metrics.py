@@ -43,6 +43,7 @@ from campaign.ledger.dialects import (
     share_lock,
 )
 from campaign.ledger.outage import FIRST_WAIT_S, LONGEST_WAIT_S, answered, came_back, outage_s
+from campaign.ledger.reach_probe import probe_for
 from campaign.ledger.spill import KEEP_IN_MEMORY, SpillFile
 from campaign.ledger.unconfirmed import UnconfirmedBatches
 
@@ -154,8 +155,9 @@ class MetricWriter(Closing):
         self._last_flush = time.time()
         if self._spill is None:
             return self._send(self._buffer)
-        if self._away.since is not None and time.monotonic() < self._away.next_try:
-            self._bound()
+        if self._away.since is not None and (time.monotonic() < self._away.next_try
+                                             or not probe_for(self._engine).worth_trying()):
+            self._bound()  # (a server that does not answer is asked from a thread meanwhile)
             return 0
         try:
             written = self._send_spilled(0.0) + self._send(self._buffer, 0.0)
@@ -192,6 +194,7 @@ class MetricWriter(Closing):
         if self._unconfirmed is not None:  # the server may lose what it acknowledged
             self._unconfirmed.uncertain = True
         self._away.missed()
+        probe_for(self._engine).went_away()
         self._bound()
 
     def _bound(self) -> None:

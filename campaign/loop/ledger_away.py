@@ -22,6 +22,7 @@ from campaign.errors import LedgerUnreachable
 from campaign.ledger import Ledger
 from campaign.ledger.evidence import Mark
 from campaign.ledger.outage import outage_s
+from campaign.ledger.reach_probe import probe_for
 from campaign.loop.checkpoint_file import file_sha256
 from campaign.loop.run_files import record_file
 
@@ -58,12 +59,17 @@ class WaitingRecords:
         """Write what waits, oldest first; ``patient``: ride out an outage (before the run's
         end), else give up at once and keep it (in the run folder too)."""
         ledger = self.ledger if patient else self.ledger.impatient()
+        probe = probe_for(self.ledger.engine)
+        if not patient and self.pending and not probe.worth_trying():
+            self._keep()  # a server that does not answer: asked from a thread meanwhile
+            return
         try:
             while self.pending:
                 _record(ledger, self.run_id, self.pending[0], lease)
                 self.pending.pop(0)
         except LedgerUnreachable:
             self._keep()
+            probe.went_away()
             if patient:
                 raise
             return

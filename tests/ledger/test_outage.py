@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import shlex
+import socket
 import threading
 import time
 from pathlib import Path
@@ -151,6 +152,37 @@ def test_one_outage_is_one_deadline_for_every_transaction_of_the_process(
     with Ledger.open(sqlite_url, create=True) as ledger:
         ledger.campaigns()  # an answer
     assert give_up_after() >= 0.7
+
+
+@pytest.mark.slow  # one connect timeout (5 s), then the loop's flushes
+def test_a_server_that_does_not_answer_never_stalls_the_training_loop(
+        tmp_path: Path, outside_any_outage: None) -> None:
+    """A server that takes the connection and never answers (a network cut, a machine lost)
+    costs each try the whole connect timeout (5 s). After the first, a run's metric writer
+    asks it from a thread: the loop's flushes return at once, and its points wait."""
+    from campaign.ledger.connections import create_ledger_engine, parse_url
+    from campaign.ledger.metrics import MetricWriter
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)  # the kernel completes each handshake; nobody ever answers
+        url = f"postgresql+psycopg://postgres@127.0.0.1:{silent.getsockname()[1]}/ledger"
+        engine = riding_out(create_ledger_engine(parse_url(url)))
+        writer = MetricWriter(engine, "run", 1, interval_s=0.05, spill=tmp_path / "spill")
+        began = time.monotonic()
+        writer.log("train/loss", 1, 1.0)
+        writer.flush()  # the first try: it waits the connect timeout out
+        assert writer.away_s() > 0 and time.monotonic() - began >= 4
+        longest, began = 0.0, time.monotonic()
+        step = 1
+        while time.monotonic() - began < 8:  # past the writer's 0.25 .. 5 s backoff
+            step += 1
+            before = time.monotonic()
+            writer.log("train/loss", step, 1.0 / step)
+            longest = max(longest, time.monotonic() - before)
+            time.sleep(0.02)
+        assert longest < 1.0, longest  # never a connect timeout in the loop
+        assert writer.pending == step and writer.points_written == 0
 
 
 def _error_of(engine: Any, *statements: str) -> exc.DBAPIError:
