@@ -33,7 +33,13 @@ from tests.support.engine_helpers import (
 )
 from tests.support.launch_helpers import ROOT, event_counts, run, wait_for
 from tests.support.loop_helpers import plan_quick
-from tests.support.outages import FAULTS, Cluster, ledger_fault, ridden_out
+from tests.support.outages import (
+    GAUNTLET_UPDATES,
+    Bouncer,
+    Cluster,
+    gauntlet,
+    ridden_out,
+)
 
 pytestmark = pytest.mark.engine
 
@@ -285,16 +291,15 @@ def test_a_cluster_address_nothing_answers_at_is_one_error_line(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fault", FAULTS)
-def test_ray_workers_and_their_launcher_ride_out_a_ledger_outage(
-    private_cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str,
-    request: pytest.FixtureRequest
+def test_ray_workers_and_their_launcher_ride_out_every_kind_of_ledger_outage(
+    private_cluster: Cluster, private_bouncer: Bouncer, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The ledger's server (a private cluster) crashes and restarts (`-m immediate`), or the
-    PgBouncer in front of it restarts, under a Ray worker task training a run and the
-    launcher following it: the run ends as its twin, every point once; the private Ray
-    instance is not shut down for it (docs/runs.md, faults)."""
+    """Under a Ray worker task training a run and the launcher following it, through a
+    PgBouncer: the ledger's sessions are killed, the PgBouncer restarts, the server restarts,
+    then crashes (tests/support/outages.py gauntlet). The run ends as its twin, every
+    point once; the private Ray instance is not shut down for it (docs/runs.md, faults)."""
     monkeypatch.setenv("CAMPAIGN_SECRETS_DIR", str(tmp_path / "secrets"))
-    url, disrupt = ledger_fault(fault, private_cluster, request)
-    ridden_out(url, tmp_path, disrupt,
-               ("launch", "blinks", "--executor", "ray", "--workers", "1"))
+    ridden_out(private_bouncer.url, tmp_path, gauntlet(private_cluster, private_bouncer),
+               ("launch", "blinks", "--executor", "ray", "--workers", "1"),
+               updates=GAUNTLET_UPDATES)

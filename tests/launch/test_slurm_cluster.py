@@ -26,7 +26,13 @@ from tests.conftest import REQUIRE_ALL
 from tests.support.engine_helpers import checkpoint_steps, no_secret_in, running_past, with_password
 from tests.support.launch_helpers import ROOT, invoke, last_step, losses, wait_for
 from tests.support.loop_helpers import plan_quick
-from tests.support.outages import FAULTS, Cluster, ledger_fault, ridden_out
+from tests.support.outages import (
+    GAUNTLET_UPDATES,
+    Bouncer,
+    Cluster,
+    gauntlet,
+    ridden_out,
+)
 
 pytestmark = pytest.mark.engine
 
@@ -269,19 +275,17 @@ def test_the_time_limit_warning_is_a_preemption(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fault", FAULTS)
-def test_an_array_and_its_launcher_ride_out_a_ledger_outage(
-    cluster: list[str], private_cluster: Cluster, tmp_path: Path, fault: str,
-    request: pytest.FixtureRequest
+def test_an_array_and_its_launcher_ride_out_every_kind_of_ledger_outage(
+    cluster: list[str], private_cluster: Cluster, private_bouncer: Bouncer, tmp_path: Path
 ) -> None:
-    """The ledger's server (a private cluster) crashes and restarts (`-m immediate`), or the
-    PgBouncer in front of it restarts, under an array task training a run and the launcher
-    following it: neither exits, the run ends as its twin, every point once (docs/runs.md,
-    faults)."""
+    """Under an array task training a run and the launcher following it, through a PgBouncer:
+    the ledger's sessions are killed, the PgBouncer restarts, the server restarts, then
+    crashes (tests/support/outages.py gauntlet). Neither exits; the run ends as its twin,
+    every point once (docs/runs.md, faults)."""
     cluster.append("blinks")
-    url, disrupt = ledger_fault(fault, private_cluster, request)
-    ridden_out(url, tmp_path, disrupt,
-               ("launch", "blinks", "--executor", "slurm", "--workers", "1"))
+    ridden_out(private_bouncer.url, tmp_path, gauntlet(private_cluster, private_bouncer),
+               ("launch", "blinks", "--executor", "slurm", "--workers", "1"),
+               updates=GAUNTLET_UPDATES)
 
 
 @pytest.mark.slow

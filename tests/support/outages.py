@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import psycopg
@@ -137,16 +138,17 @@ def private_bouncer(private_cluster: Cluster) -> Iterator[Bouncer]:
 
 
 def ridden_out(url: str, tmp_path: Path, disrupt: Callable[[], None],
-               command: tuple[str, ...] = ("worker", "blinks")) -> None:
+               command: tuple[str, ...] = ("worker", "blinks"), updates: int = UPDATES,
+               slow: dict[str, Any] = SLOW) -> None:
     """``command`` (a worker, or a launch and its workers) trains a run on ``url``;
     ``disrupt()`` at update 3; the run must end as its twin (trained uninterrupted on the
     same ledger first), every point once."""
     from campaign.loop.train import execute
 
     with Ledger.open(url, create=True) as ledger:
-        (twin,) = plan_quick(ledger, "twin", runs=1, updates=UPDATES, **SLOW)
+        (twin,) = plan_quick(ledger, "twin", runs=1, updates=updates, **slow)
         execute(ledger, twin, artifacts=tmp_path / "twin", replay_in_subprocess=False)
-        (run_id,) = plan_quick(ledger, "blinks", runs=1, updates=UPDATES, **SLOW)
+        (run_id,) = plan_quick(ledger, "blinks", runs=1, updates=updates, **slow)
         worker = start(url, *command, "--artifacts", str(tmp_path / "a"), "--no-replay-check",
                        *SKIP)
         try:
@@ -157,15 +159,15 @@ def ridden_out(url: str, tmp_path: Path, disrupt: Callable[[], None],
             if worker.poll() is None:
                 worker.kill()
         assert worker.returncode == 0, stderr[-3000:]
-        assert_twin(ledger, run_id, twin)
+        assert_twin(ledger, run_id, twin, updates)
 
 
-def assert_twin(ledger: Ledger, run_id: str, twin: str) -> None:
+def assert_twin(ledger: Ledger, run_id: str, twin: str, updates: int = UPDATES) -> None:
     """Completed, every update's point once, the twin's series bit for bit."""
     record = ledger.run(run_id)
     assert (record.status, record.stop_cause) == ("completed", "budget_reached"), record
     points = ledger.metrics(runs=[run_id], keys=["train/loss"], all_segments=True)
-    assert sorted(points["step"]) == list(range(1, UPDATES + 1))  # none lost, none twice
+    assert sorted(points["step"]) == list(range(1, updates + 1))  # none lost, none twice
     pd.testing.assert_series_equal(losses(ledger, run_id), losses(ledger, twin),
                                    check_exact=True)
 
@@ -198,15 +200,36 @@ def points_through_a_crash(cluster: Cluster, url: str) -> list[int]:
     return sorted(points["step"])
 
 
-FAULTS = ("server crash", "pooler restart")
+
+GAUNTLET_UPDATES = 80  # the run outlasts the four faults (it trains on through each)
 
 
-def ledger_fault(fault: str, cluster: Cluster, request: pytest.FixtureRequest
-                 ) -> tuple[str, Callable[[], None]]:
-    """The ledger's URL and the disruption for one of ``FAULTS``: the private cluster crashes
-    and restarts (`-m immediate`), or a private PgBouncer in front of it restarts (every
-    client connection cut)."""
-    if fault == "pooler restart":
-        bouncer: Bouncer = request.getfixturevalue("private_bouncer")
-        return bouncer.url, lambda: stopped_for(2, bouncer.stop, bouncer.start)
-    return cluster.url, lambda: cluster.ctl("restart", "-m", "immediate")
+def gauntlet(cluster: Cluster, bouncer: Bouncer) -> Callable[[], None]:
+    """Every kind of outage, one after another, under one run on ``bouncer.url``, the shorter
+    first: the ledger's sessions are killed (`pg_terminate_backend`); at update 10 the
+    PgBouncer restarts; at 30 the server restarts (`-m fast`); at 55 it crashes
+    (`-m immediate`). (A 30 s stop is the local tests' and the past-the-limit tests'.)"""
+
+    def reached(step: int) -> None:
+        wait_for(lambda: _last_step_of(bouncer.url, "blinks") >= step, 120, f"update {step}",
+                 every=0.5)
+
+    def disrupt() -> None:
+        cluster.admin("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                      "WHERE datname = 'ledger' AND pid <> pg_backend_pid()")
+        reached(10)
+        stopped_for(2, bouncer.stop, bouncer.start)
+        reached(30)
+        cluster.ctl("restart", "-m", "fast")
+        reached(55)
+        cluster.ctl("restart", "-m", "immediate")
+
+    return disrupt
+
+
+def _last_step_of(url: str, campaign: str) -> int:
+    """The last recorded update of ``campaign``'s only run (-1 while the ledger is away)."""
+    with contextlib.suppress(Exception), Ledger.open(url) as ledger:
+        (run_id,) = ledger.runs(campaign)["run_id"]
+        return last_step(ledger, run_id)
+    return -1
