@@ -13,9 +13,9 @@ import pytest
 
 from campaign.ledger import Ledger
 from campaign.loop.train import execute
-from tests.support.launch_helpers import losses, start, wait_for
+from tests.support.launch_helpers import losses, start
 from tests.support.loop_helpers import plan_loop
-from tests.support.outages import SKIP, Cluster
+from tests.support.outages import SKIP, Cluster, outlived
 
 TASK = "tests.support.tasks.faulty:build"
 HOLD = {"loop.checkpoint_every": 2}
@@ -41,14 +41,8 @@ def test_a_run_killed_in_an_outage_resumes_from_the_checkpoint_it_wrote_then(
         art = tmp_path / "art"
         worker = start(url, "worker", "killed", "--artifacts", str(art), "--no-replay-check",
                        *SKIP, env={"CAMPAIGN_LEDGER_OUTAGE_S": "10"})
-        try:
-            wait_for(lambda: _checkpoints(ledger, "killed") == [2], 120, "the checkpoint at 2")
-            private_cluster.ctl("stop", "-m", "fast")
-            _, stderr = worker.communicate(timeout=120)
-        finally:
-            if worker.poll() is None:
-                worker.kill()
-        assert worker.returncode == 3, stderr[-3000:]
+        outlived(worker, lambda: _checkpoints(ledger, "killed") == [2], "the checkpoint at 2",
+                 private_cluster)
         folder = art / run_id
         assert (folder / "pending-end.json").exists() and (folder / "waiting-records.json").exists()
         private_cluster.ctl("start")

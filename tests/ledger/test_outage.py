@@ -37,6 +37,7 @@ from tests.support.outages import (
     Cluster,
     assert_twin,
     free_port,
+    outlived,
     points_through_a_crash,
     ridden_out,
     stopped_for,
@@ -293,14 +294,8 @@ def test_past_the_limit_a_run_stops_at_a_checkpoint_and_its_end_waits_for_the_le
             "worker", "outlived")
         worker = start(url, *how, "--artifacts", str(art), "--no-replay-check", *SKIP,
                        env={"CAMPAIGN_LEDGER_OUTAGE_S": "5"})
-        try:
-            wait_for(lambda: last_step(ledger, run_id) >= 3, 120, "update 3 of the run")
-            private_cluster.ctl("stop", "-m", "fast")
-            _, stderr = worker.communicate(timeout=180)
-        finally:
-            if worker.poll() is None:
-                worker.kill()
-        assert worker.returncode == 3, stderr[-3000:]
+        stderr = outlived(worker, lambda: last_step(ledger, run_id) >= 3, "update 3 of the run",
+                          private_cluster)
         assert (art / run_id / "pending-end.json").exists()
         private_cluster.ctl("start")
         wait_for(lambda: _answers(url), 60, "the server back")

@@ -233,3 +233,18 @@ def _last_step_of(url: str, campaign: str) -> int:
         (run_id,) = ledger.runs(campaign)["run_id"]
         return last_step(ledger, run_id)
     return -1
+
+
+def outlived(worker: subprocess.Popen[str], ready: Callable[[], bool], what: str,
+             cluster: Cluster, timeout: float = 180) -> str:
+    """Once ``ready()``, the server stops for good; ``worker`` (its CAMPAIGN_LEDGER_OUTAGE_S
+    short) must give up and exit 3. Its stderr."""
+    try:
+        wait_for(ready, 120, what)
+        cluster.ctl("stop", "-m", "fast")
+        _, stderr = worker.communicate(timeout=timeout)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    assert worker.returncode == 3, stderr[-3000:]
+    return stderr
