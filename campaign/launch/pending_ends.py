@@ -19,7 +19,7 @@ from pathlib import Path
 from campaign.errors import LeaseLost, LedgerError
 from campaign.ledger import Claim, Ledger, StopRecord
 from campaign.ledger.spill import SPILL_NAME
-from campaign.loop.ledger_away import record_left_waiting
+from campaign.loop.ledger_away import WAITING_NAME, record_left_waiting
 
 PENDING_END = "pending-end.json"
 
@@ -61,7 +61,8 @@ def _settle(ledger: Ledger, folder: Path, pending: dict) -> bool:
         ledger.finish(run_id, pending["status"],
                       StopRecord(pending["cause"], pending["step"], pending["phase"],
                                  pending["detail"]), lease=lease)
-    except LeaseLost:
+    except LeaseLost:  # what it left waiting is not the next segment's either
+        (folder / WAITING_NAME).unlink(missing_ok=True)
         return False
     except LedgerError as error:
         if "lease" in str(error) or ledger.run(run_id).status != "running":

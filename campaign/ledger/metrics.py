@@ -160,7 +160,8 @@ class MetricWriter(Closing):
             self._bound()  # (a server that does not answer is asked from a thread meanwhile)
             return 0
         try:
-            written = self._send_spilled(0.0) + self._send(self._buffer, 0.0)
+            written = (self._send_spilled(0.0, keep_foreign=False)
+                       + self._send(self._buffer, 0.0))
         except LedgerUnreachable:  # an outage, a full or read-only file: keep the points
             self._went_away()
             return 0
@@ -203,15 +204,22 @@ class MetricWriter(Closing):
             self._spill.append(self._buffer)
             self._buffer = []
 
-    def _send_spilled(self, outage_s: float | None) -> int:
-        """Write the spill file's points of this segment (a dead segment's were adopted, at
-        the resume; one still appended by a process whose lease is gone is never written)."""
+    def _send_spilled(self, outage_s: float | None, keep_foreign: bool = True) -> int:
+        """Write the spill file's points of this segment; another segment's are never written
+        under it. They stay in the file for the next resume to adopt (:meth:`adopt_spilled`):
+        a process that died may have died before adopting an ended segment's. Not while the
+        segment trains (``keep_foreign`` False): it adopted at its resume, so another's now are
+        a process's whose lease is gone, dropped rather than read again at every flush."""
         if not self._spill:
             return 0
-        written = sum(self._send([row for row in batch if row[1] == self.segment_id],
-                                 outage_s, keep=True)
-                      for batch in self._spill.batches(self.batch_size))
+        written, foreign = 0, []
+        for batch in self._spill.batches(self.batch_size):
+            foreign += [row for row in batch if row[1] != self.segment_id]
+            written += self._send([row for row in batch if row[1] == self.segment_id],
+                                  outage_s, keep=True)
         self._spill.remove()
+        if foreign and keep_foreign:
+            self._spill.append(foreign)
         return written
 
     def _send(self, rows: list[MetricRow], outage_s: float | None = None,

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from sqlalchemy import Connection, Engine, select
 
 from campaign.errors import LedgerInputError, NoLedger, NotFound
-from campaign.ledger import frames, migrate
+from campaign.ledger import frames, migrate, reach_probe
 from campaign.ledger.closing import Closing
 from campaign.ledger.connections import (
     create_ledger_engine,
@@ -93,6 +93,7 @@ class LedgerReader(LiveReads, Closing):
         return migrate.current_revision(self.engine)
 
     def close(self) -> None:
+        reach_probe.forget(self.engine)  # nobody is left to ask for
         self.engine.dispose()
 
     def _read(self, work: Callable[[Connection], _T], what: str) -> _T:

@@ -37,8 +37,9 @@ class WaitingRecords:
     Each keeps the mark of its first attempt, so an attempt whose COMMIT was lost with its
     connection is recognised by the next, never recorded twice."""
 
-    def __init__(self, ledger: Ledger, run_id: str, folder: Path | None = None) -> None:
-        self.ledger, self.run_id = ledger, run_id
+    def __init__(self, ledger: Ledger, run_id: str, folder: Path | None = None,
+                 lease: str | None = None) -> None:
+        self.ledger, self.run_id, self.lease = ledger, run_id, lease
         self.kept = None if folder is None else folder / WAITING_NAME
         # {"file": kind, "path", "step", "sha256", "mark"} or {"phases": rows, "mark"}
         self.pending: list[dict[str, Any]] = []
@@ -58,15 +59,19 @@ class WaitingRecords:
     def flush(self, lease: str | None, *, patient: bool = True) -> None:
         """Write what waits, oldest first; ``patient``: ride out an outage (before the run's
         end), else give up at once and keep it (in the run folder too)."""
+        self.lease = lease
         ledger = self.ledger if patient else self.ledger.impatient()
         probe = probe_for(self.ledger.engine)
         if not patient and self.pending and not probe.worth_trying():
             self._keep()  # a server that does not answer: asked from a thread meanwhile
             return
+        on_disk = self.kept is not None and self.kept.exists()
         try:
             while self.pending:
                 _record(ledger, self.run_id, self.pending[0], lease)
                 self.pending.pop(0)
+                if on_disk and self.pending:  # a kill now must not record it again
+                    self._keep()
         except LedgerUnreachable:
             self._keep()
             probe.went_away()
@@ -77,25 +82,41 @@ class WaitingRecords:
             self.kept.unlink(missing_ok=True)
 
     def _keep(self) -> None:
+        """Keep what waits in the run folder too; a volume that cannot take it (full) costs
+        only that copy, never the run: the records still wait in memory."""
         if self.kept is None:
             return
-        self.kept.parent.mkdir(parents=True, exist_ok=True)
-        partial = self.kept.with_suffix(".partial")
-        partial.write_text(json.dumps({"run_id": self.run_id, "pending": self.pending}))
-        os.replace(partial, self.kept)
+        with contextlib.suppress(OSError):
+            self.kept.parent.mkdir(parents=True, exist_ok=True)
+            partial = self.kept.with_suffix(".partial")
+            partial.write_text(json.dumps({"run_id": self.run_id, "lease": self.lease,
+                                           "pending": self.pending}))
+            os.replace(partial, self.kept)
 
 
 def record_left_waiting(ledger: Ledger, folder: Path, run_id: str, lease: str | None) -> None:
     """Record what a run's process left waiting in ``folder`` when it ended in an outage (its
-    supervisor, before the run's end; or the next worker, with the end it left). Riding out."""
+    supervisor, before the run's end; or the next worker, with the end it left). Riding out.
+    Records left under another lease (an earlier segment's) are not this one's to write: the
+    file goes. One whose first attempt left no mark may have committed before its process
+    died: it is looked for in the whole table first, so it is never recorded twice."""
     kept = folder / WAITING_NAME
-    with contextlib.suppress(FileNotFoundError, ValueError, KeyError, TypeError):
+    try:
         document = json.loads(kept.read_text())
-        if document["run_id"] != run_id:
-            return
-        waiting = WaitingRecords(ledger, run_id, folder)
-        waiting.pending = list(document["pending"])
-        waiting.flush(lease)
+        pending = [dict(item) for item in document["pending"]]
+        left_by, left_under = document["run_id"], document.get("lease")
+    except (OSError, ValueError, KeyError, TypeError):  # none, or not ours to read
+        return
+    if left_by != run_id:
+        return
+    if left_under != lease:
+        kept.unlink(missing_ok=True)
+        return
+    for item in pending:
+        item["mark"] = 0 if item.get("mark") is None else item["mark"]
+    waiting = WaitingRecords(ledger, run_id, folder, lease)
+    waiting.pending = pending
+    waiting.flush(lease)
 
 
 def _record(ledger: Ledger, run_id: str, item: dict[str, Any], lease: str | None) -> None:

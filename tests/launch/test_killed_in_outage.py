@@ -19,7 +19,8 @@ from tests.support.outages import SKIP, Cluster, outlived
 
 TASK = "tests.support.tasks.faulty:build"
 HOLD = {"loop.checkpoint_every": 2}
-SLOW_STEPS = {"task.sleep": 0.4}  # per microbatch, two an update: time to stop the server
+SLOW_STEPS = {"task.sleep": 0.7}  # per microbatch, two an update: 2.8 s to stop the server
+# between the record of the checkpoint at 2 and the one at 4
 AT = 11  # the 11th training microbatch: in update 6, after the checkpoint of update 4
 
 

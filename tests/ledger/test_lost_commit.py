@@ -6,6 +6,7 @@ after the server committed."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -154,4 +155,79 @@ def test_a_spill_file_gives_each_segment_only_its_own_points(riding: Ledger,
                               spill=spill.path) as writer:
         assert writer.write_spilled() == 1
     points = riding.metrics(runs=[run_id], keys=["train/loss"], all_segments=True)
-    assert list(points["step"]) == [5] and not spill
+    assert list(points["step"]) == [5]
+    # The stale point stays for the next resume to judge (a dead process may have left an
+    # ended segment's points unadopted); one from step 4 does not take an update it retrains.
+    assert [row[3] for batch in spill.batches(10) for row in batch] == [7]
+    riding.finish(run_id, "interrupted", StopRecord("preempted", 5, "train", "a test"),
+                  lease=second.lease)
+    third = riding.start(run_id, "w3", start_step=4)
+    with riding.metric_writer(run_id, third.segment_id, lease=third.lease,
+                              spill=spill.path) as writer:
+        writer.adopt_spilled(4)
+        assert writer.write_spilled() == 0 and not spill
+
+
+def _left_waiting(folder: Path, run_id: str, lease: str | None, checkpoint: Path,
+                  mark: int | None) -> None:
+    """The run folder's waiting file as a run's process leaves it when it dies."""
+    from campaign.loop.checkpoint_file import file_sha256
+    from campaign.loop.ledger_away import WAITING_NAME
+
+    item = {"file": "checkpoint", "path": str(checkpoint), "step": 2,
+            "sha256": file_sha256(checkpoint), "mark": mark}
+    (folder / WAITING_NAME).write_text(json.dumps({"run_id": run_id, "lease": lease,
+                                                   "pending": [item]}))
+
+
+def test_a_record_a_killed_process_committed_but_still_listed_is_written_once(
+    riding: Ledger, tmp_path: Path
+) -> None:
+    """A run's process killed between a record's COMMIT and rewriting its waiting file (or
+    before its first attempt kept a mark) leaves the record listed: whoever writes what it
+    left finds it in the ledger instead of recording it twice."""
+    from campaign.loop.ledger_away import WAITING_NAME, record_left_waiting
+    from campaign.loop.run_files import record_file
+
+    (run_id,) = plan_quick(riding, "killedwaits", runs=1, updates=3)
+    claim = riding.claim_next("killedwaits", "w1")
+    assert claim is not None
+    checkpoint = tmp_path / "step-2.safetensors"
+    checkpoint.write_bytes(b"weights")
+    record_file(riding, run_id, "checkpoint", checkpoint, 2, lease=claim.lease)
+    _left_waiting(tmp_path, run_id, claim.lease, checkpoint, mark=None)
+    record_left_waiting(riding, tmp_path, run_id, claim.lease)
+    assert list(riding.artifacts("killedwaits")["step"]) == [2]
+    assert not (tmp_path / WAITING_NAME).exists()
+
+
+def test_records_left_under_an_ended_lease_are_not_the_next_segments(
+    riding: Ledger, tmp_path: Path
+) -> None:
+    """A waiting file an earlier segment's process left is not written under a later lease
+    (its run moved on; a resume trusts only what its own segments recorded): it goes."""
+    from campaign.loop.ledger_away import WAITING_NAME, record_left_waiting
+
+    (run_id,) = plan_quick(riding, "stalewaits", runs=1, updates=3)
+    claim = riding.claim_next("stalewaits", "w1")
+    assert claim is not None
+    checkpoint = tmp_path / "step-2.safetensors"
+    checkpoint.write_bytes(b"weights")
+    _left_waiting(tmp_path, run_id, "an-ended-lease", checkpoint, mark=None)
+    record_left_waiting(riding, tmp_path, run_id, claim.lease)
+    assert riding.artifacts("stalewaits").empty and not (tmp_path / WAITING_NAME).exists()
+
+
+def test_a_ledger_refusing_a_left_record_is_heard_not_swallowed(
+    riding: Ledger, tmp_path: Path
+) -> None:
+    """Only a missing or unreadable waiting file is nothing to do; the ledger's own refusal
+    (here: a run it does not hold) reaches the caller like any write's."""
+    from campaign.errors import NotFound
+    from campaign.loop.ledger_away import record_left_waiting
+
+    checkpoint = tmp_path / "step-2.safetensors"
+    checkpoint.write_bytes(b"weights")
+    _left_waiting(tmp_path, "no-such-run", None, checkpoint, mark=None)
+    with pytest.raises(NotFound, match="no-such-run"):
+        record_left_waiting(riding, tmp_path, "no-such-run", None)

@@ -13,6 +13,7 @@ import shlex
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from sqlalchemy import create_engine, exc
 from sqlalchemy.engine import make_url
 
 from campaign.errors import LedgerUnreachable
-from campaign.ledger import Ledger, outage
+from campaign.ledger import Ledger, outage, reach_probe
 from campaign.ledger import metrics as metrics_module
 from campaign.ledger.connections import run_in_transaction
 from campaign.ledger.outage import Backoff, is_outage, outage_s, riding_out
@@ -108,10 +109,15 @@ def test_a_local_launch_rides_out_a_restart_of_its_server(private_cluster: Clust
 
 
 @pytest.fixture
-def outside_any_outage(monkeypatch: pytest.MonkeyPatch) -> None:
+def outside_any_outage(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """This process in no outage, and as it was after the test (the state is the process's)."""
     monkeypatch.setattr(outage, "_away_since", None)
     monkeypatch.setattr(outage, "_came_back_at", None)
+    monkeypatch.setattr(outage, "_last_miss_s", 0.0)
+    monkeypatch.setattr(reach_probe, "_probes", {})
+    yield
+    for probe in list(reach_probe._probes.values()):  # none asks on into later tests
+        probe.stop()
 
 
 def test_the_outage_budget_is_checked_and_bounded(monkeypatch: pytest.MonkeyPatch,
@@ -139,21 +145,67 @@ def test_one_outage_is_one_deadline_for_every_transaction_of_the_process(
     that stopped for the outage, then its supervisor, then its worker do not each wait the
     limit again); an answer from the ledger ends the outage, and the next gets the limit."""
     monkeypatch.setenv("CAMPAIGN_LEDGER_OUTAGE_S", "1.5")
-    away = riding_out(create_engine(f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/x"))
+    away, tries = _counting_tries(f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/x")
 
-    def give_up_after() -> float:
-        began = time.monotonic()
-        with pytest.raises(LedgerUnreachable):
-            run_in_transaction(away, lambda conn: conn.exec_driver_sql("SELECT 1"),
-                               write=False, what="reading")
-        return time.monotonic() - began
-
-    assert give_up_after() >= 0.7  # 0.25 s, 0.5 s, then the next wait would pass 1.5 s
-    assert give_up_after() < 0.5  # the same outage: no second limit
+    began = time.monotonic()
+    assert _give_up_after(away) >= 0.7  # 0.25 s, 0.5 s, then the next wait would pass 1.5 s
+    assert len(tries) == 3
+    time.sleep(max(0.0, began + 1.6 - time.monotonic()))  # the process is past the limit
+    _give_up_after(away)
+    assert len(tries) == 4  # the same outage: one try, no second limit
     with Ledger.open(sqlite_url, create=True) as ledger:
         ledger.campaigns()  # an answer
-    assert give_up_after() >= 0.7
+    assert _give_up_after(away) >= 0.7 and len(tries) == 7
 
+
+def _counting_tries(url: str) -> tuple[Any, list[int]]:
+    """A riding-out engine on ``url`` and the list its connection attempts are counted in."""
+    from sqlalchemy import event
+
+    engine = create_engine(url)
+    tries: list[int] = []
+    event.listen(engine, "do_connect", lambda *args: tries.append(1))
+    return riding_out(engine), tries
+
+
+def _give_up_after(away: Any) -> float:
+    """Seconds a read on ``away`` took to give up for the outage."""
+    began = time.monotonic()
+    with pytest.raises(LedgerUnreachable):
+        run_in_transaction(away, lambda conn: conn.exec_driver_sql("SELECT 1"),
+                           write=False, what="reading")
+    return time.monotonic() - began
+
+
+def test_the_probe_keeps_the_process_deadline_while_the_loop_skips_its_tries(
+        monkeypatch: pytest.MonkeyPatch, outside_any_outage: None) -> None:
+    """A run's loop does not try while the probe asks, and nothing else in a run's process
+    meets the outage: the probe's own misses keep the process's one deadline, so the run's
+    end (written riding out) does not wait a full limit again after a long outage."""
+    monkeypatch.setenv("CAMPAIGN_LEDGER_OUTAGE_S", "1.0")
+    away, tries = _counting_tries(f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/x")
+    probe = reach_probe.probe_for(away)
+    probe.went_away()
+    time.sleep(1.3)  # the probe asked at 0, 0.25 and 0.75 s: the outage is 1.3 s old
+    assert not probe.worth_trying() and len(tries) == 3
+    _give_up_after(away)
+    assert len(tries) == 4  # past the limit: one try, then at once
+
+
+
+def test_a_forked_child_has_no_probe_of_its_parent(outside_any_outage: None) -> None:
+    """A run forked by its task host while the host's probe asks: the probe's thread is not
+    the child's, so the child's writers try for themselves until their own probe starts."""
+    import os
+
+    away, _ = _counting_tries(f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/x")
+    reach_probe.probe_for(away).went_away()
+    assert not reach_probe.probe_for(away).worth_trying()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child's verdict is its exit code
+        os._exit(0 if reach_probe.probe_for(away).worth_trying() else 1)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
 
 @pytest.mark.slow  # one connect timeout (5 s), then the loop's flushes
 def test_a_server_that_does_not_answer_never_stalls_the_training_loop(
