@@ -319,9 +319,11 @@ def test_a_task_the_ledger_left_past_the_limit_is_requeued_and_its_run_resumed(
             queue = subprocess.run(["squeue", "-a", "-r"], capture_output=True, text=True)
             raise AssertionError(f"{late}\n{logs[0].read_text()[-4000:]}\n{queue.stdout}"
                                  ) from None
-        private_cluster.ctl("start")
-        _, stderr = launch.communicate(timeout=120)  # the launcher gave up on the ledger too
+        # The launcher gives up on the ledger too (the server stays down until it has: a
+        # launcher that happened not to ask while it was down would rightly ride it out).
+        _, stderr = launch.communicate(timeout=120)
         assert launch.returncode == 3, stderr[-3000:]
+        private_cluster.ctl("start")
         assert "the ledger is unreachable; SLURM task" in logs[0].read_text()
         wait_for(lambda: _release_requeued("outlived") or ledger.run(run_id).status == "completed",
                  400, "the requeued task to complete the run", every=2)
