@@ -95,18 +95,22 @@ def serve(
                             access_log=access_log, log_config=logs, lifespan="off",
                             timeout_graceful_shutdown=5)
     logging.getLogger("uvicorn.access").addFilter(_HideToken())
-    print(url, file=out or sys.stdout, flush=True)
-    print(f"campaign serve: read-only dashboard of {reader.url} at {url} (Ctrl-C stops it)",
-          file=sys.stderr, flush=True)
-    # uvicorn shuts down gracefully on SIGINT/SIGTERM, then raises the signal again for the
-    # handler that was there before it: Ctrl-C's KeyboardInterrupt, and for SIGTERM ours.
-    previous = signal.signal(signal.SIGTERM, _interrupted)
+    # Ctrl-C and SIGTERM stop it from the moment the URL is out (whoever reads it may signal
+    # at once), even where SIGINT came ignored (a background job, nohup): uvicorn shuts down
+    # gracefully on them, then raises the signal again for the handler that was there before
+    # it, ours, whose KeyboardInterrupt ends the call.
+    previous = {number: signal.signal(number, _interrupted)
+                for number in (signal.SIGINT, signal.SIGTERM)}
     try:
+        print(url, file=out or sys.stdout, flush=True)
+        print(f"campaign serve: read-only dashboard of {reader.url} at {url} (Ctrl-C stops "
+              "it)", file=sys.stderr, flush=True)
         uvicorn.Server(config).run(sockets=[sock])
     except KeyboardInterrupt:
         pass
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
         sock.close()
     print("campaign serve: stopped", file=sys.stderr, flush=True)
 

@@ -279,6 +279,26 @@ def test_another_loopback_address_is_served(sqlite_url: str) -> None:
         process.communicate(timeout=30)
 
 
+
+def test_ctrl_c_stops_it_from_the_moment_the_url_is_out_even_where_sigint_was_ignored(
+    sqlite_url: str,
+) -> None:
+    """A script that reads the URL and signals at once, from a shell that started the server
+    with SIGINT ignored (a background job, nohup): the signal stops it (before, 14 of 15 such
+    servers ran on, the signal lost before uvicorn took SIGINT over)."""
+    with Ledger.open(sqlite_url, create=True) as ledger:
+        _fill(ledger)
+    for _ in range(3):
+        process = start(sqlite_url, "serve", "--port", "0",
+                        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+        try:
+            assert process.stdout.readline().startswith("http://127.0.0.1:")
+            process.send_signal(signal.SIGINT)
+            _, err = process.communicate(timeout=20)
+        finally:
+            process.kill()
+        assert process.returncode == 0 and "campaign serve: stopped" in err, err
+
 def test_a_busy_port_and_a_missing_ledger_are_one_line_each(
     sqlite_url: str, tmp_path: Path
 ) -> None:
