@@ -3,9 +3,12 @@
 One folder per run, ``LOGDIR/VARIANT/seed-S-RUNID`` (the variant made safe
 for a file name), holding:
 
-- every metric key as a scalar at its update step, stored as a float64
-  tensor (TensorBoard's ``simple_value`` is float32, which would round the
-  ledger's values): TensorBoard's own reader gives back the ledger's value;
+- every metric key as a scalar at its update step, a float32 tensor as
+  TensorBoard's own ``scalar`` summaries write it: its default loader (the
+  Rust data server of ``tensorboard --logdir DIR``) shows float32 scalars
+  and drops float64 ones without a word, so every value shows rounded to
+  float32, as TensorBoard shows any value; the exact values are the
+  ledger's (``campaign curve``, ``Ledger.metrics``);
 - the run's resolved config as hyperparameters (the HParams plugin's session
   start, one dotted key per hyperparameter) and, once the run ended, its
   session end (success for completed/stopped, failure otherwise);
@@ -200,8 +203,7 @@ def _event(record: tuple[Any, ...], protos: Any) -> Any:
     now = time.time()
     if kind == "point":
         _, key, step, value = record
-        tensor = protos.make_tensor_proto(float("nan") if value is None else float(value),
-                                          dtype="float64")
+        tensor = protos.make_tensor_proto(_shown(value), dtype="float32")
         metadata = protos.scalar_metadata(display_name=key, description="")
         summary = protos.Summary(value=[protos.Summary.Value(tag=key, tensor=tensor,
                                                              metadata=metadata)])
@@ -264,12 +266,26 @@ def _run_folder(row: dict[str, Any]) -> str:
     return f"{safe[:100]}/seed-{int(row['seed'])}-{row['id']}"
 
 
+def _shown(value: float | None) -> float:
+    """The value as float32 shows it (one past float32's range is an infinity of its sign);
+    a missing value is NaN."""
+    import numpy as np
+
+    with np.errstate(over="ignore"):
+        return float(np.float32(float("nan") if value is None else value))
+
+
+# What an export writes its scalars as, kept in the state: a folder holding an earlier
+# export's float64 scalars (which TensorBoard's default loader does not show) is not added to.
+SCALARS = "float32"
+
+
 def _load_state(logdir: Path, campaign: str) -> dict[str, Any]:
     path = logdir / STATE_FILE
     if logdir.exists() and not logdir.is_dir():
         raise ExportError(f"--logdir {logdir} is a file, not a folder")
     if not path.exists():
-        return {"campaign": campaign, "runs": {}}
+        return {"campaign": campaign, "scalars": SCALARS, "runs": {}}
     try:
         state = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as error:
@@ -284,6 +300,11 @@ def _load_state(logdir: Path, campaign: str) -> dict[str, Any]:
     if state.get("campaign") != campaign:
         raise ExportError(f"--logdir {logdir} holds campaign {state.get('campaign')!r}, not "
                           f"{campaign!r}: give each campaign its own folder")
+    if state.get("scalars", "float64") != SCALARS and state["runs"]:
+        raise ExportError(f"--logdir {logdir} holds an earlier export's float64 scalars, "
+                          "which TensorBoard's default loader does not show: export into a "
+                          "new folder")
+    state["scalars"] = SCALARS
     return state
 
 

@@ -1,5 +1,6 @@
 """`campaign tensorboard` on SQLite and PostgreSQL: read back with TensorBoard's own reader (the
-data provider its scalar dashboard uses), the event files equal the ledger's metrics bit for
+data provider its scalar dashboard uses) and from a real `tensorboard --logdir` server with its
+default loader, the event files equal the ledger's metrics as float32 shows them, bit for
 bit; a second export writes only new points; --follow picks up points written after it
 started and ends when every run has ended; bad folders are one line each."""
 
@@ -7,9 +8,14 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
+import urllib.parse
+import urllib.request
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from click.testing import CliRunner
 from tensorboard import context
 from tensorboard.backend.event_processing import data_provider, event_accumulator
@@ -21,6 +27,7 @@ from campaign.cli import main
 from campaign.ledger import Ledger, StopRecord
 from tests.support.helpers import plan_campaign
 from tests.support.launch_helpers import start, wait_for
+from tests.support.outages import free_port
 
 NAME = "exported"
 
@@ -76,9 +83,14 @@ def _ledger_points(ledger: Ledger) -> dict[str, dict[str, list[tuple[int, float]
         variant = runs.loc[run_id, "variant"].replace("/", "_").replace(" ", "_")
         folder = f"{variant}/seed-{runs.loc[run_id, 'seed']}-{run_id}"
         expected.setdefault(folder, {})[key] = [
-            (int(s), float("nan") if v is None else float(v))
+            (int(s), _f32(float("nan") if v is None else v))
             for s, v in zip(part["step"], part["value"], strict=True)]
     return expected
+
+
+def _f32(value: float) -> float:
+    """``value`` as TensorBoard shows it (float32)."""
+    return float(np.float32(value))
 
 
 def _same(read: Any, expected: Any) -> bool:
@@ -150,7 +162,7 @@ def test_a_run_resumed_while_exported_ends_with_its_newest_segment(
         assert _export(sqlite_url, logdir).exit_code == 0
         (folder,) = _read_back(logdir)
         series = _read_back(logdir)[folder]["train/loss"]
-        assert series == [(s, 1.0 / s) for s in range(1, 11)] + [
+        assert series == [(s, _f32(1.0 / s)) for s in range(1, 11)] + [
             (s, 100.0 + s) for s in range(11, 26)]
         assert _same(_read_back(logdir), _ledger_points(ledger))
 
@@ -177,7 +189,7 @@ def test_follow_picks_up_new_points_and_ends_with_the_campaign(
 
             def exported() -> bool:
                 folder = next(k for k in _read_back(logdir) if k.endswith(ids["running"]))
-                return _read_back(logdir)[folder]["train/loss"][-1] == (11, 1 / 7)
+                return _read_back(logdir)[folder]["train/loss"][-1] == (11, _f32(1 / 7))
 
             wait_for(exported, 60, "the new point in the event files")
             ledger.finish(ids["running"], "completed", StopRecord("budget_reached", 11, "update"))
@@ -234,3 +246,59 @@ def test_a_relaunch_is_kept_apart_with_its_lineage(sqlite_url: str, tmp_path: Pa
         content[hparams_metadata.SESSION_START_INFO_TAG])
     assert start.hparams["relaunch_of"].string_value == ids["nan"]
     assert start.hparams["relaunch_reason"].string_value == "diverged: once more"
+
+
+def _served(url: str) -> dict[str, dict[str, list[tuple[int, float]]]]:
+    """run -> key -> [(step, value)] as the scalar dashboard asks the server for them."""
+    def ask(path: str) -> Any:
+        with urllib.request.urlopen(url + path, timeout=10) as answer:
+            return json.loads(answer.read())
+
+    return {run: {key: [(int(step), float(value)) for _, step, value in ask(
+                "/data/plugin/scalars/scalars?" + urllib.parse.urlencode({"run": run, "tag": key}))]
+                  for key in keys}
+            for run, keys in ask("/data/plugin/scalars/tags").items()}
+
+
+def test_a_default_tensorboard_server_shows_every_scalar(sqlite_ledger: Ledger, sqlite_url: str,
+                                                         tmp_path: Path) -> None:
+    """`tensorboard --logdir DIR`, as users start it (its default, fast loader: a Rust data
+    server that drops float64 scalars without a word), serves every point of every run."""
+    _fill(sqlite_ledger)
+    logdir = tmp_path / "tb"
+    assert _export(sqlite_url, logdir).exit_code == 0
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--port", str(port),
+         "--host", "127.0.0.1", "--reload_interval", "1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    expected = _ledger_points(sqlite_ledger)
+    try:
+        url = f"http://127.0.0.1:{port}"
+
+        def complete() -> bool:
+            try:
+                return _served(url) == expected or _same(_served(url), expected)
+            except OSError:
+                return False
+
+        wait_for(complete, 90, "every scalar from the TensorBoard server", every=1)
+    finally:
+        server.kill()
+        server.wait(timeout=30)
+
+
+def test_a_folder_holding_an_earlier_float64_export_is_not_added_to(
+        sqlite_ledger: Ledger, sqlite_url: str, tmp_path: Path) -> None:
+    """An export before float32 scalars wrote float64 ones, which the default loader does not
+    show: adding float32 points to those runs would show half a curve. One line, exit 2."""
+    _fill(sqlite_ledger)
+    logdir = tmp_path / "tb"
+    assert _export(sqlite_url, logdir).exit_code == 0
+    state_file = logdir / ".campaign-tensorboard.json"
+    state = json.loads(state_file.read_text())
+    del state["scalars"]  # as that version wrote it
+    state_file.write_text(json.dumps(state))
+    again = _export(sqlite_url, logdir)
+    assert again.exit_code == 2 and "earlier export's float64 scalars" in again.output
+    assert len(again.output.strip().splitlines()) == 1
