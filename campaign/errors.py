@@ -135,6 +135,13 @@ class ReproduceError(CampaignError):
     exit_code = ExitCode.CHECK_FAILED
 
 
+class UntrustedCode(ReproduceError):
+    """An archive's own task code, which ``reproduce`` runs only when told to
+    (``--trust-task-code``): a refusal of the command as given, before anything ran."""
+
+    exit_code = ExitCode.BAD_INPUT
+
+
 # -- the ledger (exit 3, or 2 for bad input to its API) -------------------------------------
 
 

@@ -21,16 +21,22 @@ from campaign.errors import BadInput
               help="The run to reproduce (default: every completed or stopped run).")
 @click.option("--dir", "folder", type=click.Path(path_type=Path), default=None,
               help="The new folder to work in (default ./reproduce-ARCHIVE; must not exist).")
+@click.option("--trust-task-code", "trust", is_flag=True,
+              help="Run the archive's own task code (its files and SHA-256 are printed first); "
+                   "a built-in task's is this installation's and needs no flag.")
 @output_options
-def reproduce(archive: Path, run_id: str | None, folder: Path | None, output_format: str) -> None:
+def reproduce(archive: Path, run_id: str | None, folder: Path | None, trust: bool,
+              output_format: str) -> None:
     """Re-execute a run from a campaign archive alone, on the CPU, in a fresh folder and ledger,
     and compare its metrics bit for bit (timings aside) and its final weights by SHA-256.
 
     The archive is verified first; its task source, data and tokenizer are laid out as the run
     saw them and checked against the hashes the run recorded (data the run read from outside
-    its working folder is placed below the new folder and its setting pointed there). Exit
-    code 0 when every run reproduces exactly, 1 when one differs or a piece is missing or
-    changed (named), 2 for a bad argument.
+    its working folder is placed below the new folder and its setting pointed there); nothing
+    is written outside the new folder. The archive's own task code runs only with
+    --trust-task-code, after its files and their SHA-256 are printed. Exit code 0 when every
+    run reproduces exactly, 1 when one differs or a piece is missing, changed or malformed
+    (named), 2 for a bad argument or task code not trusted.
 
     Example: campaign reproduce digits-lr-archive.tar.gz --run 01jd8x3m5k2q9w7c4v6b1n0r8t
     """
@@ -47,7 +53,9 @@ def reproduce(archive: Path, run_id: str | None, folder: Path | None, output_for
     verify_archive(archive)  # unusable: exit 2; does not verify: exit 1 (campaign.errors)
     folder.mkdir()
     try:
-        comparisons, moved = rerun(archive.absolute(), folder.absolute(), run_id, _invoke)
+        comparisons, moved = rerun(
+            archive.absolute(), folder.absolute(), run_id, _invoke, trust=trust,
+            say=lambda line: click.echo(f"campaign: {printable(line)}", err=True))
     except ReproduceError as error:  # nothing ran to compare: the new folder goes again
         shutil.rmtree(folder, ignore_errors=True)
         click.echo(f"campaign: {archive}: {printable(str(error))}", err=True)

@@ -23,8 +23,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from campaign.errors import UntrustedCode
 from campaign.ledger import Ledger
-from campaign.reproduce.unpack import ReproduceError, Unpacked, relocated_spec, unpack
+from campaign.reproduce.unpack import (
+    ReproduceError,
+    Unpacked,
+    read_json,
+    relocated_spec,
+    unpack,
+)
 
 TIMINGS = ("_s",)  # train/update_s, train/data_wait_s: wall clock, never reproducible
 
@@ -45,24 +52,36 @@ class Comparison:
                 and self.weights_original == self.weights_reproduced)
 
 
-def reproduce(archive: Path, folder: Path, run_id: str | None, invoke: Callable[..., None]
+def reproduce(archive: Path, folder: Path, run_id: str | None, invoke: Callable[..., None],
+              *, trust: bool, say: Callable[[str], None],
               ) -> tuple[list[Comparison], tuple[tuple[str, str, str], ...]]:
     """Re-execute ``run_id`` (else every completed or stopped run) of ``archive`` in ``folder``;
     ``invoke(arguments, quiet=False)`` runs a ``campaign`` command line in this process (the
-    command line's own, passed down: this package sits below it). Returns the comparisons and
-    the settings pointed at data placed from outside the runs' working folder."""
+    command line's own, passed down: this package sits below it). The archive's own task code
+    (not a built-in task of this installation) is said by ``say``, file by file with its
+    SHA-256, and run only when ``trust`` (else :class:`UntrustedCode`, before anything ran).
+    Returns the comparisons and the settings pointed at data placed from outside the runs'
+    working folder."""
     unpacked = unpack(archive, folder)
-    runs = pd.read_parquet(unpacked.members / "runs.parquet")
+    for name, sha256 in unpacked.code:
+        say(f"the archive's task code: {name} (sha256 {sha256})")
+    if unpacked.code and not trust:
+        raise UntrustedCode(f"its task code ({', '.join(n for n, _ in unpacked.code)}) would "
+                            "run on this machine: read it, then pass --trust-task-code")
+    try:
+        runs = pd.read_parquet(unpacked.members / "runs.parquet")
+    except (OSError, ValueError) as error:  # (pyarrow's ArrowInvalid is a ValueError)
+        raise ReproduceError(f"runs.parquet: not the runs' table ({error})") from None
     chosen = _chosen(runs, run_id)
     spec = unpacked.work / "spec.json"
-    frozen = json.loads((unpacked.members / "spec.json").read_text())
+    frozen = read_json(unpacked.members, "spec.json", "no spec.json in the archive")
     spec.write_text(json.dumps(relocated_spec(frozen, unpacked.moved), indent=2))
+    name = read_json(unpacked.members, "campaign.json", "no campaign.json in the archive")["name"]
     url = f"sqlite:///{(folder / 'ledger.db').absolute()}"
     comparisons = []
     with contextlib.chdir(unpacked.work):  # where the runs' relative paths are read from
         invoke(["--ledger", url, "plan", str(spec)], quiet=True)
         with Ledger.open(url) as ledger:
-            name = json.loads((unpacked.members / "campaign.json").read_text())["name"]
             fresh = ledger.runs(name)
         for original in chosen.itertuples():
             match = fresh[(fresh["variant"] == original.variant) & (fresh["seed"] == original.seed)]

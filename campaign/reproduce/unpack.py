@@ -28,40 +28,74 @@ class Unpacked:
     work: Path  # the working folder the runs' relative paths are read from
     artifacts: Path
     moved: tuple[tuple[str, str, str], ...] = ()  # (setting, its value, where it now lies)
+    code: tuple[tuple[str, str], ...] = ()  # the archive's own task files and their SHA-256
 
 
 def unpack(archive: Path, folder: Path) -> Unpacked:
-    """Extract ``archive`` (already verified) into ``folder`` and lay its inputs out."""
+    """Extract ``archive`` (already verified) into ``folder`` and lay its inputs out. Every
+    path it writes, or reads from the archive's own manifests, stays inside ``folder``."""
     members = folder / "archive"
+    tops = set()
     with tarfile.open(archive, "r:gz") as tar:
         for member in tar:
-            relative = PurePosixPath(member.name).parts[1:]  # below CAMPAIGN-archive/
+            top, *relative = PurePosixPath(member.name).parts  # below CAMPAIGN-archive/
+            tops.add(top)
+            if len(tops) > 1:
+                raise ReproduceError(f"{archive}: members under two top folders ({sorted(tops)})"
+                                     ": not an archive campaign wrote")
             if not member.isfile() or not relative:
                 continue
-            target = members.joinpath(*relative)
+            target = inside(members, "/".join(relative), f"member {member.name}")
             target.parent.mkdir(parents=True, exist_ok=True)
             with tar.extractfile(member) as source, open(target, "xb") as out:  # type: ignore[union-attr]
                 shutil.copyfileobj(source, out)
-    inputs_path = members / "inputs.json"
-    if not inputs_path.is_file():
-        raise ReproduceError(f"{archive}: no inputs.json: written before archives carried "
-                             "what runs read; it cannot be reproduced alone")
-    inputs = json.loads(inputs_path.read_text())
+    inputs = read_json(members, "inputs.json", "no inputs.json: written before archives "
+                       "carried what runs read; it cannot be reproduced alone")
     work, artifacts = folder / "work", folder / "artifacts"
     work.mkdir()
-    for source in inputs.get("task_sources", []):
-        _place_source(members, work, source)
-    moved = []
-    for index, entry in enumerate(inputs.get("data", [])):
-        if entry["member_root"].startswith("_absolute"):
-            root = f"_outside/{index}/{PurePosixPath(entry['member_root']).name}"
-            moved.append((entry["key"], entry["value"], str((work / root).absolute())))
-            entry = {**entry, "member_root": root, "original": entry["member_root"]}
-        _place_data(members, work, entry)
-    for tokenizer in inputs.get("tokenizers", []):
-        _place(members / tokenizer["member"], artifacts / tokenizer["member"],
-               tokenizer["sha256"], f"tokenizer {tokenizer['member']}")
-    return Unpacked(members, work, artifacts, tuple(moved))
+    try:
+        code = [item for source in inputs.get("task_sources", [])
+                for item in _place_source(members, work, source)]
+        moved = []
+        for index, entry in enumerate(inputs.get("data", [])):
+            if entry["member_root"].startswith("_absolute"):
+                root = f"_outside/{index}/{PurePosixPath(entry['member_root']).name}"
+                moved.append((entry["key"], entry["value"], str((work / root).absolute())))
+                entry = {**entry, "member_root": root, "original": entry["member_root"]}
+            _place_data(members, work, entry)
+        for tokenizer in inputs.get("tokenizers", []):
+            member = tokenizer["member"]
+            _place(inside(members, member, "a tokenizer"), inside(artifacts, member, "a tokenizer"),
+                   tokenizer["sha256"], f"tokenizer {member}")
+    except (KeyError, TypeError, AttributeError) as error:
+        raise ReproduceError(f"inputs.json: not as campaign writes it ({type(error).__name__}: "
+                             f"{error})") from None
+    return Unpacked(members, work, artifacts, tuple(moved), tuple(code))
+
+
+def inside(base: Path, relative: str, what: str) -> Path:
+    """``base / relative``, refused (one line) where the archive's path would leave ``base``:
+    an absolute path, ``..``, a backslash, or a link on the way out."""
+    parts = PurePosixPath(relative).parts if isinstance(relative, str) else ("..",)
+    if not parts or relative.startswith("/") or ".." in parts or "\\" in relative:
+        raise ReproduceError(f"{what}: the archive's path {relative!r} leaves the reproduction's "
+                             "folder: refused")
+    target = base.joinpath(*parts)
+    if not target.resolve().is_relative_to(base.resolve()):
+        raise ReproduceError(f"{what}: the archive's path {relative!r} leads out of the "
+                             "reproduction's folder: refused")
+    return target
+
+
+def read_json(members: Path, name: str, missing: str) -> Any:
+    """A JSON member of the archive, or one line naming what is wrong with it."""
+    path = members / name
+    if not path.is_file():
+        raise ReproduceError(missing)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, OSError) as error:
+        raise ReproduceError(f"{name}: not JSON ({error})") from None
 
 
 def relocated_spec(spec: Any, moved: tuple[tuple[str, str, str], ...], where: str = "") -> Any:
@@ -81,9 +115,14 @@ def relocated_spec(spec: Any, moved: tuple[tuple[str, str, str], ...], where: st
     return out
 
 
-def _place_source(members: Path, work: Path, source: dict[str, Any]) -> None:
+def _place_source(members: Path, work: Path, source: dict[str, Any]) -> list[tuple[str, str]]:
+    """The run's task source laid out under ``work``; the files of it that will run (none for
+    a built-in task: the installation's own, checked equal) with their SHA-256."""
     files = list(source["files"])
-    root = members / source["member_root"]
+    root = inside(members, source["member_root"], "a task source")
+    for name in files:
+        inside(root, name, "a task source")
+        inside(work, name, "a task source")
     missing = [name for name in files if not (root / name).is_file()]
     if missing:
         raise ReproduceError(f"task source {missing[0]} is not in the archive")
@@ -98,18 +137,20 @@ def _place_source(members: Path, work: Path, source: dict[str, Any]) -> None:
             raise ReproduceError(f"the installed campaign's {files[0]} is not the one run "
                                  f"{source['run_ids'][0]} ran: install the campaign version "
                                  "its environment.json names")
-        return
+        return []
     for name in files:
         target = work / name
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(root / name, target)
+    return [(name, hashlib.sha256((root / name).read_bytes()).hexdigest()) for name in files]
 
 
 def _place_data(members: Path, work: Path, entry: dict[str, Any]) -> None:
     root = entry["member_root"]
     for file in entry["files"]:
         what = f"{entry['key']} ({entry['value']}{'/' + file['file'] if file['file'] else ''})"
-        target = work / root / file["file"] if file["file"] else work / root
+        target = inside(work, root, what)
+        target = inside(target, file["file"], what) if file["file"] else target
         if file["member"] is None:
             original = (Path(entry["original"].removeprefix("_absolute"))
                         if "original" in entry else Path(entry["working_directory"]) / root)
@@ -119,7 +160,7 @@ def _place_data(members: Path, work: Path, entry: dict[str, Any]) -> None:
                                      f"not at {original}: place it there")
             _place(original, target, file["sha256"], what)
         else:
-            _place(members / file["member"], target, file["sha256"], what)
+            _place(inside(members, file["member"], what), target, file["sha256"], what)
 
 
 def _place(source: Path, target: Path, sha256: str, what: str) -> None:

@@ -179,7 +179,7 @@ def test_reproduce_re_executes_the_run_from_the_archive_alone_bit_for_bit(
     folder.rename(hidden)
     try:
         done = _cli(tmp_path, "reproduce", str(archive), "--run", run_id, "--dir", "again",
-                    "--format", "json")
+                    "--trust-task-code", "--format", "json")
     finally:
         hidden.rename(folder)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -226,6 +226,64 @@ def test_reproduce_names_a_tampered_member(study: tuple[Path, str], tmp_path: Pa
     assert done.returncode == 1 and "spec.json does not match its SHA-256" in done.stderr
     assert not (tmp_path / "t3").exists()
 
+
+
+def test_an_archives_own_task_code_runs_only_when_trusted(study: tuple[Path, str],
+                                                          tmp_path: Path) -> None:
+    """`reproduce` imports and runs the archive's task: like Hugging Face's
+    `trust_remote_code`, it says which files with which SHA-256, and runs them only when
+    told to. Refused: exit 2, nothing planned, the new folder gone."""
+    folder, _ = study
+    archive = tmp_path / "a.tar.gz"
+    assert _cli(folder, "archive", NAME, "--output", str(archive)).returncode == 0
+    source = (folder / "study_task.py").read_bytes()
+    done = _cli(tmp_path, "reproduce", str(archive), "--dir", "untrusted")
+    assert done.returncode == 2, done.stderr
+    said, refused = done.stderr.strip().splitlines()
+    assert said == (f"campaign: the archive's task code: study_task.py "
+                    f"(sha256 {hashlib.sha256(source).hexdigest()})")
+    assert "study_task.py" in refused and "--trust-task-code" in refused
+    assert not (tmp_path / "untrusted").exists()
+
+
+@pytest.mark.parametrize("member, content, said", [
+    ("inputs.json", b"{not json", "inputs.json: not JSON"),
+    ("runs.parquet", b"PAR1 not a table", "runs.parquet: not the runs' table"),
+    ("campaign.json", b"[", "campaign.json: not JSON"),
+])
+def test_a_malformed_member_is_one_line(study: tuple[Path, str], tmp_path: Path, member: str,
+                                        content: bytes, said: str) -> None:
+    folder, _ = study
+    archive = tmp_path / "a.tar.gz"
+    assert _cli(folder, "archive", NAME, "--output", str(archive)).returncode == 0
+    _repacked(archive, tmp_path / "m.tar.gz", member, content)
+    done = _cli(tmp_path, "reproduce", str(tmp_path / "m.tar.gz"), "--dir", "m",
+                "--trust-task-code")
+    assert done.returncode == 1 and said in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) <= 2  # (the task code said first)
+    assert not (tmp_path / "m").exists()
+
+
+@pytest.mark.parametrize("lead_out", ["../../escaped", "/tmp/escaped-abs", "data/../../../x"])
+def test_a_manifest_path_that_leads_out_of_the_folder_is_refused(
+        study: tuple[Path, str], tmp_path: Path, lead_out: str) -> None:
+    """inputs.json names where each piece goes (it verifies: its manifest line is updated
+    too): a path that is absolute or climbs out is refused before anything is written there."""
+    folder, _ = study
+    archive = tmp_path / "a.tar.gz"
+    assert _cli(folder, "archive", NAME, "--output", str(archive)).returncode == 0
+    inputs = json.loads(_members(archive)["inputs.json"])
+    (entry,) = inputs["data"]
+    entry["files"][0]["file"] = lead_out
+    _repacked(archive, tmp_path / "out.tar.gz", "inputs.json", json.dumps(inputs).encode())
+    work = tmp_path / "deep" / "er"
+    work.mkdir(parents=True)
+    done = _cli(work, "reproduce", str(tmp_path / "out.tar.gz"), "--dir", "o",
+                "--trust-task-code")
+    assert done.returncode == 1 and "leaves the reproduction's folder" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert not (work / "o").exists() and not (tmp_path / "escaped").exists()
+    assert not Path("/tmp/escaped-abs").exists()
 
 def test_a_built_in_task_reproduces_and_its_changed_source_is_named(
     tmp_path: Path,
