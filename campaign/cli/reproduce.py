@@ -8,6 +8,7 @@ import json
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -63,11 +64,12 @@ def reproduce(archive: Path, run_id: str | None, folder: Path | None, trust: boo
     rows = [{"run_id": c.original, "reproduced_as": c.reproduced, "status": c.status,
              "points": c.points, "metrics": "identical" if not c.differing else "differ",
              "weights": "identical" if c.weights_original == c.weights_reproduced else "differ",
-             "first_difference": c.differing[0] if c.differing else ""}
+             "first_difference": _first_difference(c)}
             for c in comparisons]
     if output_format == "json":
         click.echo(json.dumps({"archive": str(archive), "folder": str(folder), "runs": [
-            {**row, "differences": c.differing, "weights_sha256": c.weights_original,
+            {**row, "differences": c.differing, "environment_differences": c.environment,
+             "weights_sha256": c.weights_original,
              "reproduced_weights_sha256": c.weights_reproduced}
             for row, c in zip(rows, comparisons, strict=True)]}, indent=2))
     else:
@@ -83,6 +85,14 @@ def reproduce(archive: Path, run_id: str | None, folder: Path | None, trust: boo
                f"{archive} in {took:.1f} s (in {folder})", err=True)
     if same != len(comparisons):
         raise click.exceptions.Exit(1)
+
+
+def _first_difference(comparison: Any) -> str:
+    """The first differing metric, with what differs in the environment beside it."""
+    if not comparison.differing:
+        return ""
+    causes = "; ".join(comparison.environment) or "the same recorded environment"
+    return f"{comparison.differing[0]} ({causes})"
 
 
 def _invoke(arguments: list[str], *, quiet: bool = False) -> None:

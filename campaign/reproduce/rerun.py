@@ -14,11 +14,13 @@ and its differences reported, not expected to vanish.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
-from collections.abc import Callable
-from dataclasses import dataclass
+import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -28,6 +30,7 @@ from campaign.ledger import Ledger
 from campaign.reproduce.unpack import (
     ReproduceError,
     Unpacked,
+    inside,
     read_json,
     relocated_spec,
     unpack,
@@ -36,7 +39,7 @@ from campaign.reproduce.unpack import (
 TIMINGS = ("_s",)  # train/update_s, train/data_wait_s: wall clock, never reproducible
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Comparison:
     original: str
     reproduced: str
@@ -45,6 +48,7 @@ class Comparison:
     differing: list[str]  # "key at update N: a != b", first few
     weights_original: str | None
     weights_reproduced: str | None
+    environment: list[str] = dataclasses.field(default_factory=list)  # where metrics differ
 
     @property
     def identical(self) -> bool:
@@ -86,11 +90,66 @@ def reproduce(archive: Path, folder: Path, run_id: str | None, invoke: Callable[
         for original in chosen.itertuples():
             match = fresh[(fresh["variant"] == original.variant) & (fresh["seed"] == original.seed)]
             new_id = str(match["run_id"].iloc[0])
-            invoke(["--ledger", url, "run", new_id, "--device", "cpu", "--skip-pilot",
-                           "--reason", f"reproducing run {original.run_id} from {archive.name}",
-                           "--artifacts", str(unpacked.artifacts)])
-            comparisons.append(_compare(unpacked, url, str(original.run_id), new_id))
+            recorded = _recorded_environment(unpacked.members, str(original.run_id))
+            with _threads_of(recorded):  # a reduction's last bit can depend on them
+                invoke(["--ledger", url, "run", new_id, "--device", "cpu", "--skip-pilot",
+                        "--reason", f"reproducing run {original.run_id} from {archive.name}",
+                        "--artifacts", str(unpacked.artifacts)])
+            comparison = _compare(unpacked, url, str(original.run_id), new_id)
+            if comparison.differing:
+                with Ledger.open(url) as ledger:
+                    mine = ledger.runs(name)
+                here = mine.loc[mine["run_id"] == new_id, "environment"].iloc[0] or {}
+                comparison = dataclasses.replace(
+                    comparison, environment=environment_differences(recorded, here))
+            comparisons.append(comparison)
     return comparisons, unpacked.moved
+
+
+def _recorded_environment(members: Path, run_id: str) -> dict[str, Any]:
+    """The software stack the run recorded (``runs/RUN_ID/environment.json``), or nothing."""
+    try:
+        inside(members, f"runs/{run_id}/environment.json", f"run {run_id}")
+        found = read_json(members, f"runs/{run_id}/environment.json", "")
+    except ReproduceError:
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+@contextlib.contextmanager
+def _threads_of(environment: dict[str, Any]) -> Iterator[None]:
+    """The run's own torch thread count for its reproduction (OMP_NUM_THREADS and
+    MKL_NUM_THREADS, which its fresh process reads), the caller's after."""
+    intra = (environment.get("threads") or {}).get("intra_op")
+    if not isinstance(intra, int) or intra < 1:
+        yield
+        return
+    saved = {name: os.environ.get(name) for name in THREAD_VARIABLES}
+    os.environ.update({name: str(intra) for name in THREAD_VARIABLES})
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+COMPARED = ("torch", "python", "devices", "cuda", "cudnn")
+
+
+def environment_differences(run: dict[str, Any], here: dict[str, Any]) -> list[str]:
+    """What differs between the environment a run recorded and its reproduction's: the
+    likely cause of a difference in the last bits (the host's name aside)."""
+    pairs = [(key, run.get(key), here.get(key)) for key in COMPARED]
+    packages = sorted(set(run.get("packages") or {}) | set(here.get("packages") or {}))
+    pairs += [(f"package {name}", (run.get("packages") or {}).get(name),
+               (here.get("packages") or {}).get(name)) for name in packages]
+    pairs.append(("torch threads", (run.get("threads") or {}).get("intra_op"),
+                  (here.get("threads") or {}).get("intra_op")))
+    return [f"{key} {a!r} in the run, {b!r} here" for key, a, b in pairs if a != b]
 
 
 def _chosen(runs: pd.DataFrame, run_id: str | None) -> pd.DataFrame:

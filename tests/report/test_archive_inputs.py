@@ -285,6 +285,44 @@ def test_a_manifest_path_that_leads_out_of_the_folder_is_refused(
     assert not (work / "o").exists() and not (tmp_path / "escaped").exists()
     assert not Path("/tmp/escaped-abs").exists()
 
+
+def test_the_runs_thread_count_is_applied_and_a_difference_names_the_environment(
+        study: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run recorded 3 torch threads (and a torch of its own): its reproduction trains with
+    3 whatever this shell says, and a metric that differs (here one planted in the archive)
+    is shown with what differs in the environment beside it."""
+    import pandas as pd
+
+    from campaign.ledger import Ledger
+
+    folder, run_id = study
+    archive = tmp_path / "a.tar.gz"
+    assert _cli(folder, "archive", NAME, "--output", str(archive)).returncode == 0
+    members = _members(archive)
+    environment = json.loads(members[f"runs/{run_id}/environment.json"])
+    environment["threads"]["intra_op"], environment["torch"] = 3, "0.0-recorded"
+    _repacked(archive, tmp_path / "e.tar.gz", f"runs/{run_id}/environment.json",
+              json.dumps(environment).encode())
+    metrics = pd.read_parquet(io.BytesIO(members["metrics.parquet"]))
+    first = metrics.index[(metrics["key"] == "train/loss") & (metrics["step"] == 1)]
+    metrics.loc[first, "value"] = 123.0
+    planted = io.BytesIO()
+    metrics.to_parquet(planted, index=False)
+    _repacked(tmp_path / "e.tar.gz", tmp_path / "d.tar.gz", "metrics.parquet",
+              planted.getvalue())
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    done = _cli(tmp_path, "reproduce", str(tmp_path / "d.tar.gz"), "--dir", "d", "--run", run_id,
+                "--trust-task-code", "--format", "json")
+    assert done.returncode == 1, done.stderr
+    (row,) = json.loads(done.stdout)["runs"]
+    assert row["first_difference"].startswith("train/loss at update 1: 123.0 != ")
+    assert "torch '0.0-recorded' in the run" in row["first_difference"]
+    assert "torch threads" not in row["first_difference"]  # applied: 3 here too
+    with Ledger.open(f"sqlite:///{tmp_path / 'd' / 'ledger.db'}") as ledger:
+        runs = ledger.runs(NAME)
+        (here,) = runs.loc[runs["started_at"].notna(), "environment"]
+    assert here["threads"]["intra_op"] == 3 and os.environ["OMP_NUM_THREADS"] == "1"
+
 def test_a_built_in_task_reproduces_and_its_changed_source_is_named(
     tmp_path: Path,
 ) -> None:
