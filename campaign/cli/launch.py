@@ -13,8 +13,10 @@ from typing import Any
 import click
 
 from campaign.cli.options import (
+    FiniteRange,
     artifacts_option,
     max_requeues_option,
+    seconds,
     skip_reason,
     stop_grace_option,
 )
@@ -29,9 +31,9 @@ def _worker_options(command: Callable[..., Any]) -> Callable[..., Any]:
     decorators = [
         artifacts_option,
         stop_grace_option,
-        click.option("--heartbeat-s", type=click.FloatRange(min=0.1), default=DEFAULT_HEARTBEAT_S,
+        click.option("--heartbeat-s", type=seconds(0.1), default=DEFAULT_HEARTBEAT_S,
                      show_default=True, help="Seconds between a running run's heartbeats."),
-        click.option("--lease-s", type=click.FloatRange(min=0.3), default=DEFAULT_LEASE_S,
+        click.option("--lease-s", type=seconds(0.3), default=DEFAULT_LEASE_S,
                      show_default=True,
                      help="Heartbeat age after which a running run is declared lost "
                      "(at least 3 heartbeats)."),
@@ -108,13 +110,13 @@ def _gate(ledger: Any, campaign: str, skip_pilot: bool, reason: str | None, who:
 )
 @click.option(
     "--gpus-per-run",
-    type=click.FloatRange(min=0),
+    type=FiniteRange(0, 1024),
     default=None,
     help="ray/slurm: GPUs each worker task asks for (default: 1 with cuda devices, else 0).",
 )
 @click.option(
     "--schedule-timeout-s",
-    type=click.FloatRange(min=1),
+    type=seconds(1),
     default=600,
     show_default=True,
     help="ray: give up when no run could start within this time.",
@@ -144,7 +146,7 @@ def _gate(ledger: Any, campaign: str, skip_pilot: bool, reason: str | None, who:
 @max_requeues_option
 @click.option(
     "--grace-s",
-    type=click.FloatRange(min=1),
+    type=seconds(1),
     default=300,
     show_default=True,
     help="After SIGTERM, how long workers get to checkpoint before they are killed.",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -9,6 +10,26 @@ from typing import Any
 import click
 
 ARTIFACTS_ENV = "CAMPAIGN_ARTIFACTS"
+LONGEST_S = 1e9  # about 31 years: past it a duration is a typo, and datetime overflows
+
+
+class FiniteRange(click.FloatRange):
+    """click's FloatRange without NaN (it compares false with either bound, so click lets it
+    through) or an infinity: a number option is a finite number within its range."""
+
+    name = "finite float range"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return number
+
+
+def seconds(shortest: float, longest: float = LONGEST_S) -> FiniteRange:
+    """A duration option's type: finite seconds in [shortest, longest]."""
+    return FiniteRange(shortest, longest)
 
 
 def artifacts_option(command: Any) -> Any:
@@ -41,7 +62,7 @@ def skip_reason(skip_pilot: bool, reason: str | None) -> str | None:
 def stop_grace_option(command: Any) -> Any:
     """``--stop-grace-s``: between a graceful signal to a supervised run and its kill."""
     return click.option(
-        "--stop-grace-s", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
+        "--stop-grace-s", type=seconds(0.1), default=30.0, show_default=True,
         help="After a graceful signal to a run (wall time reached, SIGTERM), how long it "
         "gets to checkpoint and end before it is killed.",
     )(command)

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from campaign.cli.options import artifacts_option, device_option
+from campaign.cli.options import FiniteRange, artifacts_option, device_option, seconds
 from campaign.cli.output import output_options, printable, render_rows
 from campaign.cli.source import LedgerSource
 
@@ -87,7 +87,7 @@ def inspect(
 @click.option(
     "--overfit-factor",
     default=None,
-    type=click.FloatRange(1),
+    type=FiniteRange(1, 1e6),
     help="By how much the overfit loss must fall (default: the spec's [pilot], 5).",
 )
 @click.option("--class", "only", metavar="ID",
@@ -152,7 +152,7 @@ def pilot(source: LedgerSource, campaign: str, artifacts: Path, device: str,
     "--reserve",
     default=0.2,
     show_default=True,
-    type=click.FloatRange(0, 10),
+    type=FiniteRange(0, 10),
     help="Evaluation/export reserve, as a fraction of the compute time.",
 )
 @click.option("--gpu-memory", default=None, metavar="SIZE",
@@ -222,7 +222,7 @@ def _projection(ledger: Any, campaign: str, pairs: tuple[str, ...]) -> dict[str,
     "--stale-after",
     default=600,
     show_default=True,
-    type=click.FloatRange(min=0.1),
+    type=seconds(0.1),
     help="Seconds without a heartbeat after which a running run is declared lost.",
 )
 @click.option("--dry-run", is_flag=True, help="List heartbeat-stale runs without marking them.")

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from campaign.cli.options import seconds
 from campaign.cli.source import LedgerSource
 from campaign.errors import BadInput
 
@@ -43,7 +44,7 @@ def serve(source: LedgerSource, host: str, port: int, token: str | None,
               help="Folder of the event files: one folder per run, VARIANT/seed-S-RUNID.")
 @click.option("--follow", is_flag=True,
               help="Keep exporting new points while runs train (Ctrl-C stops).")
-@click.option("--every-s", default=5.0, show_default=True, type=click.FloatRange(0.2, 3600),
+@click.option("--every-s", default=5.0, show_default=True, type=seconds(0.2, 3600),
               help="With --follow: seconds between two reads of the ledger.")
 @click.pass_obj
 def tensorboard(source: LedgerSource, campaign_name: str, logdir: Path, follow: bool,

@@ -116,3 +116,23 @@ def test_a_busy_timeout_that_is_not_seconds_is_one_ledger_error(
     assert result.exit_code == 3, result.output
     assert result.stderr == (f"campaign: ledger error: CAMPAIGN_SQLITE_BUSY_TIMEOUT_S={value!r}: "
                              "not a number of seconds above 0 and at most 2,000,000\n")
+
+
+@pytest.mark.parametrize("arguments", [
+    ["doctor", "--stale-after", "nan"], ["doctor", "--stale-after", "inf"],
+    ["doctor", "--stale-after", "1e300"], ["launch", "c", "--grace-s", "nan"],
+    ["launch", "c", "--gpus-per-run", "nan"], ["launch", "c", "--gpus-per-run", "inf"],
+    ["launch", "c", "--stop-grace-s", "nan"], ["launch", "c", "--schedule-timeout-s", "nan"],
+    ["launch", "c", "--heartbeat-s", "nan"], ["tensorboard", "c", "--logdir", "tb",
+                                              "--every-s", "nan"],
+    ["pilot", "c", "--overfit-factor", "nan"], ["size", "c", "--reserve", "nan"],
+])
+def test_a_number_option_refuses_nan_inf_and_absurd_values(sqlite_ledger: Ledger,
+                                                           sqlite_url: str,
+                                                           arguments: list[str]) -> None:
+    """click's own float ranges let NaN through (it compares false with both bounds) and an
+    infinity past a lower bound alone: each was a traceback later, or accepted."""
+    result = CliRunner().invoke(main, ["--ledger", sqlite_url, *arguments])
+    assert result.exit_code == 2, result.output
+    (line,) = result.stderr.strip().splitlines()
+    assert f"Invalid value for '{arguments[-2]}'" in line and "Traceback" not in result.output
