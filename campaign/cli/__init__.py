@@ -99,6 +99,10 @@ class LazyGroup(click.Group):
         Invalid value for '--heartbeat-s': ...``, exit 2), like every other error here."""
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, False, **extra)
+        refusal = _unusable_invocation(sys.argv[1:] if args is None else list(args))
+        if refusal is not None:
+            click.echo(f"campaign: {refusal}", err=True)
+            sys.exit(ExitCode.BAD_INPUT)
         try:
             code = super().main(args, prog_name, complete_var, False, **extra)
         except click.UsageError as error:
@@ -126,6 +130,22 @@ class LazyGroup(click.Group):
             prefix = "ledger error: " if code == ExitCode.LEDGER else ""
             click.echo(f"campaign: {prefix}{printable(str(error))}", err=True)
             ctx.exit(code)
+
+
+def _unusable_invocation(arguments: list[str]) -> str | None:
+    """What makes this command line unusable before any command reads it: an argument that is
+    not UTF-8 text (the ledger stores text; it was an encoding traceback later), or a closed
+    standard output (Python gives it as None and click then prints nothing, exit 0)."""
+    for index, argument in enumerate(arguments, start=1):
+        try:
+            argument.encode("utf-8")
+        except UnicodeEncodeError:
+            shown = ascii(argument.encode("utf-8", "surrogateescape"))
+            return f"argument {index} ({shown}) is not UTF-8 text"
+    if sys.stdout is None:
+        return ("standard output is closed: nothing could be written (redirect it to a file "
+                "or /dev/null)")
+    return None
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

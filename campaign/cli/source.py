@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from campaign.errors import BadInput
 from campaign.ledger.location import DEFAULT_URL, ENV_VAR
 
 if TYPE_CHECKING:
@@ -27,9 +28,24 @@ class LedgerSource:
         rides out a ledger outage (docs/runs.md) rather than ending at its first blink."""
         from campaign.ledger import Ledger
 
+        if _in_memory(self.url):
+            raise BadInput(f"--ledger {self.url}: an in-memory SQLite ledger ends with this "
+                           "command and keeps nothing: name a file (sqlite:///campaign.db)")
         if ride_out:  # these commands claim runs: none on a file that cannot take writes
             _refuse_unwritable(self.url)
         return Ledger.open(self.url, create=create, check=check, ride_out=ride_out)
+
+
+def _in_memory(text: str) -> bool:
+    """Whether ``text`` is a SQLite URL of no file (``sqlite://``, ``sqlite:///:memory:``)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        url = make_url(text)
+    except (ArgumentError, ValueError):  # (a port that is not a number: ValueError)
+        return False  # Ledger.open says what is wrong with it
+    return url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:")
 
 
 def _refuse_unwritable(text: str) -> None:

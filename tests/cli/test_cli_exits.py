@@ -136,3 +136,33 @@ def test_a_number_option_refuses_nan_inf_and_absurd_values(sqlite_ledger: Ledger
     assert result.exit_code == 2, result.output
     (line,) = result.stderr.strip().splitlines()
     assert f"Invalid value for '{arguments[-2]}'" in line and "Traceback" not in result.output
+
+
+def test_an_argument_that_is_not_utf8_is_one_line(sqlite_ledger: Ledger, sqlite_url: str) -> None:
+    """A note of bytes that are not UTF-8 (as a shell passes them) was an encoding traceback
+    from the ledger's driver; nothing is written."""
+    result = CliRunner().invoke(main, ["--ledger", sqlite_url, "note", "c", "\udcff\udcfe"])
+    assert result.exit_code == 2
+    assert result.stderr == "campaign: argument 5 (b'\\xff\\xfe') is not UTF-8 text\n"
+
+
+def test_a_closed_standard_output_is_said_not_exit_0(sqlite_ledger: Ledger,
+                                                     sqlite_url: str) -> None:
+    """Python gives a closed stdout as None, and click then prints nothing: `runs` exited 0
+    having shown nothing."""
+    import os
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "campaign", "--ledger", sqlite_url,
+                           "campaigns"], stderr=subprocess.PIPE, text=True, timeout=120,
+                          preexec_fn=lambda: os.close(1))
+    assert done.returncode == 2 and "standard output is closed" in done.stderr
+
+
+@pytest.mark.parametrize("url", ["sqlite://", "sqlite:///:memory:"])
+def test_an_in_memory_ledger_is_refused(tmp_path: Path, url: str) -> None:
+    """It planned into a database that vanished with the command, and exited 0."""
+    spec = Path(__file__).resolve().parents[2] / "examples" / "digits-lr.toml"
+    result = CliRunner().invoke(main, ["--ledger", url, "plan", str(spec)])
+    assert result.exit_code == 2 and "in-memory SQLite ledger" in result.stderr
