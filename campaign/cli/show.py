@@ -15,6 +15,7 @@ import click
 
 from campaign.cli.output import output_options, printable, render_rows
 from campaign.cli.source import LedgerSource
+from campaign.ledger.canonical import strict_json
 from campaign.ledger.vocabulary import RUN_STATUSES
 
 
@@ -164,6 +165,6 @@ def curve(source: LedgerSource, run_id: str, keys: tuple[str, ...], output_forma
              **{k: (None if v != v else float(v)) for k, v in values.items()}}
             for step, values in table.iterrows()]
     if output_format == "json":
-        click.echo(json.dumps({"run_id": run_id, "keys": list(table.columns), "points": rows}))
+        click.echo(strict_json({"run_id": run_id, "keys": list(table.columns), "points": rows}))
         return
     click.echo(render_rows(rows, output_format))

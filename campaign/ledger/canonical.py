@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,3 +22,20 @@ def canonical_json(document: Mapping[str, Any] | list[Any]) -> str:
 
 def sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def strict_json(document: Any, **options: Any) -> str:
+    """``document`` as JSON every parser reads: a NaN or an infinity (a diverged run's loss)
+    is ``null``, where Python would write ``NaN`` or ``Infinity``, which are not JSON
+    (docs/report.md: missing values, NaN and infinities are null)."""
+    return json.dumps(_finite(document), allow_nan=False, **options)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value

@@ -21,6 +21,7 @@ from typing import Any
 import jinja2
 import pandas as pd
 
+from campaign.ledger.canonical import strict_json
 from campaign.report.atomic import write_atomically
 from campaign.report.balance import BalanceSheet
 from campaign.report.humane import cell, label, missing
@@ -57,7 +58,7 @@ def render(sheet: BalanceSheet, output_format: str) -> str:
     if output_format == "csv":
         return _flat(sheet.runs).to_csv(index=False)
     if output_format == "json":
-        return json.dumps(document(sheet), indent=2, default=str)
+        return strict_json(document(sheet), indent=2, default=str)
     raise ValueError(f"unknown report format {output_format!r}")
 
 

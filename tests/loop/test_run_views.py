@@ -55,3 +55,25 @@ def test_a_run_without_its_replay_check_and_its_curve(sqlite_url: str, tmp_path:
         detail = ledger.events("loop").query("kind == 'replay'")["detail"].iloc[-1]
     where = "cuda:0" if torch.cuda.is_available() else "cpu"
     assert f" on {where}: 4 control inputs, outputs identical" in detail, detail
+
+
+def test_a_curve_with_infinities_is_strict_json(sqlite_url: str) -> None:
+    """A diverging run logs an infinite loss: `curve --format json` printed `Infinity`, which
+    no strict JSON parser (jq, JavaScript's JSON.parse) reads. Infinities and NaN are null."""
+    with Ledger.open(sqlite_url, create=True) as ledger:
+        run_id, _ = plan_loop(ledger, seeds=[0, 1])
+        claim = ledger.claim_next("loop", "test")
+        assert claim is not None and claim.run_id == run_id
+        with ledger.metric_writer(run_id, claim.segment_id) as metrics:
+            for step, value in ((1, 2.5), (2, float("inf")), (3, float("-inf")),
+                                (4, float("nan"))):
+                metrics.log("train/loss", step, value, 8 * step)
+    shown = CliRunner().invoke(main, ["--ledger", sqlite_url, "curve", run_id, "--key",
+                                      "train/loss", "--format", "json"])
+    assert shown.exit_code == 0, shown.output
+
+    def refuse(token: str) -> None:
+        raise AssertionError(f"{token} is not JSON")
+
+    document = json.loads(shown.stdout, parse_constant=refuse)
+    assert [p["train/loss"] for p in document["points"]] == [2.5, None, None, None]
