@@ -345,6 +345,7 @@ PATTERN_WORDS = {
     TASK_PATTERN: "expected a task reference package.module:factory",
     DURATION_PATTERN: "expected a duration such as 45s, 30m, 2h or 1d",
     r"^val/\S+$": "expected a validation metric such as val/accuracy",
+    r"\S": "expected the question the campaign answers, not only spaces",
 }
 _UNION_TAGS = ("bool", "int", "float", "str")
 

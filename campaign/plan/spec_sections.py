@@ -35,7 +35,7 @@ class _Section(BaseModel):
 
 class CampaignSection(_Section):
     name: str = Field(pattern=NAME_PATTERN)
-    question: str = Field(min_length=1)
+    question: str = Field(pattern=r"\S")  # a question of only spaces asks nothing
     task: str = Field(pattern=TASK_PATTERN)
 
 

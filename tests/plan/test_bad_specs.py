@@ -26,6 +26,8 @@ BAD_SPECS = [
     ("unknown-section", [("[hold]", "[hodl]")], "hodl: unknown key"),
     ("unknown-campaign-key", [("question =", "quesiton =")],
      "campaign.quesiton: unknown key (did you mean 'question'?)"),
+    ("question-blank", [('"Which learning rate gives the best validation accuracy after 200 updates?"', '"  \t "')],
+     "campaign.question: expected the question the campaign answers, not only spaces"),
     ("microbatch-zero", [('"loop.microbatch" = 2', '"loop.microbatch" = 0')],
      'hold."loop.microbatch": expected greater than or equal to 1, got 0'),
     ("microbatch-string", [('"loop.microbatch" = 2', '"loop.microbatch" = "2"')],
