@@ -40,7 +40,21 @@ def artifacts_option(command: Any) -> Any:
         default=lambda: os.environ.get(ARTIFACTS_ENV, "campaign-artifacts"),
         show_default="campaign-artifacts (env CAMPAIGN_ARTIFACTS)",
         help="Folder for checkpoints, predictions and final artifacts.",
+        callback=_a_folder_can_be_made,
     )(command)
+
+
+def _a_folder_can_be_made(_ctx: click.Context, _param: click.Parameter, value: Path) -> Path:
+    """Refused before anything is claimed: a folder under a file (its run was left
+    ``running`` by a NotADirectoryError when it made its first folder)."""
+    for above in (value, *value.absolute().parents):
+        if above.exists() or above.is_symlink():
+            if not above.is_dir():
+                raise click.BadParameter(f"{value}: {above} is a file, not a folder")
+            if not os.access(above, os.W_OK | os.X_OK):
+                raise click.BadParameter(f"{value}: {above} cannot be written")
+            return value
+    return value
 
 
 def device_option(command: Any) -> Any:

@@ -166,3 +166,20 @@ def test_an_in_memory_ledger_is_refused(tmp_path: Path, url: str) -> None:
     spec = Path(__file__).resolve().parents[2] / "examples" / "digits-lr.toml"
     result = CliRunner().invoke(main, ["--ledger", url, "plan", str(spec)])
     assert result.exit_code == 2 and "in-memory SQLite ledger" in result.stderr
+
+
+@pytest.mark.parametrize("given", ["option", "environment"])
+def test_an_artifacts_folder_under_a_file_is_refused_before_the_claim(
+        sqlite_ledger: Ledger, sqlite_url: str, tmp_path: Path, given: str) -> None:
+    """It was a NotADirectoryError traceback after the claim, and the run stayed `running`
+    with no process."""
+    (run_id,) = plan_loop(sqlite_ledger)
+    (tmp_path / "a-file").write_text("")
+    under = str(tmp_path / "a-file" / "artifacts")
+    arguments = ["--ledger", sqlite_url, "run", run_id, "--skip-pilot", "--reason", "t"]
+    result = CliRunner().invoke(main, [*arguments, "--artifacts", under] if given == "option"
+                                else arguments, env={"CAMPAIGN_ARTIFACTS": under})
+    assert result.exit_code == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert f"{tmp_path / 'a-file'} is a file, not a folder" in line
+    assert sqlite_ledger.run(run_id).status == "planned"
