@@ -79,6 +79,9 @@ def archive(source: LedgerSource, campaign: str, output: Path | None, data_limit
     """
     from campaign.report.archive import write_archive
 
+    if output is not None and str(output) == "-":  # (it wrote a file named "-")
+        raise BadInput("--output -: an archive is a binary .tar.gz written to a file (it is "
+                       "checked and renamed into place); name the file")
     path = output or Path(f"{campaign}-archive.tar.gz")
     limit = _size(data_limit)
     with source.open() as ledger:

@@ -183,3 +183,14 @@ def test_an_artifacts_folder_under_a_file_is_refused_before_the_claim(
     (line,) = result.stderr.strip().splitlines()
     assert f"{tmp_path / 'a-file'} is a file, not a folder" in line
     assert sqlite_ledger.run(run_id).status == "planned"
+
+
+def test_archive_to_standard_output_is_refused_not_a_file_named_dash(
+        sqlite_ledger: Ledger, sqlite_url: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    plan_loop(sqlite_ledger)
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, ["--ledger", sqlite_url, "archive", "loop", "--output",
+                                       "-"])
+    assert result.exit_code == 2 and "--output -: an archive is a binary" in result.stderr
+    assert not (tmp_path / "-").exists()
