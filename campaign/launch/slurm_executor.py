@@ -27,6 +27,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +55,12 @@ class SlurmOptions:
     cpus_per_task: int = 1
     signal_s: int = 120  # the preemption warning, this long before the time limit
     grace_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        # A value goes into one #SBATCH line: a newline in it would add a line of its own.
+        if self.partition is not None and not re.fullmatch(r"[A-Za-z0-9_.,+-]+", self.partition):
+            raise PlacementError(f"--slurm-partition {self.partition!r}: not a SLURM partition name "
+                                 "(letters, digits, '_', '.', '-', '+'; several with ',')")
 
 
 def batch_script(options: WorkerOptions, slurm: SlurmOptions, cwd: str) -> str:
@@ -99,6 +106,21 @@ def private_folder(folder: Path) -> Path:
     return folder
 
 
+def write_private(path: Path, text: str) -> Path:
+    """``text`` as ``path``, written as a new private file (O_EXCL, 0600) and renamed over the
+    name: a link planted there in a shared folder is replaced, never followed (its target was
+    overwritten and made 0600 before)."""
+    handle, fresh = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.write(text)
+        os.replace(fresh, path)
+    except BaseException:
+        Path(fresh).unlink(missing_ok=True)
+        raise
+    return path
+
+
 def _tool(name: str) -> str:
     found = shutil.which(name)
     if found is None:
@@ -133,9 +155,8 @@ def _one_line(text: str) -> str:
 def submit(url: str, options: WorkerOptions, slurm: SlurmOptions) -> str:
     """Write the batch script and submit it; the array's job id."""
     folder = private_folder(slurm.folder)
-    script = folder / f"{options.campaign}.sbatch"
-    script.write_text(batch_script(options, slurm, os.getcwd()))
-    script.chmod(0o600)
+    script = write_private(folder / f"{options.campaign}.sbatch",
+                           batch_script(options, slurm, os.getcwd()))
     # The job's environment is the launcher's, the ledger URL in it (--export=ALL overrides a
     # site's SBATCH_EXPORT=NONE, which would leave the job without it).
     env = {**os.environ, ENV_VAR: url}
