@@ -73,7 +73,7 @@ class Cursor:
             if not 0 < cursor.at < 1e11:
                 raise ValueError(cursor.at)
         except (ValueError, KeyError, TypeError, AttributeError, IndexError, OverflowError,
-                OSError):
+                OSError, RecursionError):  # (a deeply nested document: the parser's limit)
             raise BadCursor(f"unreadable cursor {text[:40]!r}: not one this server made "
                             "(reload the page)") from None
         return cursor

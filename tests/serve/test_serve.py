@@ -216,7 +216,8 @@ def test_hostile_requests_are_refused_without_a_server_error(server: dict[str, A
     base = server["url"]
     forged = base64.urlsafe_b64encode(json.dumps(
         {"at": 1e300, "digest": "x", "open": {}}).encode()).decode()
-    for cursor in (forged, "e30", "!!!"):
+    nested = base64.urlsafe_b64encode(b"[" * 5000).decode()  # past the JSON parser's depth
+    for cursor in (forged, "e30", "!!!", nested):
         status, body, _ = _get(base + f"api/live?campaign=watched&cursor={cursor}")
         assert status == 400 and b"unreadable cursor" in body, (cursor, body)
     status, body, _ = _get(base + "api/live?campaign=watched&run=no-such-run")
