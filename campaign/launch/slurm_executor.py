@@ -59,8 +59,8 @@ class SlurmOptions:
     def __post_init__(self) -> None:
         # A value goes into one #SBATCH line: a newline in it would add a line of its own.
         if self.partition is not None and not re.fullmatch(r"[A-Za-z0-9_.,+-]+", self.partition):
-            raise PlacementError(f"--slurm-partition {self.partition!r}: not a SLURM partition name "
-                                 "(letters, digits, '_', '.', '-', '+'; several with ',')")
+            raise PlacementError(f"--slurm-partition {self.partition!r}: not a SLURM partition "
+                                 "name (letters, digits, '_', '.', '-', '+'; several with ',')")
 
 
 def batch_script(options: WorkerOptions, slurm: SlurmOptions, cwd: str) -> str:

@@ -46,6 +46,7 @@ from campaign.loop.model_state import base_record, load_saved_state, saved_state
 from campaign.loop.run_files import artifacts_environment
 from campaign.loop.task import build_task
 from campaign.loop.taskref import load_factory
+from campaign.stack.provenance import unread_problem
 
 REPLAY_TIMEOUT_S = 600.0  # as `campaign replay` (campaign/cli/run.py)
 RUN_LIFETIME_S = 365 * 24 * 3600.0  # an early replay child waits as long as its run trains
@@ -86,8 +87,11 @@ def verified_final(ledger: Ledger, run_id: str) -> tuple[Any, Path]:
         raise CheckpointError(f"run {run_id} has no final artifact")
     row = finals.sort_values("id").iloc[-1]
     path = Path(row["path"])
-    if not path.is_file():
+    if not path.exists():
         raise CheckpointError(f"run {run_id}: final artifact {path} is missing (moved or deleted)")
+    unread = unread_problem(path, None if row["bytes"] != row["bytes"] else int(row["bytes"]))
+    if unread is not None:
+        raise CheckpointError(f"final artifact {path} {unread}: refused unread")
     if file_sha256(path) != row["sha256"]:
         raise CheckpointError(f"final artifact {path} does not match the ledger: refused")
     return row, path

@@ -25,6 +25,7 @@ from campaign.errors import CheckpointError
 from campaign.ledger import Ledger
 from campaign.loop.checkpoint_file import FORMAT_VERSION, STATE_KEY, file_sha256
 from campaign.loop.run_files import locate
+from campaign.stack.provenance import unread_problem
 
 
 @dataclass
@@ -49,7 +50,8 @@ def checkpoint_rows(ledger: Ledger, campaign: str, run_id: str) -> list[dict[str
     mine = frame[(frame["run_id"] == run_id) & (frame["kind"] == "checkpoint")]
     rows = mine.sort_values(["step", "id"], ascending=False)
     return [{"id": int(r["id"]), "path": str(r["path"]), "sha256": str(r["sha256"]),
-             "step": int(r["step"])} for _, r in rows.iterrows()]
+             "step": int(r["step"]), "bytes": None if r["bytes"] != r["bytes"] else int(r["bytes"])}
+            for _, r in rows.iterrows()]
 
 
 def choose_resume_point(
@@ -61,7 +63,7 @@ def choose_resume_point(
     skipped: list[str] = []
     for row in rows:
         path = locate(row["path"], artifacts, run_id)
-        problem = _problem(path, row["sha256"], config_sha256)
+        problem = _problem(path, row["sha256"], row["bytes"], config_sha256)
         if problem is None:
             return ResumePoint({**row, "path": str(path)}, skipped)
         skipped.append(f"{row['path']} (step {row['step']}): {problem}")
@@ -74,9 +76,12 @@ def choose_resume_point(
     return ResumePoint(None)
 
 
-def _problem(path: Path, sha256: str, config_sha256: str) -> str | None:
-    if not path.is_file():
+def _problem(path: Path, sha256: str, size: int | None, config_sha256: str) -> str | None:
+    if not path.exists():
         return "the file is missing (moved, deleted or pruned; try --artifacts DIR)"
+    unread = unread_problem(path, size)
+    if unread is not None:
+        return f"it {unread}: refused unread"
     actual = file_sha256(path)
     if actual != sha256:
         return f"sha256 {actual[:12]} differs from the recorded {sha256[:12]}"

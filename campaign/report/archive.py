@@ -33,6 +33,7 @@ from campaign.report.atomic import check_target, write_atomically
 from campaign.report.balance import balance_sheet
 from campaign.report.inputs import campaign_inputs
 from campaign.report.render import html
+from campaign.stack.provenance import unread_problem
 
 MANIFEST = "MANIFEST.json"
 FOLDERS = {"final": "finals", "predictions": "predictions", "log": "logs",
@@ -73,10 +74,14 @@ def write_archive(ledger: Ledger, campaign: str, output: Path,
     artifacts = ledger.artifacts(campaign)
     packed = artifacts[artifacts["kind"].isin(PACKED_KINDS)]
     for artifact in packed.itertuples():
-        data = Path(artifact.path).read_bytes() if Path(artifact.path).exists() else None
-        if data is None:
+        if not Path(artifact.path).exists():
             raise ArchiveError(f"artifact {artifact.id} of run {artifact.run_id}: "
                                f"{artifact.path} is missing")
+        unread = unread_problem(Path(artifact.path), int(artifact.bytes))
+        if unread is not None:  # (a FIFO in its place hung the archive for ever)
+            raise ArchiveError(f"artifact {artifact.id} of run {artifact.run_id}: "
+                               f"{artifact.path} {unread}: refused unread")
+        data = Path(artifact.path).read_bytes()
         if hashlib.sha256(data).hexdigest() != artifact.sha256:
             raise ArchiveError(f"artifact {artifact.id} of run {artifact.run_id}: {artifact.path} "
                                "no longer matches the ledger's SHA-256: refused")

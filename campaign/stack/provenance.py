@@ -15,6 +15,7 @@ import functools
 import hashlib
 import importlib.util
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -131,3 +132,19 @@ def _git(folder: Path, *arguments: str) -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return done.stdout if done.returncode == 0 else None
+
+
+def unread_problem(path: Path, recorded_bytes: int | None) -> str | None:
+    """What is wrong with ``path`` before a byte of it is read: not a regular file (a FIFO
+    would block the reader for ever, a device never end), or not the size the ledger recorded
+    (a 1 TiB sparse file put in a checkpoint's place took minutes to hash). None when it may be
+    hashed."""
+    try:
+        found = os.stat(path)
+    except OSError as error:
+        return f"cannot be read ({error.strerror or error})"
+    if not stat.S_ISREG(found.st_mode):
+        return "is not a regular file"
+    if recorded_bytes is not None and found.st_size != recorded_bytes:
+        return f"holds {found.st_size:,} bytes where the ledger recorded {recorded_bytes:,}"
+    return None

@@ -194,3 +194,25 @@ def test_archive_to_standard_output_is_refused_not_a_file_named_dash(
                                        "-"])
     assert result.exit_code == 2 and "--output -: an archive is a binary" in result.stderr
     assert not (tmp_path / "-").exists()
+
+
+def test_archive_refuses_a_fifo_in_an_artifacts_place_unread(
+        sqlite_ledger: Ledger, sqlite_url: str, tmp_path: Path) -> None:
+    """It hung for ever reading it."""
+    import os
+
+    (run_id,) = plan_loop(sqlite_ledger)
+    done = CliRunner().invoke(main, ["--ledger", sqlite_url, "run", run_id, "--skip-pilot",
+                                     "--reason", "t", "--artifacts", str(tmp_path / "a"),
+                                     "--no-replay-check"])
+    assert done.exit_code == 0, done.output
+    artifacts = sqlite_ledger.artifacts("loop")
+    final = Path(artifacts.loc[artifacts["kind"] == "final", "path"].iloc[-1])
+    final.unlink()
+    os.mkfifo(final)
+    result = CliRunner().invoke(main, ["--ledger", sqlite_url, "archive", "loop", "--output",
+                                       str(tmp_path / "x.tar.gz")])
+    assert result.exit_code == 1, result.output
+    (line,) = result.stderr.strip().splitlines()
+    assert f"{final} is not a regular file: refused unread" in line
+    assert not (tmp_path / "x.tar.gz").exists()

@@ -87,8 +87,9 @@ def test_a_pickle_offered_as_a_checkpoint_never_runs(tmp_path: Path, sqlite_url:
 def test_a_resume_passes_over_a_checkpoint_changed_after_recording(
     tmp_path: Path, sqlite_url: str
 ) -> None:
-    """The newest checkpoint truncated after the ledger recorded it: the resume falls back to
-    the one before, names both, and the run completes; nothing is lost."""
+    """The newest checkpoint changed after the ledger recorded it (a byte flipped; truncated,
+    or a 1 TiB sparse file in its place, or a FIFO, each refused unread): the resume falls
+    back to the one before, names both, and the run completes; nothing is lost."""
     with Ledger.open(sqlite_url, create=True) as ledger:
         run_id = plan_loop(
             ledger,
@@ -100,7 +101,9 @@ def test_a_resume_passes_over_a_checkpoint_changed_after_recording(
         frame = ledger.artifacts("loop")
         checkpoints = frame[frame["kind"] == "checkpoint"].sort_values("step")
         newest, previous = (Path(p) for p in checkpoints["path"].iloc[[-1, -2]])
-        newest.write_bytes(newest.read_bytes()[:-100])  # truncated after the ledger recorded it
+        content = bytearray(newest.read_bytes())
+        content[-10] ^= 0xFF  # one byte changed after the ledger recorded it
+        newest.write_bytes(bytes(content))
         outcome = execute(ledger, run_id, artifacts=tmp_path / "a", replay_in_subprocess=False)
         assert outcome.status == "completed"
         events = ledger.events("loop", run_id=run_id)
@@ -139,3 +142,39 @@ def test_kill_9_while_saving_never_leaves_a_torn_checkpoint(tmp_path: Path) -> N
         assert torch.equal(tensors["weights"], torch.full((512, 1024), float(step)))
         assert torch.equal(tensors["bias"], torch.arange(1000, dtype=torch.float64) * step)
     assert torn_writes > 0, "no kill landed during a write: the test proved nothing"
+
+
+
+@pytest.mark.parametrize("planted", ["sparse", "fifo", "truncated"])
+def test_a_file_that_is_not_the_recorded_checkpoint_is_refused_unread(
+        tmp_path: Path, sqlite_url: str, planted: str) -> None:
+    """A checkpoint's place taken by a 1 TiB sparse file (minutes of hashing before), a FIFO
+    (a read that never ends) or a shorter file: the size the ledger recorded and the file's
+    type say so before a byte is read."""
+    import os
+
+    from campaign.loop.resume import choose_resume_point
+
+    with Ledger.open(sqlite_url, create=True) as ledger:
+        run_id = plan_loop(
+            ledger, task="tests.support.tasks.faulty:build",
+            config={"task.fault": "sigterm", "task.at": 11, "task.marker": str(tmp_path / "m")},
+        )[0]
+        execute(ledger, run_id, artifacts=tmp_path / "a", replay_in_subprocess=False)
+        frame = ledger.artifacts("loop")
+        checkpoints = frame[frame["kind"] == "checkpoint"].sort_values("step")
+        newest = Path(checkpoints["path"].iloc[-1])
+        newest.unlink()
+        if planted == "sparse":
+            with open(newest, "wb") as handle:
+                handle.truncate(1 << 40)
+        elif planted == "fifo":
+            os.mkfifo(newest)
+        else:
+            newest.write_bytes(b"short")
+        point = choose_resume_point(ledger, "loop", run_id, ledger.run(run_id).config_sha256,
+                                    tmp_path / "a")  # (hashing 1 TiB took minutes; a FIFO hung)
+        assert point.checkpoint is not None
+        assert point.checkpoint["step"] == int(checkpoints["step"].iloc[-2])
+        (skipped,) = point.skipped
+        assert "refused unread" in skipped and str(newest) in skipped
