@@ -93,8 +93,8 @@ def conclusions(
         line["mean_delta"] = mean
         if interval is None:
             verdict = "within_noise"
-            reason = (f"{len(values)} paired seed{'s' * (len(values) > 1)}: an interval is not "
-                      f"estimable under {MIN_PAIRS} pairs")
+            reason = (f"too few seeds to estimate: {len(values)} paired "
+                      f"seed{'s' * (len(values) > 1)}, an interval needs {MIN_PAIRS}")
         else:
             line["ci_low"], line["ci_high"] = interval
             if interval[0] > 0 or interval[1] < 0:
@@ -119,7 +119,8 @@ def _verdict_words(row: Any) -> str:
     text = f"{row.variant}: {row.verdict.replace('_', ' ')}, {_delta(row.mean_delta)}"
     if row.ci_low is not None and not pd.isna(row.ci_low):
         return text + f" [{_delta(row.ci_low)}, {_delta(row.ci_high)}] over {row.pairs} seeds"
-    return text + f" over {row.pairs} seed{'s' * (row.pairs > 1)}, interval not estimable"
+    return (f"{row.variant}: too few seeds to estimate, {_delta(row.mean_delta)} over "
+            f"{row.pairs} seed{'s' * (row.pairs > 1)} (an interval needs {MIN_PAIRS})")
 
 
 def campaign_conclusion(
@@ -167,8 +168,12 @@ def campaign_conclusion(
             answer = f"No variant beats the control {control} beyond noise on {metric}."
         elif (table["verdict"] == "within_noise").any():
             noise = table[table["verdict"] == "within_noise"]
-            answer = (f"No variant differs from the control {control} beyond noise on "
-                      f"{metric} ({_pairs(noise)}).")
+            if noise["ci_low"].isna().all():  # no interval anywhere: no verdict to give
+                answer = (f"No conclusion on {metric}: too few seeds to estimate "
+                          f"({_pairs(noise)}; an interval needs {MIN_PAIRS}).")
+            else:
+                answer = (f"No variant differs from the control {control} beyond noise on "
+                          f"{metric} ({_pairs(noise)}).")
         else:  # every variant without a valid run: nothing was compared
             answer = f"No conclusion: no variant has a value to compare with the control {control}."
         rest = [_verdict_words(r) for r in table.itertuples() if r.verdict != "better"]

@@ -130,15 +130,18 @@ def test_the_control_stays_best_only_when_every_variant_is_worse(
 
 
 def test_two_pairs_are_not_estimable(ledger: Ledger, tmp_path: Path) -> None:
-    """A huge difference on 2 seeds still has no interval (under 3 pairs)."""
+    """A huge difference on 2 seeds still has no interval (under 3 pairs): not "within
+    noise", which would be a verdict, but too few seeds to estimate."""
     _campaign(ledger, "two", {"control": [0.5, 0.52], "big": [0.9, 0.95]})
     document, page = _report(ledger, "two", tmp_path)
     line = _line(document, "big")
     assert line["verdict"] == "within_noise" and line["pairs"] == 2
     assert line["ci_low"] is None and line["ci_high"] is None
     assert line["mean_delta"] == pytest.approx(((0.9 - 0.5) + (0.95 - 0.52)) / 2, abs=1e-12)
-    assert "an interval is not estimable under 3 pairs" in line["reason"]
-    assert "interval not estimable" in document["conclusion"] and "not estimable" in page
+    assert line["reason"] == "too few seeds to estimate: 2 paired seeds, an interval needs 3"
+    assert "No conclusion on val/accuracy: too few seeds to estimate (2 pairs; an interval " \
+           "needs 3)." in document["conclusion"]
+    assert "within noise" not in document["conclusion"] and "too few seeds" in page
 
 
 def test_mode_min_makes_lower_better(ledger: Ledger, tmp_path: Path) -> None:
