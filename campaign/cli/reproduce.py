@@ -23,8 +23,8 @@ from campaign.errors import BadInput
 @click.option("--dir", "folder", type=click.Path(path_type=Path), default=None,
               help="The new folder to work in (default ./reproduce-ARCHIVE; must not exist).")
 @click.option("--trust-task-code", "trust", is_flag=True,
-              help="Run the archive's own task code (its files and SHA-256 are printed first); "
-                   "a built-in task's is this installation's and needs no flag.")
+              help="Run the archive's code (its files and SHA-256 are printed first); a "
+                   "built-in task placing no code is this installation's and needs no flag.")
 @output_options
 def reproduce(archive: Path, run_id: str | None, folder: Path | None, trust: bool,
               output_format: str) -> None:
@@ -34,8 +34,9 @@ def reproduce(archive: Path, run_id: str | None, folder: Path | None, trust: boo
     The archive is verified first; its task source, data and tokenizer are laid out as the run
     saw them and checked against the hashes the run recorded (data the run read from outside
     its working folder is placed below the new folder and its setting pointed there); nothing
-    is written outside the new folder. The archive's own task code runs only with
-    --trust-task-code, after its files and their SHA-256 are printed. Exit code 0 when every
+    is written outside the new folder. The archive's code (every importable file it places,
+    or a task that is not a built-in) runs only with --trust-task-code, after its files and
+    their SHA-256 are printed. Exit code 0 when every
     run reproduces exactly, 1 when one differs or a piece is missing, changed or malformed
     (named), 2 for a bad argument or task code not trusted.
 
@@ -61,6 +62,9 @@ def reproduce(archive: Path, run_id: str | None, folder: Path | None, trust: boo
         shutil.rmtree(folder, ignore_errors=True)
         click.echo(f"campaign: {archive}: {printable(str(error))}", err=True)
         raise click.exceptions.Exit(error.exit_code) from None
+    except BaseException:  # (a fault of ours, or Ctrl-C: nothing half made is left either)
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
     rows = [{"run_id": c.original, "reproduced_as": c.reproduced, "status": c.status,
              "points": c.points, "metrics": "identical" if not c.differing else "differ",
              "weights": "identical" if c.weights_original == c.weights_reproduced else "differ",
@@ -103,10 +107,11 @@ def _invoke(arguments: list[str], *, quiet: bool = False) -> None:
     out = io.StringIO()
     try:
         with contextlib.redirect_stdout(out) if quiet else contextlib.nullcontext():
-            main.main(arguments, standalone_mode=False)
+            code = main.main(arguments, standalone_mode=False)  # (returns ctx.exit's code)
     except click.exceptions.Exit as exit_:
-        if exit_.exit_code:
-            raise ReproduceError(f"campaign {arguments[2]} exited {exit_.exit_code} on the "
-                                 "archive's inputs (its message is above)") from None
+        code = exit_.exit_code
     except click.ClickException as error:
         raise ReproduceError(f"campaign {arguments[2]}: {error.format_message()}") from None
+    if isinstance(code, int) and code:
+        raise ReproduceError(f"campaign {arguments[2]} exited {code} on the archive's inputs "
+                             "(its message is above)")

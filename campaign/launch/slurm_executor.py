@@ -61,6 +61,9 @@ class SlurmOptions:
         if self.partition is not None and not re.fullmatch(r"[A-Za-z0-9_.,+-]+", self.partition):
             raise PlacementError(f"--slurm-partition {self.partition!r}: not a SLURM partition "
                                  "name (letters, digits, '_', '.', '-', '+'; several with ',')")
+        if any(ord(c) < 32 or ord(c) == 127 for c in str(self.folder)):
+            raise PlacementError(f"the SLURM job folder {str(self.folder)!r} holds a control "
+                                 "character (a newline would add a line to the batch script)")
 
 
 def batch_script(options: WorkerOptions, slurm: SlurmOptions, cwd: str) -> str:
@@ -110,11 +113,19 @@ def write_private(path: Path, text: str) -> Path:
     """``text`` as ``path``, written as a new private file (O_EXCL, 0600) and renamed over the
     name: a link planted there in a shared folder is replaced, never followed (its target was
     overwritten and made 0600 before)."""
-    handle, fresh = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        handle, fresh = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    except OSError as error:
+        raise PlacementError(f"cannot write the batch script in {path.parent}: "
+                             f"{error.strerror or error}") from None
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as out:
             out.write(text)
         os.replace(fresh, path)
+    except OSError as error:  # (another's file in a sticky folder, a folder of that name)
+        Path(fresh).unlink(missing_ok=True)
+        raise PlacementError(f"cannot write the batch script {path}: "
+                             f"{error.strerror or error}") from None
     except BaseException:
         Path(fresh).unlink(missing_ok=True)
         raise

@@ -67,20 +67,19 @@ def reproduce(archive: Path, folder: Path, run_id: str | None, invoke: Callable[
     Returns the comparisons and the settings pointed at data placed from outside the runs'
     working folder."""
     unpacked = unpack(archive, folder)
-    for name, sha256 in unpacked.code:
-        say(f"the archive's task code: {name} (sha256 {sha256})")
-    if unpacked.code and not trust:
-        raise UntrustedCode(f"its task code ({', '.join(n for n, _ in unpacked.code)}) would "
-                            "run on this machine: read it, then pass --trust-task-code")
+    frozen = read_json(unpacked.members, "spec.json", "no spec.json in the archive")
+    _trusted_or_refused(unpacked, frozen, trust, say)
     try:
         runs = pd.read_parquet(unpacked.members / "runs.parquet")
     except (OSError, ValueError) as error:  # (pyarrow's ArrowInvalid is a ValueError)
         raise ReproduceError(f"runs.parquet: not the runs' table ({error})") from None
     chosen = _chosen(runs, run_id)
     spec = unpacked.work / "spec.json"
-    frozen = read_json(unpacked.members, "spec.json", "no spec.json in the archive")
     spec.write_text(json.dumps(relocated_spec(frozen, unpacked.moved), indent=2))
-    name = read_json(unpacked.members, "campaign.json", "no campaign.json in the archive")["name"]
+    described = read_json(unpacked.members, "campaign.json", "no campaign.json in the archive")
+    name = described.get("name") if isinstance(described, dict) else None
+    if not isinstance(name, str):
+        raise ReproduceError("campaign.json: no campaign name in it")
     url = f"sqlite:///{(folder / 'ledger.db').absolute()}"
     comparisons = []
     with contextlib.chdir(unpacked.work):  # where the runs' relative paths are read from
@@ -89,6 +88,9 @@ def reproduce(archive: Path, folder: Path, run_id: str | None, invoke: Callable[
             fresh = ledger.runs(name)
         for original in chosen.itertuples():
             match = fresh[(fresh["variant"] == original.variant) & (fresh["seed"] == original.seed)]
+            if match.empty:
+                raise ReproduceError(f"run {original.run_id}: variant {original.variant!r} seed "
+                                     f"{original.seed} is not in the archive's spec")
             new_id = str(match["run_id"].iloc[0])
             recorded = _recorded_environment(unpacked.members, str(original.run_id))
             with _threads_of(recorded):  # a reduction's last bit can depend on them
@@ -104,6 +106,34 @@ def reproduce(archive: Path, folder: Path, run_id: str | None, invoke: Callable[
                     comparison, environment=environment_differences(recorded, here))
             comparisons.append(comparison)
     return comparisons, unpacked.moved
+
+
+# What Python can import or run from a folder on its path: any of these placed under the
+# working folder (which a command's task host has on its path) is the archive's code.
+CODE_SUFFIXES = (".py", ".pyc", ".pyo", ".pyd", ".so", ".pth")
+BUILT_IN_TASKS = "campaign.tasks."
+
+
+def _trusted_or_refused(unpacked: Unpacked, spec: Any, trust: bool,
+                        say: Callable[[str], None]) -> None:
+    """The archive's code is every importable file it placed under the working folder (its
+    task's sources, and anything its data entries put there: a ``torch.py`` would shadow
+    torch) and a task that is not one of this installation's built-ins. Each is said with its
+    SHA-256; without ``trust`` any of it is :class:`UntrustedCode`, before anything ran."""
+    task = (spec.get("campaign") or {}).get("task") if isinstance(spec, dict) else None
+    if not isinstance(task, str):
+        raise ReproduceError("spec.json: no campaign.task in it")
+    placed = sorted(p for p in unpacked.work.rglob("*")
+                    if p.suffix in CODE_SUFFIXES and p.is_file())
+    for path in placed:
+        say(f"the archive's code: {path.relative_to(unpacked.work)} (sha256 "
+            f"{hashlib.sha256(path.read_bytes()).hexdigest()})")
+    if trust or (not placed and task.startswith(BUILT_IN_TASKS)):
+        return
+    what = (", ".join(str(p.relative_to(unpacked.work)) for p in placed) if placed
+            else f"its task {task}")
+    raise UntrustedCode(f"the archive's code ({what}) would run on this machine: read it, "
+                        "then pass --trust-task-code")
 
 
 def _recorded_environment(members: Path, run_id: str) -> dict[str, Any]:
@@ -153,6 +183,9 @@ def environment_differences(run: dict[str, Any], here: dict[str, Any]) -> list[s
 
 
 def _chosen(runs: pd.DataFrame, run_id: str | None) -> pd.DataFrame:
+    missing = [c for c in ("run_id", "status", "variant", "seed") if c not in runs.columns]
+    if missing:
+        raise ReproduceError(f"runs.parquet: no {missing[0]} column: not the runs' table")
     done = runs[runs["status"].isin(["completed", "stopped"])]
     if run_id is None:
         if done.empty:
@@ -168,7 +201,11 @@ def _chosen(runs: pd.DataFrame, run_id: str | None) -> pd.DataFrame:
 
 
 def _compare(unpacked: Unpacked, url: str, original: str, new_id: str) -> Comparison:
-    archived = pd.read_parquet(unpacked.members / "metrics.parquet")
+    try:
+        archived = pd.read_parquet(unpacked.members / "metrics.parquet",
+                                   columns=["run_id", "segment_id", "key", "step", "value"])
+    except (OSError, ValueError, KeyError) as error:  # (ArrowInvalid is a ValueError)
+        raise ReproduceError(f"metrics.parquet: not the runs' metrics ({error})") from None
     archived = archived[archived["run_id"] == original]
     archived = archived.sort_values("segment_id").drop_duplicates(["key", "step"], keep="last")
     with Ledger.open(url) as ledger:
@@ -181,10 +218,16 @@ def _compare(unpacked: Unpacked, url: str, original: str, new_id: str) -> Compar
     same = (a == b) | (np.isnan(a) & np.isnan(b))
     differing = [f"{row.key} at update {row.step}: {row.value_a!r} != {row.value_b!r}"
                  for row in merged[~same].head(5).itertuples()]
-    finals = sorted((unpacked.members / "finals" / original).glob("*.safetensors"))
+    finals = sorted(inside(unpacked.members, f"finals/{original}", f"run {original}")
+                    .glob("*.safetensors"))
     mine = artifacts[(artifacts["run_id"] == new_id) & (artifacts["kind"] == "final")]
+    try:
+        archived_weights = tensors_sha256(finals[-1]) if finals else None
+    except (OSError, ValueError) as error:  # (safetensors' own error is a ValueError kind)
+        raise ReproduceError(f"the final artifact of run {original} in the archive cannot be "
+                             f"read ({error})") from None
     return Comparison(original, new_id, record.status, len(merged), differing,
-                      tensors_sha256(finals[-1]) if finals else None,
+                      archived_weights,
                       tensors_sha256(Path(mine["path"].iloc[-1])) if len(mine) else None)
 
 

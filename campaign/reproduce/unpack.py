@@ -28,7 +28,6 @@ class Unpacked:
     work: Path  # the working folder the runs' relative paths are read from
     artifacts: Path
     moved: tuple[tuple[str, str, str], ...] = ()  # (setting, its value, where it now lies)
-    code: tuple[tuple[str, str], ...] = ()  # the archive's own task files and their SHA-256
 
 
 def unpack(archive: Path, folder: Path) -> Unpacked:
@@ -54,8 +53,8 @@ def unpack(archive: Path, folder: Path) -> Unpacked:
     work, artifacts = folder / "work", folder / "artifacts"
     work.mkdir()
     try:
-        code = [item for source in inputs.get("task_sources", [])
-                for item in _place_source(members, work, source)]
+        for source in inputs.get("task_sources", []):
+            _place_source(members, work, source)
         moved = []
         for index, entry in enumerate(inputs.get("data", [])):
             if entry["member_root"].startswith("_absolute"):
@@ -70,13 +69,15 @@ def unpack(archive: Path, folder: Path) -> Unpacked:
     except (KeyError, TypeError, AttributeError) as error:
         raise ReproduceError(f"inputs.json: not as campaign writes it ({type(error).__name__}: "
                              f"{error})") from None
-    return Unpacked(members, work, artifacts, tuple(moved), tuple(code))
+    return Unpacked(members, work, artifacts, tuple(moved))
 
 
 def inside(base: Path, relative: str, what: str) -> Path:
     """``base / relative``, refused (one line) where the archive's path would leave ``base``:
     an absolute path, ``..``, a backslash, or a link on the way out."""
-    parts = PurePosixPath(relative).parts if isinstance(relative, str) else ("..",)
+    if not isinstance(relative, str):
+        raise ReproduceError(f"{what}: the archive names a path that is not text: refused")
+    parts = PurePosixPath(relative).parts
     if not parts or relative.startswith("/") or ".." in parts or "\\" in relative:
         raise ReproduceError(f"{what}: the archive's path {relative!r} leaves the reproduction's "
                              "folder: refused")
@@ -115,9 +116,9 @@ def relocated_spec(spec: Any, moved: tuple[tuple[str, str, str], ...], where: st
     return out
 
 
-def _place_source(members: Path, work: Path, source: dict[str, Any]) -> list[tuple[str, str]]:
-    """The run's task source laid out under ``work``; the files of it that will run (none for
-    a built-in task: the installation's own, checked equal) with their SHA-256."""
+def _place_source(members: Path, work: Path, source: dict[str, Any]) -> None:
+    """The run's task source laid out under ``work`` (a built-in task's: only checked equal to
+    this installation's own)."""
     files = list(source["files"])
     root = inside(members, source["member_root"], "a task source")
     for name in files:
@@ -137,12 +138,11 @@ def _place_source(members: Path, work: Path, source: dict[str, Any]) -> list[tup
             raise ReproduceError(f"the installed campaign's {files[0]} is not the one run "
                                  f"{source['run_ids'][0]} ran: install the campaign version "
                                  "its environment.json names")
-        return []
+        return
     for name in files:
         target = work / name
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(root / name, target)
-    return [(name, hashlib.sha256((root / name).read_bytes()).hexdigest()) for name in files]
 
 
 def _place_data(members: Path, work: Path, entry: dict[str, Any]) -> None:
@@ -166,7 +166,11 @@ def _place_data(members: Path, work: Path, entry: dict[str, Any]) -> None:
 def _place(source: Path, target: Path, sha256: str, what: str) -> None:
     if not source.is_file():
         raise ReproduceError(f"{what} is not in the archive")
-    if hashlib.sha256(source.read_bytes()).hexdigest() != sha256:
+    digest = hashlib.sha256()
+    with open(source, "rb") as handle:  # in blocks: data past --data-limit can be large
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    if digest.hexdigest() != sha256:
         raise ReproduceError(f"{what} does not hash as recorded: it was changed")
     target.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(source, target)

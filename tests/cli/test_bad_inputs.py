@@ -143,7 +143,7 @@ def _cases() -> list[Case]:
         Case("db upgrade empty", lambda s: ["db", "upgrade", ""], 2, "unknown revision"),
         Case("replay missing final", lambda s: ["replay", s["gone"]], 1, "is missing"),
         Case("replay replaced final", lambda s: ["replay", s["swapped"]], 1,
-             "does not match the ledger"),
+             "where the ledger recorded"),  # (its size tells, unread)
         Case("replay unknown", lambda s: ["replay", "01NOSUCH"], 2, "01NOSUCH"),
         Case("report to /dev/full", lambda s: ["report", "seeded", "--output", "/dev/full"], 2,
              "not a regular file"),

@@ -41,3 +41,14 @@ def test_a_partition_that_would_add_a_line_to_the_script_is_refused(sqlite_ledge
     (line,) = result.stderr.strip().splitlines()
     assert "not a SLURM partition name" in line
     assert sqlite_ledger.runs("parted")["status"].tolist() == ["planned"]
+
+
+def test_a_script_name_taken_by_a_folder_is_one_placement_error(tmp_path: Path) -> None:
+    import pytest
+
+    from campaign.launch.placement import PlacementError
+
+    (tmp_path / "study.sbatch").mkdir()
+    with pytest.raises(PlacementError, match="cannot write the batch script"):
+        write_private(tmp_path / "study.sbatch", "#!/bin/bash\n")
+    assert [p.name for p in tmp_path.iterdir()] == ["study.sbatch"]  # no temporary left

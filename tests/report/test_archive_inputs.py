@@ -240,10 +240,20 @@ def test_an_archives_own_task_code_runs_only_when_trusted(study: tuple[Path, str
     done = _cli(tmp_path, "reproduce", str(archive), "--dir", "untrusted")
     assert done.returncode == 2, done.stderr
     said, refused = done.stderr.strip().splitlines()
-    assert said == (f"campaign: the archive's task code: study_task.py "
+    assert said == (f"campaign: the archive's code: study_task.py "
                     f"(sha256 {hashlib.sha256(source).hexdigest()})")
     assert "study_task.py" in refused and "--trust-task-code" in refused
     assert not (tmp_path / "untrusted").exists()
+    # Code placed by anything else (a data entry naming a .py file: a `torch.py` would shadow
+    # torch in the task host) is the archive's code too, with no task source listed at all.
+    inputs = json.loads(_members(archive)["inputs.json"])
+    inputs["task_sources"] = []
+    inputs["data"][0]["files"][0]["file"] = "torch.py"
+    _repacked(archive, tmp_path / "shadow.tar.gz", "inputs.json", json.dumps(inputs).encode())
+    done = _cli(tmp_path, "reproduce", str(tmp_path / "shadow.tar.gz"), "--dir", "shadow")
+    assert done.returncode == 2, done.stderr
+    assert "the archive's code: data/labels.csv/torch.py (sha256 " in done.stderr
+    assert not (tmp_path / "shadow").exists()
 
 
 @pytest.mark.parametrize("member, content, said", [
