@@ -64,6 +64,13 @@ _OUTAGE_STATES = ("57P01", "57P02", "57P03")
 _REFUSALS = ("does not exist", "authentication failed", "pg_hba.conf", "permission denied")
 
 
+# psycopg's own words when a connection's answers stop matching its commands ("received 2
+# results from command 'COMMIT'"): seen when the ledger's sessions are killed, or its server
+# restarted, behind PgBouncer mid-command. The connection is unusable, the statement is not
+# at fault; whether the COMMIT took effect is unknown, as for any lost connection.
+_CONFUSED = "results from command"
+
+
 def is_outage(error: exc.DBAPIError, dialect: str) -> bool:
     """A lost connection or a server that does not answer (PostgreSQL): not the statement's
     fault, worth waiting for. A refused password, a cancelled statement, a full disk or a lock
@@ -72,6 +79,8 @@ def is_outage(error: exc.DBAPIError, dialect: str) -> bool:
     if dialect == "sqlite":  # its file: full, or made read-only, may be freed again
         return any(sign in str(error.orig or error) for sign in CANNOT_WRITE_SIGNS)
     if error.connection_invalidated:
+        return True
+    if _CONFUSED in str(error.orig or error):
         return True
     if not isinstance(error, exc.OperationalError):
         return False
