@@ -36,9 +36,9 @@ def reproduce(archive: Path, run_id: str | None, folder: Path | None, trust: boo
     its working folder is placed below the new folder and its setting pointed there); nothing
     is written outside the new folder. The archive's code (every importable file it places,
     or a task that is not a built-in) runs only with --trust-task-code, after its files and
-    their SHA-256 are printed. Exit code 0 when every
-    run reproduces exactly, 1 when one differs or a piece is missing, changed or malformed
-    (named), 2 for a bad argument or task code not trusted.
+    their SHA-256 are printed. Exit code 0 when every run reproduces exactly, 1 when one
+    differs or a piece is missing, changed or malformed (named), 2 for a bad argument or
+    task code not trusted.
 
     Example: campaign reproduce digits-lr-archive.tar.gz --run 01jd8x3m5k2q9w7c4v6b1n0r8t
     """

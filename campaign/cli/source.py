@@ -41,11 +41,13 @@ def _in_memory(text: str) -> bool:
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError
 
+    from campaign.ledger.connections import sqlite_path
+
     try:
         url = make_url(text)
     except (ArgumentError, ValueError):  # (a port that is not a number: ValueError)
         return False  # Ledger.open says what is wrong with it
-    return url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:")
+    return url.get_backend_name() == "sqlite" and sqlite_path(url) is None
 
 
 def _refuse_unwritable(text: str) -> None:

@@ -122,12 +122,11 @@ def write_private(path: Path, text: str) -> Path:
         with os.fdopen(handle, "w", encoding="utf-8") as out:
             out.write(text)
         os.replace(fresh, path)
-    except OSError as error:  # (another's file in a sticky folder, a folder of that name)
+    except BaseException as error:
         Path(fresh).unlink(missing_ok=True)
-        raise PlacementError(f"cannot write the batch script {path}: "
-                             f"{error.strerror or error}") from None
-    except BaseException:
-        Path(fresh).unlink(missing_ok=True)
+        if isinstance(error, OSError):  # (another's file in a sticky folder, a folder there)
+            raise PlacementError(f"cannot write the batch script {path}: "
+                                 f"{error.strerror or error}") from None
         raise
     return path
 

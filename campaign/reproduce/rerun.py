@@ -35,6 +35,7 @@ from campaign.reproduce.unpack import (
     relocated_spec,
     unpack,
 )
+from campaign.stack.software import THREAD_VARIABLES, stack_differences
 
 TIMINGS = ("_s",)  # train/update_s, train/data_wait_s: wall clock, never reproducible
 
@@ -148,8 +149,8 @@ def _recorded_environment(members: Path, run_id: str) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def _threads_of(environment: dict[str, Any]) -> Iterator[None]:
-    """The run's own torch thread count for its reproduction (OMP_NUM_THREADS and
-    MKL_NUM_THREADS, which its fresh process reads), the caller's after."""
+    """The run's own torch thread count for its reproduction (the thread variables,
+    which its fresh process reads), the caller's after."""
     intra = (environment.get("threads") or {}).get("intra_op")
     if not isinstance(intra, int) or intra < 1:
         yield
@@ -166,20 +167,17 @@ def _threads_of(environment: dict[str, Any]) -> Iterator[None]:
                 os.environ[name] = value
 
 
-THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
-COMPARED = ("torch", "python", "devices", "cuda", "cudnn")
-
-
 def environment_differences(run: dict[str, Any], here: dict[str, Any]) -> list[str]:
     """What differs between the environment a run recorded and its reproduction's: the
-    likely cause of a difference in the last bits (the host's name aside)."""
-    pairs = [(key, run.get(key), here.get(key)) for key in COMPARED]
+    likely cause of a difference in the last bits (the stack a launch compares with its
+    pilots', then the packages and torch's thread count; the host's name aside)."""
+    differences = stack_differences(run, here, was="run")
     packages = sorted(set(run.get("packages") or {}) | set(here.get("packages") or {}))
-    pairs += [(f"package {name}", (run.get("packages") or {}).get(name),
-               (here.get("packages") or {}).get(name)) for name in packages]
+    pairs = [(f"package {name}", (run.get("packages") or {}).get(name),
+              (here.get("packages") or {}).get(name)) for name in packages]
     pairs.append(("torch threads", (run.get("threads") or {}).get("intra_op"),
                   (here.get("threads") or {}).get("intra_op")))
-    return [f"{key} {a!r} in the run, {b!r} here" for key, a, b in pairs if a != b]
+    return differences + [f"{key}: run {a!r}, now {b!r}" for key, a, b in pairs if a != b]
 
 
 def _chosen(runs: pd.DataFrame, run_id: str | None) -> pd.DataFrame:

@@ -61,12 +61,14 @@ def thread_settings() -> dict[str, Any]:
             **{name: os.environ.get(name) for name in THREAD_VARIABLES}}
 
 
-def stack_differences(pilot: Mapping[str, Any] | None, current: Mapping[str, Any]) -> list[str]:
-    """What differs between the pilot's software stack and this one (for a launch to warn)."""
+def stack_differences(pilot: Mapping[str, Any] | None, current: Mapping[str, Any],
+                      was: str = "pilot") -> list[str]:
+    """What differs between the pilot's software stack (or another recorded one, ``was``
+    naming it) and this one: for a launch to warn, for a reproduction that differs."""
     if not pilot:
-        return ["no stack recorded with the pilot"]
+        return [f"no stack recorded with the {was}"]
     return [
-        f"{key}: pilot {pilot.get(key)!r}, now {current.get(key)!r}"
+        f"{key}: {was} {pilot.get(key)!r}, now {current.get(key)!r}"
         for key in STACK_KEYS
         if pilot.get(key) != current.get(key)
     ]

@@ -326,7 +326,7 @@ def test_the_runs_thread_count_is_applied_and_a_difference_names_the_environment
     assert done.returncode == 1, done.stderr
     (row,) = json.loads(done.stdout)["runs"]
     assert row["first_difference"].startswith("train/loss at update 1: 123.0 != ")
-    assert "torch '0.0-recorded' in the run" in row["first_difference"]
+    assert "torch: run '0.0-recorded', now " in row["first_difference"]
     assert "torch threads" not in row["first_difference"]  # applied: 3 here too
     with Ledger.open(f"sqlite:///{tmp_path / 'd' / 'ledger.db'}") as ledger:
         runs = ledger.runs(NAME)
