@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from campaign.errors import TaskReferenceError
+from campaign.stack import project
 
 
 def load_factory(reference: str) -> Callable[[dict[str, Any]], Any]:
@@ -21,6 +22,7 @@ def load_factory(reference: str) -> Callable[[dict[str, Any]], Any]:
         raise TaskReferenceError(f"expected package.module:factory, got {reference!r}")
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.append(os.getcwd())
+    project.start()  # what the task imports and reads from here on is part of its runs' record
     try:
         module = importlib.import_module(module_name)
     except Exception as error:  # any failure of the user's module is a bad reference

@@ -54,7 +54,7 @@ from campaign.loop.signals import SignalLatch
 from campaign.loop.stop import StopDecision, StopRules, failure_decision
 from campaign.loop.task import Batch, build_task
 from campaign.loop.trainer import Trainer, seed_everything
-from campaign.stack.software import environment
+from campaign.stack.software import run_environment
 
 LEASE_GONE = (
     "heartbeat refused, the lease is gone (declared lost or taken by another worker); "
@@ -109,6 +109,7 @@ class RunLoop:
         self.probe = Probe(self.device)
         self.rules = StopRules(self.config)
         self.trainer: Trainer | None = None
+        self.stack: dict[str, Any] = {}
         self.metrics: Any = None
         self.waiting = WaitingRecords(self.ledger, run_id, self.folder)  # once the ledger answers
         self.step, self.examples_seen = 0, 0
@@ -155,6 +156,9 @@ class RunLoop:
         try:
             self._prepare(resume_from)
         except (Exception, SystemExit, KeyboardInterrupt) as error:  # it must end with a cause
+            if not self.stack:  # what it failed on is part of its record
+                with contextlib.suppress(Exception):
+                    self._record_environment()
             # A resume that cannot start (a swapped tokenizer, a task edited since) changes
             # nothing: the run waits resumable. A first start that fails ends failed.
             resumed, detail = bool(resume_from), f"{type(error).__name__}: {first_line(error)}"
@@ -170,19 +174,23 @@ class RunLoop:
             how = RESUME_REFUSED if resumed else f"failed in {self.phase}"
             raise RunSetupFailed(f"run {self.run_id} {how}: {detail}", status) from error
 
+    def _record_environment(self) -> None:
+        """What an archive of the run must hold to reproduce it (exported with it too)."""
+        self.stack = run_environment(self.task_reference, [self.artifacts]) if self.writes else {}
+        if self.writes:
+            self.ledger.set_environment(self.run_id, self.stack, lease=self.lease)
+
     @property
     def _group_device(self) -> torch.device:
         return self.device if self.device.type == "cuda" else torch.device("cpu")
 
     def _prepare(self, resume_from: Mapping[str, Any] | None) -> None:
-        self.stack = environment(self.task_reference) if self.writes else {}  # exported too
-        if self.writes:
-            self.ledger.set_environment(self.run_id, self.stack, lease=self.lease)
         progress_page.tick()
         seed_everything(int(self.config["seed"]))
         task = build_task(self.task_reference, self.record.config_document)
         progress_page.tick()
         self.trainer = Trainer(task, self.config, self.device, self.replica)
+        self._record_environment()  # once the task imported its modules and read its splits
         if self.writes and self.trainer.base is not None:  # what an adapter was trained on
             self._event("base_model", model_state.as_text(self.trainer.base))
         progress_page.tick()
@@ -399,9 +407,8 @@ class RunLoop:
                 step = self.step if stop.step is None else stop.step
                 record_stop(self.ledger, self.record.campaign, self.run_id,
                             replace(stop, phase=phase), step, self.lease)
-            if stop.status in ("interrupted", "completed", "stopped") and (
-                self._checkpointed != self.step
-            ):  # the loop may have saved this very update already
+            if (stop.status in ("interrupted", "completed", "stopped")
+                    and self._checkpointed != self.step):  # the loop may have saved this update
                 self.save_checkpoint()
             if stop.status in ("completed", "stopped"):
                 self._export()
@@ -416,9 +423,8 @@ class RunLoop:
         self._record_replayed_steps()
         if self.log is not None:  # before the end: nothing is added to an ended run
             record_log(self.ledger, self.run_id, self.log, self.step, lease=self.lease)
-        detail = stop.detail + (
-            f" (traceback: artifact {traceback_artifact})" if traceback_artifact else ""
-        )
+        detail = stop.detail + (f" (traceback: artifact {traceback_artifact})"
+                                if traceback_artifact else "")
         step = self.step if stop.step is None else stop.step
         ended = StopRecord(stop.cause, step, phase, detail)
         self.ledger.finish(self.run_id, stop.status, ended, lease=self.lease,
@@ -431,9 +437,8 @@ class RunLoop:
         at this step, verified, completes from it (its replay runs again) and never rewrites
         it, so an archive that holds its hash stays valid."""
         self.phase = "export"
-        if self.replayed_from is None or not final_recorded(
-            self.ledger, self.record.campaign, self.run_id, self.step, self.artifacts
-        ):
+        if self.replayed_from is None or not final_recorded(self.ledger, self.record.campaign,
+                                                            self.run_id, self.step, self.artifacts):
             trainer = self._trainer
             path = self.folder / f"final{self._segment_suffix}.safetensors"
             with self.probe.phase("export", {"step": self.step}):
@@ -450,21 +455,18 @@ class RunLoop:
                             f"{problem.why}")
 
     def _record_replayed_steps(self) -> None:
-        if self.replayed_from is None or self.segment_id is None:
-            return
-        report = replayed_steps_report(self.ledger, self.run_id, self.segment_id)
+        report = (replayed_steps_report(self.ledger, self.run_id, self.segment_id)
+                  if self.replayed_from is not None and self.segment_id is not None else None)
         if report is not None:
             self._event("determinism_check", report)
 
     def _event(self, kind: str, detail: str) -> None:
-        self.ledger.add_event(
-            self.record.campaign, kind, detail, run_id=self.run_id, lease=self.lease
-        )
+        self.ledger.add_event(self.record.campaign, kind, detail, run_id=self.run_id,
+                              lease=self.lease)
 
     def _save_traceback(self) -> int | None:
-        if not self.writes:
-            return None
-        return save_traceback(self.ledger, self.run_id, self.folder, self.step, lease=self.lease)
+        return save_traceback(self.ledger, self.run_id, self.folder, self.step,
+                              lease=self.lease) if self.writes else None
 
     def _write_phases(self, every_rank: bool = False) -> None:
         """Record the measured phases; ``every_rank``: phases all replicas ran (updates,

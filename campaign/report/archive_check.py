@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from campaign.errors import ArchiveUnusable
 from campaign.ledger.canonical import canonical_json, sha256_text
 from campaign.report.archive import MANIFEST, ArchiveError
+from campaign.report.archive_records import check_recorded_inputs, is_record
 
 HEADER_LIMIT = 1 << 20  # a pax header or long name of ours is a few hundred bytes
 SPEC_LIMIT = 16 << 20  # a spec is at most 1 MiB of TOML (MAX_SPEC_BYTES); as JSON a few
@@ -81,25 +82,31 @@ def verify_archive(path: Path) -> Verification:
     listed = manifest.members
     seen: set[str] = set()
     total, spec = 0, None
+    records: dict[str, bytes] = {}  # inputs.json and each run's environment.json
     for member, handle in _members(path):
         if member.name.endswith(f"/{MANIFEST}") and member.name.count("/") == 1:
             continue
         expected = _check_listed(path, member, listed)
         digest, kept = hashlib.sha256(), bytearray()
-        keep = member.name.split("/", 1)[-1] == "spec.json" and member.size <= SPEC_LIMIT
+        relative = member.name.split("/", 1)[-1]
+        keep = (relative == "spec.json" or is_record(relative)) and member.size <= SPEC_LIMIT
         for block in iter(lambda: _read(path, handle, 1 << 20), b""):  # noqa: B023 - read now
             digest.update(block)
             if keep:
                 kept += block
         if digest.hexdigest() != expected.sha256:
             raise ArchiveError(f"{path}: {member.name} does not match its SHA-256 in the manifest")
-        spec = bytes(kept) if keep else spec
+        if relative == "spec.json":
+            spec = bytes(kept) if keep else None
+        elif keep:
+            records[relative] = bytes(kept)
         seen.add(member.name)
         total += member.size
     missing = sorted(set(listed) - seen)
     if missing:
         raise ArchiveError(f"{path}: {missing[0]} is listed in the manifest but missing")
     _check_spec(path, spec, (manifest.model_extra or {}).get("spec_sha256"))
+    check_recorded_inputs(path, records, {name.split("/", 1)[-1] for name in seen})
     return Verification(len(seen), total)
 
 

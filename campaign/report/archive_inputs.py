@@ -2,12 +2,16 @@
 tokenizer, and ``inputs.json`` saying where each came from.
 
 The task's source is the one each run recorded (``environment.task_source``: the module file
-or package folder, hashed when the run started); a source that no longer hashes as a run
-recorded is refused, as a changed artifact is. Data are the files and folders a run's
-``task.*`` strings name, read from the run's recorded working directory (``task.data.train =
-"train.jsonl"``, ``task.model_path = "base"``, a user's own ``task.csv``): each is hashed here
-and packed up to ``data_limit`` bytes in all, the rest listed with its SHA-256 and size only.
-A tokenizer the causal-LM task trained (``CAMPAIGN_ARTIFACTS/tokenizers/KEY/``) is packed
+or package folder and the local modules it imported, hashed when the run started); a source
+that no longer hashes as a run recorded is refused, as a changed artifact is. Data are the
+files and folders a run's ``task.*`` strings name, read from the run's recorded working
+directory (``task.data.train = "train.jsonl"``, ``task.model_path = "base"``, a user's own
+``task.csv``): each is hashed here and packed up to ``data_limit`` bytes in all, the rest
+listed with its SHA-256 and size only.
+The files a run's task opened for reading under its working folder (``environment.task_reads``,
+:mod:`campaign.stack.project`) join them, checked against the run's hash (a changed file is
+refused, naming the run) and packed once with a folder a setting names. A tokenizer the
+causal-LM task trained (``CAMPAIGN_ARTIFACTS/tokenizers/KEY/``) is packed
 under the same key, so a reproduction reads it rather than training its own: only one a run
 used (its hash is in the run's ``base_model`` event), not every other campaign's beside it.
 """
@@ -21,7 +25,8 @@ from typing import Any
 
 import pandas as pd
 
-from campaign.stack.provenance import files_digest
+from campaign.stack.project import sha256_file
+from campaign.stack.provenance import named_digest, source_paths
 
 DATA_LIMIT = 256 << 20  # bytes of data packed at most, by default (the rest: hashes only)
 
@@ -74,16 +79,16 @@ def _pack_sources(runs: pd.DataFrame, add: Callable[[str, bytes], None]) -> list
         entry = sources.setdefault(recorded["sha256"], {**recorded, "run_ids": []})
         entry["run_ids"].append(run.run_id)
     for digest, entry in sources.items():
-        root = Path(entry["root"])
-        files = [root / name for name in entry["files"]]
-        missing = [f for f in files if not f.is_file()]
+        named = source_paths(entry)
+        missing = [path for _, path in named if not path.is_file()]
         first = entry["run_ids"][0]
         if missing:
             raise InputsChanged(f"run {first}: its task source {missing[0]} is missing")
-        if files_digest(root, files) != digest:
-            raise InputsChanged(f"run {first}: its task source under {root} changed since the "
-                                "run recorded it: refused (commit or restore it)")
-        for name, path in zip(entry["files"], files, strict=True):
+        if named_digest(named) != digest:
+            raise InputsChanged(f"run {first}: its task source under {entry['root']} (or a "
+                                "local module it imported) changed since the run recorded it: "
+                                "refused (commit or restore it)")
+        for name, path in named:
             add(f"source/{digest[:16]}/{name}", path.read_bytes())
         entry["member_root"] = f"source/{digest[:16]}"
     return list(sources.values())
@@ -109,7 +114,38 @@ def _data_entries(runs: pd.DataFrame) -> Iterator[dict[str, Any]]:
                 "kind": "folder" if resolved.is_dir() else "file", "run_ids": [],
                 "resolved_path": resolved})
             entry["run_ids"].append(run.run_id)
+    for run in runs.itertuples():  # then the files a run's task opened (campaign.stack.project)
+        environment = run.environment or {}
+        folder = environment.get("working_directory")
+        for read in environment.get("task_reads") or []:
+            resolved = Path(folder) / read["path"]
+            if any(resolved.is_relative_to(Path(other["resolved_path"]))
+                   for other in seen.values() if other["kind"] == "folder"):
+                continue  # packed with the folder a setting names
+            entry = seen.get(str(resolved.resolve()))
+            if entry is None:
+                _unchanged(resolved, read, run.run_id)
+                entry = seen.setdefault(str(resolved.resolve()), {
+                    "key": "read", "value": read["path"], "working_directory": folder,
+                    "member_root": read["path"], "kind": "file", "run_ids": [],
+                    "resolved_path": resolved})
+            if run.run_id not in entry["run_ids"]:
+                entry["run_ids"].append(run.run_id)
     yield from seen.values()
+
+
+def _unchanged(path: Path, read: dict[str, Any], run_id: str) -> None:
+    """A file as the run read it, or :class:`InputsChanged` naming the run and the file."""
+    try:
+        found = path.stat()
+    except OSError:
+        raise InputsChanged(f"run {run_id} read {path}, which is gone: restore it") from None
+    same = found.st_size == read.get("bytes") and (
+        sha256_file(path) == read["sha256"] if read.get("sha256")
+        else found.st_mtime_ns == read.get("mtime_ns"))
+    if not same:
+        raise InputsChanged(f"run {run_id} read {path}, which changed since: refused (restore "
+                            "the file the run read)")
 
 
 def _strings(document: Any, where: str) -> Iterator[tuple[str, str]]:

@@ -18,6 +18,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -83,7 +84,7 @@ def reproduce(archive: Path, folder: Path, run_id: str | None, invoke: Callable[
         raise ReproduceError("campaign.json: no campaign name in it")
     url = f"sqlite:///{(folder / 'ledger.db').absolute()}"
     comparisons = []
-    with contextlib.chdir(unpacked.work):  # where the runs' relative paths are read from
+    with contextlib.chdir(unpacked.work), _importable(unpacked.imports):  # as the runs had them
         invoke(["--ledger", url, "plan", str(spec)], quiet=True)
         with Ledger.open(url) as ledger:
             fresh = ledger.runs(name)
@@ -145,6 +146,26 @@ def _recorded_environment(members: Path, run_id: str) -> dict[str, Any]:
     except ReproduceError:
         return {}
     return found if isinstance(found, dict) else {}
+
+
+@contextlib.contextmanager
+def _importable(folders: tuple[str, ...]) -> Iterator[None]:
+    """The folders a run's local modules were imported from (its ``_roots/N``) on this
+    process's path and its commands' ``PYTHONPATH``, for the reproduction only."""
+    if not folders:
+        yield
+        return
+    saved_path, saved = list(sys.path), os.environ.get("PYTHONPATH")
+    sys.path[:0] = folders
+    os.environ["PYTHONPATH"] = os.pathsep.join([*folders, *([saved] if saved else [])])
+    try:
+        yield
+    finally:
+        sys.path[:] = saved_path
+        if saved is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = saved
 
 
 @contextlib.contextmanager

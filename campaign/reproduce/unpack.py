@@ -28,6 +28,7 @@ class Unpacked:
     work: Path  # the working folder the runs' relative paths are read from
     artifacts: Path
     moved: tuple[tuple[str, str, str], ...] = ()  # (setting, its value, where it now lies)
+    imports: tuple[str, ...] = ()  # folders to import from beside ``work``: a run's _roots/N
 
 
 def unpack(archive: Path, folder: Path) -> Unpacked:
@@ -53,8 +54,10 @@ def unpack(archive: Path, folder: Path) -> Unpacked:
     work, artifacts = folder / "work", folder / "artifacts"
     work.mkdir()
     try:
-        for source in inputs.get("task_sources", []):
-            _place_source(members, work, source)
+        imports = sorted({str(work / "/".join(name.split("/")[:2]))
+                          for source in inputs.get("task_sources", [])
+                          for name in _place_source(members, work, source)
+                          if name.startswith("_roots/")})
         moved = []
         for index, entry in enumerate(inputs.get("data", [])):
             if entry["member_root"].startswith("_absolute"):
@@ -69,7 +72,10 @@ def unpack(archive: Path, folder: Path) -> Unpacked:
     except (KeyError, TypeError, AttributeError) as error:
         raise ReproduceError(f"inputs.json: not as campaign writes it ({type(error).__name__}: "
                              f"{error})") from None
-    return Unpacked(members, work, artifacts, tuple(moved))
+    except OSError as error:  # two entries laid out on one path, a full disk
+        raise ReproduceError(f"cannot lay the archive's inputs out under {work}: "
+                             f"{error.strerror or error} ({error.filename})") from None
+    return Unpacked(members, work, artifacts, tuple(moved), tuple(imports))
 
 
 def inside(base: Path, relative: str, what: str) -> Path:
@@ -116,9 +122,10 @@ def relocated_spec(spec: Any, moved: tuple[tuple[str, str, str], ...], where: st
     return out
 
 
-def _place_source(members: Path, work: Path, source: dict[str, Any]) -> None:
+def _place_source(members: Path, work: Path, source: dict[str, Any]) -> list[str]:
     """The run's task source laid out under ``work`` (a built-in task's: only checked equal to
-    this installation's own)."""
+    this installation's own); its files' names. A local module the task imported from
+    another folder of its ``sys.path`` lies under ``_roots/N/``, imported from there."""
     files = list(source["files"])
     root = inside(members, source["member_root"], "a task source")
     for name in files:
@@ -138,11 +145,12 @@ def _place_source(members: Path, work: Path, source: dict[str, Any]) -> None:
             raise ReproduceError(f"the installed campaign's {files[0]} is not the one run "
                                  f"{source['run_ids'][0]} ran: install the campaign version "
                                  "its environment.json names")
-        return
+        return []
     for name in files:
         target = work / name
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(root / name, target)
+    return files
 
 
 def _place_data(members: Path, work: Path, entry: dict[str, Any]) -> None:

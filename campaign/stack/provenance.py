@@ -21,6 +21,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from campaign.stack import project
+
 DIFF_LIMIT = 256 << 10  # a larger diff is recorded by hash and size only
 GIT_TIMEOUT_S = 5.0
 
@@ -78,21 +80,61 @@ def task_source_files(task_reference: str) -> tuple[Path, list[Path]] | None:
 
 def files_digest(root: Path, files: list[Path]) -> str:
     """SHA-256 over each file's path relative to ``root`` and its bytes, in order."""
+    return named_digest([(path.relative_to(root).as_posix(), path) for path in files])
+
+
+def named_digest(files: list[tuple[str, Path]]) -> str:
+    """SHA-256 over each (name, file): the name, then the SHA-256 of the file's bytes."""
     digest = hashlib.sha256()
-    for path in files:
-        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+    for name, path in files:
+        digest.update(name.encode() + b"\0")
         digest.update(hashlib.sha256(path.read_bytes()).digest())
     return digest.hexdigest()
 
 
 def task_source(task_reference: str) -> dict[str, Any] | None:
-    """The task's source as a run records it: root, relative file names, digest."""
+    """The task's source as a run records it: root, relative file names, digest. Beside the
+    task's own files, every local module the task imported (:mod:`campaign.stack.project`):
+    one under the task's root by its name there, one from another folder on ``sys.path`` as
+    ``_roots/N/NAME`` with that folder in ``roots`` (an edit to the original script a task
+    imports changes the run's recorded source)."""
     found = task_source_files(task_reference)
     if found is None:
         return None
     root, files = found
-    return {"root": str(root), "files": [p.relative_to(root).as_posix() for p in files],
-            "sha256": files_digest(root, files)}
+    named = [(p.relative_to(root).as_posix(), p) for p in files]
+    roots: list[Path] = []
+    if not task_reference.startswith("campaign."):  # a built-in task imports nothing local
+        known = {path for _, path in named}
+        for folder, relative in project.local_modules():
+            path = folder / relative
+            if path in known:
+                continue
+            if path.is_relative_to(root):
+                named.append((path.relative_to(root).as_posix(), path))
+                continue
+            if folder not in roots:
+                roots.append(folder)
+            named.append((f"_roots/{roots.index(folder)}/{relative}", path))
+    record: dict[str, Any] = {"root": str(root), "files": [name for name, _ in named],
+                              "sha256": named_digest(named)}
+    if roots:
+        record["roots"] = [str(folder) for folder in roots]
+    return record
+
+
+def source_paths(record: dict[str, Any]) -> list[tuple[str, Path]]:
+    """(name, where the file lies) for each file of a recorded task source."""
+    root, roots = Path(record["root"]), [Path(r) for r in record.get("roots") or []]
+    paths = []
+    for name in record["files"]:
+        top, _, rest = name.partition("/")
+        if top == "_roots" and roots:
+            index, _, relative = rest.partition("/")
+            paths.append((name, roots[int(index)] / relative))
+        else:
+            paths.append((name, root / name))
+    return paths
 
 
 def git_state(task_reference: str) -> dict[str, Any] | None:

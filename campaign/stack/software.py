@@ -10,9 +10,10 @@ from __future__ import annotations
 import platform
 import socket
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
-from campaign.stack import provenance
+from campaign.stack import project, provenance
 
 # What must match between the pilot's machine and a launching one for the pilot to speak for it.
 STACK_KEYS = ("torch", "cuda", "cudnn", "devices", "python")
@@ -47,6 +48,15 @@ def environment(task_reference: str | None) -> dict[str, Any]:
         stack["task_source"] = provenance.task_source(task_reference)
     stack["working_directory"] = provenance.working_directory()
     stack["distributions"] = installed
+    return stack
+
+
+def run_environment(task_reference: str, excluded: list[Path]) -> dict[str, Any]:
+    """A run's record of its stack once its task is built: :func:`environment`, whose task
+    source holds the local modules the task imported, and the files it read under the
+    working folder but outside ``excluded`` (:mod:`campaign.stack.project`)."""
+    stack = environment(task_reference)
+    stack["task_reads"] = project.files_read(Path(stack["working_directory"]), excluded)
     return stack
 
 

@@ -245,14 +245,15 @@ def test_an_archives_own_task_code_runs_only_when_trusted(study: tuple[Path, str
     assert "study_task.py" in refused and "--trust-task-code" in refused
     assert not (tmp_path / "untrusted").exists()
     # Code placed by anything else (a data entry naming a .py file: a `torch.py` would shadow
-    # torch in the task host) is the archive's code too, with no task source listed at all.
+    # torch in the task host) is the archive's code too, said beside the task's own.
     inputs = json.loads(_members(archive)["inputs.json"])
-    inputs["task_sources"] = []
-    inputs["data"][0]["files"][0]["file"] = "torch.py"
+    planted = json.loads(json.dumps(inputs["data"][0]))
+    planted["member_root"], planted["files"][0]["file"] = "data/extra", "torch.py"
+    inputs["data"].append(planted)
     _repacked(archive, tmp_path / "shadow.tar.gz", "inputs.json", json.dumps(inputs).encode())
     done = _cli(tmp_path, "reproduce", str(tmp_path / "shadow.tar.gz"), "--dir", "shadow")
     assert done.returncode == 2, done.stderr
-    assert "the archive's code: data/labels.csv/torch.py (sha256 " in done.stderr
+    assert "the archive's code: data/extra/torch.py (sha256 " in done.stderr
     assert not (tmp_path / "shadow").exists()
 
 
