@@ -10,7 +10,7 @@ gets them by following the same conventions.
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -20,6 +20,7 @@ from campaign.loop.data import gate_view
 from campaign.loop.task import TaskContract
 from campaign.pilot.findings import Finding
 from campaign.pilot.label_gate import check_targets
+from campaign.pilot.leakage import groups_disjoint, identities, ids_unique
 from campaign.pilot.randomness import declared_randomness
 
 IGNORE = -100
@@ -43,7 +44,8 @@ def check_data(
     """Run every data check; the gate passes when every finding is ok.
 
     A split larger than :data:`GATE_SAMPLE` examples is checked on a seeded random sample
-    of that many (a lazy dataset of millions is never read whole), and a finding says so.
+    of that many (a lazy dataset of millions is never collated whole), and a finding says so;
+    ids and groups are read of every example (:mod:`campaign.pilot.leakage`).
     ``datasets``: the task's splits, already asked for; ``samples``: their
     :func:`gate_samples`, already read.
     """
@@ -53,12 +55,16 @@ def check_data(
     notes = [f"{name}: {note}" for name, (_, note) in samples.items() if note]
     batches = {name: _collated(task, examples) for name, examples in splits.items()}
     allow_cut = bool(config.get("loop", {}).get("allow_target_truncation", False))
-    sampled = [Finding("sampled", True, "checked on " + "; ".join(notes) + " (ids, groups and "
-                       "labels of the rest are not read)")] if notes else []
+    keys = identities(task, datasets, samples)
+    read = ("ids and groups of every example read" if not keys.sampled
+            else "ids and groups sampled too: the task's examples are costly")
+    sampled = [Finding("sampled", True, "labels, targets and batches checked on "
+                       + "; ".join(notes) + f" ({read})")] if notes else []
     return [
         *sampled,
-        _ids_unique(splits),
-        _groups_disjoint(splits),
+        *keys.problems(datasets),
+        ids_unique(keys.splits, keys.miss_note()),
+        groups_disjoint(keys.splits, keys.miss_note()),
         *_labels(task, splits),
         *check_targets(task, splits),
         _masks_match_lengths(batches),
@@ -74,62 +80,6 @@ def passed(findings: Sequence[Finding]) -> bool:
 
 def _collated(task: TaskContract, examples: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return [task.collate(examples[i : i + CHUNK]) for i in range(0, len(examples), CHUNK)]
-
-
-def _ids_unique(splits: Mapping[str, list[dict[str, Any]]]) -> Finding:
-    where: dict[Any, list[str]] = defaultdict(list)
-    for name, examples in splits.items():
-        for example in examples:
-            where[example["id"]].append(name)
-    repeated = {i: s for i, s in where.items() if len(s) > 1}
-    if not repeated:
-        total = sum(len(e) for e in splits.values())
-        return Finding("ids_unique", True, f"{total} examples, every id unique")
-    shown = ", ".join(f"{i!r} ({'/'.join(s)})" for i, s in list(repeated.items())[:5])
-    return Finding(
-        "ids_unique",
-        False,
-        f"{len(repeated)} ids appear more than once: {shown}",
-        "give every example a stable, unique id (deduplicate the data)",
-    )
-
-
-def _units(example: dict[str, Any]) -> list[Any]:
-    """The leakage units an example belongs to: its ``group`` and every one of its ``groups``
-    (a sliding window names each period its inputs and its target come from)."""
-    units = [example["group"]] if "group" in example else []
-    several = example.get("groups")
-    if isinstance(several, list | tuple | set | frozenset):
-        units += list(several)
-    elif several is not None:
-        units.append(several)
-    return units
-
-
-def _groups_disjoint(splits: Mapping[str, list[dict[str, Any]]]) -> Finding:
-    seen: dict[Any, set[str]] = defaultdict(set)
-    for name, examples in splits.items():
-        for example in examples:
-            for unit in _units(example):
-                seen[unit].add(name)
-    if not seen:
-        return Finding(
-            "groups_disjoint", True,
-            "no example has a 'group' or 'groups' key: leakage between splits (one "
-            "conversation, patient or document in two splits) cannot be checked",
-            "give every example a 'group' (what must never be split across train and val)",
-            warning=True,
-        )
-    leaking = {g: sorted(s) for g, s in seen.items() if len(s) > 1}
-    if not leaking:
-        return Finding("groups_disjoint", True, f"{len(seen)} groups, each in one split")
-    shown = ", ".join(f"{g!r} ({'+'.join(s)})" for g, s in list(leaking.items())[:5])
-    return Finding(
-        "groups_disjoint",
-        False,
-        f"{len(leaking)} groups are in more than one split: {shown}",
-        "split by group (conversation, patient, document, period), not by example",
-    )
 
 
 def _labels(task: TaskContract, splits: Mapping[str, list[dict[str, Any]]]) -> list[Finding]:

@@ -86,9 +86,9 @@ def test_predict_records_without_a_target_name_the_function_and_key() -> None:
 
 
 def test_examples_without_group_are_a_warning_naming_the_key() -> None:
-    from campaign.pilot.data_gate import Finding, _groups_disjoint
+    from campaign.pilot.leakage import Finding, groups_disjoint
 
-    finding: Finding = _groups_disjoint({"train": [{"id": 1}], "val": [{"id": 2}]})
+    finding: Finding = groups_disjoint({"train": [{"id": 1}], "val": [{"id": 2}]})
     assert finding.ok and finding.warning and "'group'" in finding.detail
 
 
@@ -183,17 +183,17 @@ def test_inspect_shows_the_collated_batch_the_gate_reads(sqlite_url: str) -> Non
 def test_an_example_may_name_several_leakage_units() -> None:
     """A sliding window touches two weeks: naming only its input week let a window that
     straddles the split pass; with ``groups`` it is refused."""
-    from campaign.pilot.data_gate import _groups_disjoint
+    from campaign.pilot.leakage import groups_disjoint
 
     def window(week: int) -> dict:
         return {"id": f"w{week}", "group": f"week-{week}",
                 "groups": [f"week-{week}", f"week-{week + 1}"]}
 
     straddling = {"train": [window(7), window(8)], "val": [window(9)]}
-    finding = _groups_disjoint(straddling)
+    finding = groups_disjoint(straddling)
     assert not finding.ok and "'week-9' (train+val)" in finding.detail
     clean = {"train": [window(7)], "val": [window(9)]}  # week 8 is a gap between the splits
-    assert _groups_disjoint(clean).ok
+    assert groups_disjoint(clean).ok
     only_group = {"train": [{"id": "a", "group": "week-8"}],
                   "val": [{"id": "b", "group": "week-9"}]}
-    assert _groups_disjoint(only_group).ok  # one unit each: what the gate saw before
+    assert groups_disjoint(only_group).ok  # one unit each: what the gate saw before

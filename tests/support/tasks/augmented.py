@@ -42,6 +42,7 @@ class Generated(Dataset[dict[str, Any]]):
 
 class Augmented(campaign.Task):
     classes = ("negative", "positive")
+    costly_examples = True  # ten million generated on access: the leakage checks sample
 
     def __init__(self, config: dict[str, Any]) -> None:
         super().__init__(config)
