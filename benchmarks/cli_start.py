@@ -11,6 +11,9 @@ its yardstick round by round; medians and ratios are printed:
   ``python -c "import sqlalchemy"``: at most 2.5x each;
 - ``campaign plan spec.toml --dry-run`` of the ``campaign init`` skeleton against
   ``python -c "import torch; import study_task"``: at most 1.3x;
+- the same for a task that imports torch and nothing else (the skeleton's scikit-learn
+  import would hide a command's own imports in the yardstick) against
+  ``python -c "import torch, torch_task"``: at most 1.3x;
 - ``campaign run RUN_ID`` of the skeleton's 100 updates, replay included, against
   ``benchmarks/bare_run.py`` (the same training by hand, safetensors, a forked
   replay): at most 1.5x;
@@ -41,6 +44,7 @@ LIMITS = {"campaign --help": ("import click", 2.0),
           "campaign status": ("import sqlalchemy", 2.5),
           "campaign runs": ("import sqlalchemy", 2.5),
           "campaign plan --dry-run": ("import torch; import study_task", 1.3),
+          "campaign plan --dry-run (torch only)": ("import torch, torch_task", 1.3),
           "campaign run (100 updates)": ("bare_run.py (100 updates)", 1.5),
           "launch: first update": ("import torch", 1.5)}
 GAP_LIMIT_S = 0.1
@@ -81,6 +85,57 @@ def _skeleton(root: Path, env: dict[str, str], rounds: int) -> tuple[Path, list[
 
     runs = [r["run_id"] for r in json.loads(listed.stdout) if r["variant"] == "lr-1e-2"]
     return folder, runs
+
+
+TORCH_TASK = '''"""A task that imports torch and nothing else: the plain yardstick."""
+import torch
+
+
+class Plain:
+    def __init__(self, config):
+        self.config = config
+
+    def model(self):
+        return torch.nn.Linear(2, 1)
+
+    def splits(self):
+        rows = [{"id": i, "x": [0.0, 0.0], "y": 0.0} for i in range(80)]
+        return {"train": rows[:64], "val": rows[64:]}
+
+    def collate(self, examples):
+        return {"x": torch.tensor([e["x"] for e in examples])}
+
+    def loss(self, model, batch):
+        return model(batch["x"]).sum(), len(batch["x"])
+
+    def predict(self, model, batch):
+        return []
+
+    def score(self, records):
+        return {"mse": 0.0}
+
+    def describe(self, example):
+        return {}
+
+    def control_inputs(self):
+        return []
+
+
+def build(config):
+    return Plain(config)
+'''
+
+
+def _torch_only(root: Path) -> Path:
+    """A folder with the torch-only task and the skeleton's spec pointed at it."""
+    folder = root / "torch-only"
+    folder.mkdir()
+    (folder / "torch_task.py").write_text(TORCH_TASK)
+    spec = (root / "study" / "spec.toml").read_text()
+    spec = spec.replace('"study_task:build"', '"torch_task:build"').replace(
+        '"task.hidden" = 16\n', "").replace('metric = "val/accuracy"', 'metric = "val/mse"')
+    (folder / "spec.toml").write_text(spec.replace('mode = "max"', 'mode = "min"'))
+    return folder
 
 
 def _launch_figures(root: Path, env: dict[str, str]) -> tuple[float, float]:
@@ -145,6 +200,12 @@ def main() -> int:
         }
         rounds = {label: _runner(command, skeleton_env, skeleton)
                   for label, command in hosted.items()}
+        plain = _torch_only(cwd)
+        plain_env = {**env, "CAMPAIGN_LEDGER": f"sqlite:///{plain / 'campaign.db'}"}
+        rounds["import torch, torch_task"] = _runner(
+            [sys.executable, "-c", "import torch, torch_task"], plain_env, plain)
+        rounds["campaign plan --dry-run (torch only)"] = _runner(
+            [*campaign, "plan", "spec.toml", "--dry-run"], plain_env, plain)
         rounds["campaign run (100 updates)"] = lambda: subprocess.run(
             [*campaign, "run", queue.pop(0)], env=skeleton_env, cwd=skeleton, check=True,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -36,15 +36,16 @@ def plan(source: LedgerSource, spec_path: str, dry_run: bool, output_format: str
     from campaign.plan.metric_names import metric_problem
     from campaign.plan.optimizer_check import raise_first
     from campaign.plan.spec import SpecError, load_spec
+    from campaign.plan.task_facts import task_facts
     from campaign.plan.task_keys import origin
 
     # The optimizer checks (torch's own) wait for the task's child to be under way.
     optimizers: list[Any] = []
     resolved = load_spec(spec_path, check_task=False, optimizers=optimizers)
     # What planning asks the task, in one guarded child (the user's module imported once),
-    # started first: it imports the task on one core while the host imports what building
-    # an optimizer needs on the other.
-    pending = calls.begin(planning.task_facts, resolved.task, resolved.control.config,
+    # started first: it imports the task on one core while the optimizer checks run on the
+    # other.
+    pending = calls.begin(task_facts, resolved.task, resolved.control.config,
                           [v.config for v in resolved.variants],
                           [v.name for v in resolved.variants], task=resolved.task,
                           what="importing and building the task")

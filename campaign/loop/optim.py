@@ -102,9 +102,12 @@ VALUE_KEYS = (  # words of torch's own value errors -> the key that set the valu
 )
 
 
+EMPTY = "optimizer got an empty parameter list"  # torch's words once every value passed
+
+
 def optimizer_problem(options: Mapping[str, Any]) -> tuple[str, str] | None:
     """(key path, what is wrong) for the first setting ``options`` cannot build, or None:
-    names against the optimizer's signature, then the values by building it over one small
+    names against the optimizer's signature, then the values by building it over no
     parameter (torch's own checks: a negative rate, a beta of 1.5...)."""
     classes = optimizer_classes()
     name = str(options.get("name", "adamw")).lower()
@@ -133,11 +136,13 @@ def optimizer_problem(options: Mapping[str, Any]) -> tuple[str, str] | None:
     keywords = _keywords(kind, options)
     for device_specific in ("fused", "foreach", "capturable"):  # checked on the run's device
         keywords.pop(device_specific, None)
-    probe = torch.nn.Parameter(torch.zeros(2, 2))
-    try:
-        kind([{"params": [probe], "weight_decay": float(options.get("weight_decay", 0.0))}],
-             **keywords)
+    if "weight_decay" in accepted:
+        keywords["weight_decay"] = float(options.get("weight_decay", 0.0))
+    try:  # over no parameter: torch checks the values, then refuses the empty list (before
+        kind([], **keywords)  # add_param_group, whose first call imports torch._dynamo: 0.9 s)
     except (ValueError, TypeError, RuntimeError) as error:
+        if str(error) == EMPTY:
+            return None
         words = str(error).lower()
         named = [(key.lower(), f"optimizer.args.{key}") for key in options.get("args") or {}]
         path = next((key for word, key in [*named, *VALUE_KEYS] if word in words), "optimizer")

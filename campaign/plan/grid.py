@@ -20,9 +20,9 @@ from typing import Any
 from campaign.errors import RefusedWrite
 from campaign.ledger import CampaignRecord, Ledger, LedgerInputError, NewRun, NewVariant, NotFound
 from campaign.ledger.canonical import canonical_json, sha256_text
-from campaign.loop.taskref import load_factory
 from campaign.plan.config_keys import held_deviations
 from campaign.plan.spec import ResolvedSpec, SpecError, resolve_config
+from campaign.plan.task_facts import train_size
 
 ACCOUNTING_KEYS = ("examples_per_update", "examples_seen", "updates_per_epoch", "fixed")
 MAX_UPDATES = 10**9  # as budget.updates allows (config_schema)
@@ -203,62 +203,6 @@ def _size_from(counted: int | str, needed: bool) -> int | None:
             f"or give the task a splits() ({counted})"
         )
     return None
-
-
-def task_facts(task: str, control: dict[str, Any], configs: list[dict[str, Any]],
-               variants: list[str] | None = None) -> dict[str, Any]:
-    """Everything planning asks the task, in one guarded child (the user's module is imported
-    once, not once per question): whether the reference imports (``reference``: the problem
-    or None), the training-set size per task config (``sizes``: canonical task config -> int,
-    or why it cannot tell), whether the control's config builds a task that keeps the
-    contract and passes its own ``plan_problem()`` for every variant's task config
-    (``contract``: the problem or None), the metrics it declares (``metrics``) and
-    whether batch-statistics layers make accumulation inexact (``batch_stats``, a warning);
-    or, alone, a ``task.*`` key its declared schema refuses (``keys``: [key, message])."""
-    from campaign.errors import TaskContractError
-    from campaign.loop.batch_stats import accumulation_warning, layers_on_meta
-    from campaign.loop.task import build_task, plan_problem, splits_problem
-    from campaign.plan.metric_names import declared_metrics
-    from campaign.plan.spec import task_reference_problem
-    from campaign.plan.task_keys import task_keys_problem
-
-    problem = task_reference_problem(task)
-    if problem is not None:
-        return {"reference": problem}
-    keys = task_keys_problem(task, configs)
-    if keys is not None:  # a typo in a task key runs another experiment: before the rest
-        return {"reference": None, "keys": keys}
-    sizes = {canonical_json(c["task"]): train_size(task, c) for c in configs}
-    metrics, layers = None, None
-    try:
-        built = build_task(task, copy.deepcopy(control))
-        metrics = declared_metrics(built)
-        if accumulation_warning(["?"], configs):  # only then is the model's make-up asked
-            layers = layers_on_meta(built)
-        contract = splits_problem(built) or plan_problem(built)
-        seen = {canonical_json(control["task"])}
-        for name, config in zip(variants or [], configs, strict=False):
-            if contract is None and canonical_json(config["task"]) not in seen:
-                seen.add(canonical_json(config["task"]))  # another task config: its own check
-                contract = plan_problem(build_task(task, copy.deepcopy(config)), name)
-    except TaskContractError as error:
-        contract = str(error)
-    except Exception as error:  # the user's task code
-        contract = (f"task code failed while building the task with the control's config: "
-                    f"{type(error).__name__}: {error}")
-    warning = accumulation_warning(layers or [], configs)
-    return {"reference": None, "sizes": sizes, "contract": contract, "metrics": metrics,
-            "batch_stats": warning}
-
-
-def train_size(task: str, config: dict[str, Any]) -> int | str:
-    """The task's training-set size, or why it cannot tell (run in a guarded process)."""
-    try:
-        built = load_factory(task)(copy.deepcopy(config))
-        size = len(built.splits()["train"])
-        return size if size > 0 else "the training split is empty"
-    except Exception as error:  # the user's task code: any failure means "cannot count"
-        return f"{type(error).__name__}: {error}"
 
 
 def record_plan(ledger: Ledger, plan: Plan) -> tuple[CampaignRecord, bool]:

@@ -2,8 +2,8 @@
 small parameter: a negative rate, a beta of 1.5 are torch's own refusals).
 
 torch lives in the task host: a command defers each variant's check while it resolves the
-spec and runs them all in one guarded child (:func:`raise_first`), while the host imports
-what building an optimizer needs (``torch._dynamo``, seconds) once."""
+spec and runs them all in one guarded child (:func:`raise_first`); building an optimizer over
+no parameter checks its values without importing ``torch._dynamo`` (0.9 s)."""
 
 from __future__ import annotations
 
@@ -22,8 +22,7 @@ def raise_first(deferred: Sequence[Deferred]) -> None:
     if not deferred:
         return
     problems = with_torch(problems_here, [options for options, _, _ in deferred],
-                          what="checking the optimizer's settings",
-                          preload=("torch._dynamo",))
+                          what="checking the optimizer's settings")
     for (_, origins, where), problem in zip(deferred, problems, strict=True):
         if problem is not None:
             path, message = str(problem[0]), str(problem[1])

@@ -1,6 +1,6 @@
 """``task.*`` keys checked at ``plan`` against the schema a task declares (``TASK_KEYS``).
 
-The check runs where task code runs (the guarded child of :func:`campaign.plan.grid.
+The check runs where task code runs (the guarded child of :func:`campaign.plan.task_facts.
 task_facts`): finding the schema imports the task's module. The answer is the first
 problem as (dotted key under ``task``, message); the command names the spec section the
 key came from (:func:`origin`).

@@ -1,0 +1,67 @@
+"""What planning asks the task, in the task host's child: kept apart from the planner and the
+ledger (SQLAlchemy, pydantic's spec schema: 0.3 s), which the child of ``plan`` never needs,
+so the task's answers come as soon as torch and the task are imported (docs/cli.md, plan)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from campaign.ledger.canonical import canonical_json
+from campaign.loop.taskref import TaskReferenceError, load_factory
+
+
+def task_facts(task: str, control: dict[str, Any], configs: list[dict[str, Any]],
+               variants: list[str] | None = None) -> dict[str, Any]:
+    """Everything planning asks the task, in one guarded child (the user's module is imported
+    once, not once per question): whether the reference imports (``reference``: the problem
+    or None), the training-set size per task config (``sizes``: canonical task config -> int,
+    or why it cannot tell), whether the control's config builds a task that keeps the
+    contract and passes its own ``plan_problem()`` for every variant's task config
+    (``contract``: the problem or None), the metrics it declares (``metrics``) and
+    whether batch-statistics layers make accumulation inexact (``batch_stats``, a warning);
+    or, alone, a ``task.*`` key its declared schema refuses (``keys``: [key, message])."""
+    from campaign.errors import TaskContractError
+    from campaign.loop.batch_stats import accumulation_warning, layers_on_meta
+    from campaign.loop.task import build_task, plan_problem, splits_problem
+    from campaign.plan.metric_names import declared_metrics
+    from campaign.plan.task_keys import task_keys_problem
+
+    try:
+        load_factory(task)
+    except TaskReferenceError as error:
+        return {"reference": str(error)}
+    keys = task_keys_problem(task, configs)
+    if keys is not None:  # a typo in a task key runs another experiment: before the rest
+        return {"reference": None, "keys": keys}
+    sizes = {canonical_json(c["task"]): train_size(task, c) for c in configs}
+    metrics, layers = None, None
+    try:
+        built = build_task(task, copy.deepcopy(control))
+        metrics = declared_metrics(built)
+        if accumulation_warning(["?"], configs):  # only then is the model's make-up asked
+            layers = layers_on_meta(built)
+        contract = splits_problem(built) or plan_problem(built)
+        seen = {canonical_json(control["task"])}
+        for name, config in zip(variants or [], configs, strict=False):
+            if contract is None and canonical_json(config["task"]) not in seen:
+                seen.add(canonical_json(config["task"]))  # another task config: its own check
+                contract = plan_problem(build_task(task, copy.deepcopy(config)), name)
+    except TaskContractError as error:
+        contract = str(error)
+    except Exception as error:  # the user's task code
+        contract = (f"task code failed while building the task with the control's config: "
+                    f"{type(error).__name__}: {error}")
+    warning = accumulation_warning(layers or [], configs)
+    return {"reference": None, "sizes": sizes, "contract": contract, "metrics": metrics,
+            "batch_stats": warning}
+
+
+def train_size(task: str, config: dict[str, Any]) -> int | str:
+    """The task's training-set size, or why it cannot tell (run in a guarded process)."""
+    try:
+        built = load_factory(task)(copy.deepcopy(config))
+        size = len(built.splits()["train"])
+        return size if size > 0 else "the training split is empty"
+    except Exception as error:  # the user's task code: any failure means "cannot count"
+        return f"{type(error).__name__}: {error}"
