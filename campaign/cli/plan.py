@@ -193,7 +193,7 @@ def relaunch(source: LedgerSource, run_id: str, sets: tuple[str, ...], reason: s
              output_format: str) -> None:
     """Plan a new run (new id) that repeats RUN_ID with changes; the old run stays as it is.
 
-    Example: campaign relaunch 01jd... --set loop.microbatch=1 --reason "OOM in validation"
+    Example: campaign relaunch 01jd... --set validation.microbatch=4 --reason "OOM in validation"
     """
     from campaign.plan import grid as planning
     from campaign.plan.config_keys import config_changes

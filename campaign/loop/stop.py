@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from campaign.errors import LedgerUnreachable, first_line
+from campaign.ledger.canonical import canonical_json
 from campaign.loop.storage_faults import out_of_storage, storage_stop_detail
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -134,3 +135,19 @@ def failure_decision(error: BaseException, phase: str, step: int, run_id: str,
     where = "" if ending is None else f"while ending ({ending}): "
     return StopDecision("failed", "exception", f"{where}{type(error).__name__}: "
                                                f"{first_line(error)}")
+
+
+def oom_detail(error: BaseException, phase: str, inputs: Mapping[str, Any]) -> str:
+    """An out-of-memory stop's detail: where, on what, and the relaunch that fits it. In
+    validation, the validation batch (``validation.microbatch``, else the update's examples)
+    is what ran out, not the last training update's shapes; halving it changes no result."""
+    detail = f"{first_line(error)} in {phase} with inputs {canonical_json(dict(inputs))}"
+    if phase == "validation" and inputs.get("validation_batch"):
+        half = max(1, int(inputs["validation_batch"]) // 2)
+        return (detail + f"; relaunch with --set validation.microbatch={half} (the training "
+                "updates stay as they were)")
+    microbatch = int(inputs.get("microbatch") or 0)
+    if microbatch > 1:
+        return (detail + f"; relaunch with --set loop.microbatch={microbatch // 2} and double "
+                "loop.accumulation (the same examples per update)")
+    return detail

@@ -51,7 +51,7 @@ from campaign.loop.replay import EarlyReplay, write_final
 from campaign.loop.resume import ResumePoint, choose_resume_point, replayed_steps_report
 from campaign.loop.run_files import record_file, record_log, save_traceback, write_predictions
 from campaign.loop.signals import SignalLatch
-from campaign.loop.stop import StopDecision, StopRules, failure_decision
+from campaign.loop.stop import StopDecision, StopRules, failure_decision, oom_detail
 from campaign.loop.task import Batch, build_task
 from campaign.loop.trainer import Trainer, seed_everything
 from campaign.stack.software import run_environment
@@ -241,9 +241,8 @@ class RunLoop:
         except LeaseLost:
             raise  # another worker may own the run now: write nothing more
         except torch.cuda.OutOfMemoryError as error:
-            inputs = canonical_json(self.phase_inputs)
-            detail = f"{first_line(error)} in {self.phase} with inputs {inputs}"
-            stop = StopDecision("oom", "out_of_memory", detail)
+            stop = StopDecision("oom", "out_of_memory", oom_detail(error, self.phase,
+                                                                   self.phase_inputs))
         except (Exception, SystemExit, KeyboardInterrupt) as error:  # task code may raise these
             stop = failure_decision(error, self.phase, self.step, self.run_id)
             traceback_artifact = self._save_traceback() if stop.status == "failed" else None
@@ -336,6 +335,9 @@ class RunLoop:
     def phase_inputs(self) -> dict[str, Any]:
         """What the current update works on (shapes, longest length, microbatch); computed
         only when a measurement or an out-of-memory report needs it."""
+        if self.phase == "validation" and self.trainer is not None:  # not the last update's
+            return {"validation_batch": self.trainer.val_batch,
+                    "examples": len(self.trainer.val_view)}
         if not self._batches:
             return {}
         return describe_inputs(self._batches, self.config["loop"]["microbatch"])

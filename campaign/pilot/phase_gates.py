@@ -397,7 +397,7 @@ class PilotRun:
             if not math.isfinite(losses[-1]):
                 raise PhaseFailure(f"non-finite loss at overfit step {len(losses)}")
             session.step_optimizer()
-        _, _, records = session.evaluate(examples, len(examples))
+        _, _, records = session.evaluate(examples, min(len(examples), session.val_batch))
         targets = {str(r["target"]) for r in records}
         if len(targets) < 2:  # a constant predictor would pass: that proves nothing
             raise PhaseFailure(

@@ -278,13 +278,18 @@ def relaunch_config(
     base["budget"].pop("epochs" if fixed == "updates" else "updates", None)
     dotted = _flatten(base)
     for key in sets:
-        if key.split(".")[0] in ("validation", "stop", "seed"):
+        if key == MEMORY_ONLY:  # the validation batch: what an OOM in validation needs
+            extra["validation"] = {**extra.get("validation", {}),
+                                   "microbatch": _validation_batch(sets[key])}
+        elif key.split(".")[0] in ("validation", "stop", "seed"):
             raise LedgerInputError(
-                f"--set {key}: campaign-wide settings cannot change in a relaunch"
+                f"--set {key}: campaign-wide settings cannot change in a relaunch (of the "
+                f"validation settings only {MEMORY_ONLY}, which sets memory, not results)"
             )
         if key in ("budget.updates", "budget.epochs"):
             dotted.pop("budget.updates", None)
             dotted.pop("budget.epochs", None)
+    sets = {k: v for k, v in sets.items() if k != MEMORY_ONLY}
     dotted.update(sets)
     origins = {k: f"--set {k}" if k in sets else f"run config {k}" for k in dotted}
     resolved = resolve_config(dotted, origins, "relaunch")
@@ -296,6 +301,16 @@ def relaunch_config(
     resolved.update(extra)
     changed_held = held_deviations(resolved, hold)
     return resolved, changed_held
+
+
+MEMORY_ONLY = "validation.microbatch"  # the one validation setting a relaunch may change
+
+
+def _validation_batch(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise LedgerInputError(f"--set {MEMORY_ONLY}: expected a whole number >= 1, got "
+                               f"{value!r}")
+    return value
 
 
 def _flatten(nested: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

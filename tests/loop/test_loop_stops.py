@@ -108,6 +108,30 @@ def test_out_of_memory_records_phase_and_inputs(ledger: Ledger, tmp_path: Path) 
     assert '"microbatch":4' in run.stop_detail and "shapes" in run.stop_detail
 
 
+def test_an_oom_in_validation_names_its_batch_and_the_relaunch_that_fits(
+        ledger: Ledger, tmp_path: Path) -> None:
+    """The detail names the validation batch (not the last update's shapes) and the recipe;
+    the recipe is a relaunch that is accepted and completes."""
+    from tests.support.launch_helpers import in_process
+
+    _, run = _run(ledger, tmp_path, task=FAULTY, config={"task.fault": "val_oom", "task.at": 2})
+    assert (run.status, run.stop_cause, run.stop_phase) == ("oom", "out_of_memory", "validation")
+    assert '"validation_batch":8' in run.stop_detail and "shapes" not in run.stop_detail
+    assert "relaunch with --set validation.microbatch=4" in run.stop_detail
+    done = in_process("--ledger", ledger.url, "relaunch", run.id, "--set",
+                      "validation.microbatch=2", "--reason", "OOM in validation")
+    assert done.returncode == 0, done.stderr
+    again = ledger.runs("loop")
+    new_id = again[again["relaunch_of"] == run.id]["run_id"].iloc[0]
+    assert ledger.run(new_id).config_document["validation"]["microbatch"] == 2
+    execute(ledger, new_id, artifacts=tmp_path / "artifacts", replay_in_subprocess=False)
+    assert ledger.run(new_id).status == "completed"
+    for bad in ("validation.microbatch=0", "validation.every=3"):
+        refused = in_process("--ledger", ledger.url, "relaunch", run.id, "--set", bad,
+                             "--reason", "x")
+        assert refused.returncode == 2 and bad.split("=")[0] in refused.stderr
+
+
 def test_a_task_that_breaks_the_contract_fails_the_run_cleanly(
     ledger: Ledger, tmp_path: Path
 ) -> None:

@@ -473,3 +473,14 @@ def test_a_task_whose_splits_draw_is_piloted_on_the_runs_data(ledger: Ledger, tm
         weights = zip(trainer.model.parameters(), asked.model.parameters(), strict=True)
         for mine, theirs in weights:
             assert torch.equal(mine, theirs)
+
+
+def test_the_overfit_check_honours_the_validation_batch(ledger: Ledger, tmp_path: Path) -> None:
+    """The recipe for an OOM in validation (``validation.microbatch``) holds in the pilot
+    too: its overfit check evaluates in batches of that size, not all its examples at once."""
+    config = _config(ledger, task="tests.support.tasks.faulty:build",
+                     config={"task.fault": "val_oom", "task.at": 2},
+                     validation={"microbatch": 2})
+    result = _pilot("tests.support.tasks.faulty:build", config, tmp_path)
+    assert "out of memory" not in result["overfit"][1], result["overfit"]
+    assert result["validation"][0] == "pass"

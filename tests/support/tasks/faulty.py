@@ -95,6 +95,8 @@ class FaultyDigits(DigitsTask):
                 raise MemoryError("the hog fault took 8 GiB and was not killed")
             elif self.fault == "oom":
                 raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        if self.fault == "val_oom" and not model.training and int(units) > self.at:
+            raise torch.cuda.OutOfMemoryError(f"CUDA out of memory in a batch of {int(units)}")
         return total, units
 
 
