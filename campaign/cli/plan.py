@@ -77,6 +77,8 @@ def plan(source: LedgerSource, spec_path: str, dry_run: bool, output_format: str
         with source.open(create=True) as ledger:
             before = _pilot_table(ledger, resolved.name)
             record, created = planning.record_plan(ledger, the_plan)
+            if created and facts.get("layers"):  # what a relaunch is warned of (docs/runs.md)
+                ledger.add_event(resolved.name, "batch_statistics", json.dumps(facts["layers"]))
             # the same question with other [pilot] settings (recorded), or back to its own
             pilot_only = not created and before != planning.current_pilot_table(ledger,
                                                                                 record.name)
@@ -195,6 +197,7 @@ def relaunch(source: LedgerSource, run_id: str, sets: tuple[str, ...], reason: s
 
     Example: campaign relaunch 01jd... --set validation.microbatch=4 --reason "OOM in validation"
     """
+    from campaign.loop.batch_stats import relaunch_warning
     from campaign.plan import grid as planning
     from campaign.plan.config_keys import config_changes
     from campaign.report.relaunches import defining_keys
@@ -211,6 +214,7 @@ def relaunch(source: LedgerSource, run_id: str, sets: tuple[str, ...], reason: s
         new_id = ledger.add_run(old.campaign, old.variant, old.seed, config,
                                 relaunch_of=run_id, reason=full_reason)
         variant_keys = defining_keys(ledger.runs(old.campaign))
+        layers = _batch_statistics(ledger, old.campaign)
     changes = config_changes(old.config_document, config)  # what really differs, derived keys too
     document = {"run_id": new_id, "relaunch_of": run_id, "variant": old.variant,
                 "seed": old.seed, "changes": changes, "deviation": deviations}
@@ -225,6 +229,9 @@ def relaunch(source: LedgerSource, run_id: str, sets: tuple[str, ...], reason: s
         click.echo(f"campaign: warning: run {run_id} diverged and this relaunch repeats its "
                    "identical config and seed: expect the same divergence (change something, "
                    "or say in --reason why a rerun may differ)", err=True)
+    inexact = relaunch_warning(layers, old.config_document, config)
+    if inexact:
+        click.echo(f"campaign: warning: {inexact}", err=True)
     crossing = sorted(k for k in changes if k in variant_keys)
     if crossing:
         click.echo(f"campaign: warning: relaunch changes {', '.join(crossing)}, which tells the "
@@ -322,3 +329,14 @@ def notes(source: LedgerSource, campaign: str, output_format: str) -> None:
         frame = ledger.notes(campaign)
     rows = [{"at": r.at.isoformat(), "text": r.text} for r in frame.itertuples()]
     click.echo(render_rows(rows, output_format))
+
+
+def _batch_statistics(ledger: Any, campaign: str) -> list[str]:
+    """The batch-statistics layers ``plan`` found in the campaign's model (an event), or []."""
+    events = ledger.events(campaign)
+    found = events[events["kind"] == "batch_statistics"]["detail"]
+    try:
+        layers = json.loads(found.iloc[-1]) if len(found) else []
+    except ValueError:
+        return []
+    return [str(layer) for layer in layers] if isinstance(layers, list) else []

@@ -12,19 +12,87 @@ user wants), but the README's claim is true only without such layers.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 
 def batch_stat_layers(model: Any) -> list[str]:
-    """``name (Type)`` of every module that keeps running batch statistics."""
+    """``name (Type)`` of every module that normalises by batch statistics: any BatchNorm
+    (``track_running_stats=False`` included: it normalises by the batch's statistics in
+    evaluation too), SyncBatchNorm, and any other module that keeps running statistics."""
+    from torch.nn.modules.batchnorm import _BatchNorm
+
     found = []
     for name, module in model.named_modules():
-        if getattr(module, "track_running_stats", False) and (
-            getattr(module, "running_mean", None) is not None
+        if isinstance(module, _BatchNorm) or (
+            getattr(module, "track_running_stats", False)
+            and getattr(module, "running_mean", None) is not None
         ):
             found.append(f"{name or '(model)'} ({type(module).__name__})")
     return found
+
+
+def coupled_layers(task: Any, model: Any, examples: list[Any], device: Any,
+                   autocast: Any = contextlib.nullcontext) -> list[str]:
+    """The first module (in the order the forward runs them) whose output for an example
+    depends on the other examples of its batch: a task's own layer that reduces over the
+    batch dimension, which no type can name. The first half of ``examples`` goes through the
+    task's loss alone and then within all of them, in training mode with dropout off; where
+    the half's rows differ the layer couples examples. Nothing is left changed: buffers
+    (running statistics) and the generators are restored; shapes that differ by batch
+    (padding to the longest) are not compared."""
+    import torch
+
+    from campaign.loop.data import to_device
+
+    if len(examples) < 2:
+        return []
+    half = len(examples) // 2
+    seen: list[dict[str, Any]] = []  # per call: module name -> its output
+    order: list[str] = []
+    names = {module: name or "(model)" for name, module in model.named_modules()}
+
+    def hook(module: Any, _inputs: Any, output: Any) -> None:
+        tensor = output[0] if isinstance(output, tuple | list) and output else output
+        if isinstance(tensor, torch.Tensor) and tensor.dim() > 0:
+            seen[-1][names[module]] = tensor.detach().float().cpu()
+            if len(seen) == 1:
+                order.append(names[module])
+
+    dropouts = [m for m in model.modules() if isinstance(m, torch.nn.modules.dropout._DropoutNd)]
+    saved = [(buffer, buffer.detach().clone()) for buffer in model.buffers()]
+    handles = [m.register_forward_hook(hook) for m in names]
+    was_training = model.training
+    try:
+        model.train()
+        for module in dropouts:
+            module.eval()
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            for chosen in (examples[:half], examples):
+                seen.append({})
+                torch.manual_seed(0)
+                with autocast():
+                    task.loss(model, to_device(task.collate(list(chosen)), device))
+    finally:
+        for handle in handles:
+            handle.remove()
+        for buffer, value in saved:
+            buffer.copy_(value)
+        model.train(was_training)
+    for name in order:
+        alone, within = seen[0].get(name), seen[1].get(name)
+        if (alone is None or within is None or alone.shape[0] != half
+                or within.shape[0] != len(examples) or alone.shape[1:] != within.shape[1:]):
+            continue
+        if not torch.allclose(alone, within[:half], rtol=1e-3, atol=1e-5):
+            return [f"{name} ({type(_module_named(model, name)).__name__}, its output for an "
+                    "example depends on the rest of its batch)"]
+    return []
+
+
+def _module_named(model: Any, name: str) -> Any:
+    return model if name == "(model)" else model.get_submodule(name)
 
 
 def layers_on_meta(task: Any) -> list[str] | None:
@@ -47,11 +115,16 @@ def accumulation_warning(layers: list[str], configs: Iterable[Mapping[str, Any]]
     loops = [dict(c.get("loop") or {}) for c in configs]
     accumulated = sorted({int(lp.get("accumulation", 1)) for lp in loops} - {1})
     microbatches = sorted({int(lp.get("microbatch", 1)) for lp in loops})
+    replicated = sorted({int(lp.get("replicas", 1)) for lp in loops} - {1})
+    shared = layers != ["?"] and all("(SyncBatchNorm)" in layer for layer in layers)
     reasons = []
     if accumulated:
         reasons.append(f"accumulation {', '.join(map(str, accumulated))} normalises each "
                        "microbatch by its own statistics, so an update is not one big batch's "
                        "gradient")
+    if replicated and not shared:
+        reasons.append(f"replicas {', '.join(map(str, replicated))} normalise each replica's "
+                       "microbatch by its own statistics (SyncBatchNorm would share them)")
     if len(microbatches) > 1:
         reasons.append(f"variants with microbatch {', '.join(map(str, microbatches))} also "
                        "differ in their batch statistics, not only in the key they set")
@@ -60,3 +133,19 @@ def accumulation_warning(layers: list[str], configs: Iterable[Mapping[str, Any]]
     more = f" and {len(layers) - 2} more" if len(layers) > 2 else ""
     return (f"the model has batch-statistics layers ({', '.join(layers[:2])}{more}): "
             + "; ".join(reasons))
+
+
+def relaunch_warning(layers: list[str], old: Mapping[str, Any],
+                     new: Mapping[str, Any]) -> str | None:
+    """What a relaunch that changes how an update is cut changes beyond its keys, for a model
+    with batch-statistics layers (recorded when the campaign was planned)."""
+    keys = ("microbatch", "accumulation", "replicas")
+    before, after = (dict(c.get("loop") or {}) for c in (old, new))
+    changed = [f"loop.{k} {before.get(k, 1)} -> {after.get(k, 1)}" for k in keys
+               if before.get(k, 1) != after.get(k, 1)]
+    if not layers or not changed:
+        return None
+    more = f" and {len(layers) - 2} more" if len(layers) > 2 else ""
+    return (f"the model has batch-statistics layers ({', '.join(layers[:2])}{more}): the "
+            f"relaunch's {', '.join(changed)} changes the statistics each example is normalised "
+            "by, not only the key it sets")

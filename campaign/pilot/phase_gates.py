@@ -28,7 +28,7 @@ from campaign.host.calls import FreshProcessFailed, run_module
 from campaign.ledger import Ledger
 from campaign.ledger.canonical import canonical_json
 from campaign.loop import checkpoint as ckpt
-from campaign.loop.batch_stats import accumulation_warning, batch_stat_layers
+from campaign.loop.batch_stats import accumulation_warning, batch_stat_layers, coupled_layers
 from campaign.loop.data import describe_inputs, gate_view
 from campaign.loop.measure import PhaseRecord, Probe
 from campaign.loop.replay import replay_file_in_subprocess, write_final
@@ -233,7 +233,9 @@ class PilotRun:
         if broken:
             raise PhaseFailure(f"non-finite gradients in {', '.join(broken[:6])}")
         note = f"; frozen (requires_grad=False): {', '.join(frozen[:6])}" if frozen else ""
-        inexact = accumulation_warning(batch_stat_layers(session.model), [self.config])
+        layers = batch_stat_layers(session.model) or coupled_layers(
+            session.task, session.model, self.worst, session.device, session.autocast)
+        inexact = accumulation_warning(layers, [self.config])
         note += f" (warning: {inexact})" if inexact else ""
         return f"{len(names) - len(frozen)} parameters got finite gradients{note}"
 

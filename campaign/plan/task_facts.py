@@ -19,7 +19,8 @@ def task_facts(task: str, control: dict[str, Any], configs: list[dict[str, Any]]
     or why it cannot tell), whether the control's config builds a task that keeps the
     contract and passes its own ``plan_problem()`` for every variant's task config
     (``contract``: the problem or None), the metrics it declares (``metrics``) and
-    whether batch-statistics layers make accumulation inexact (``batch_stats``, a warning);
+    whether batch-statistics layers make accumulation inexact (``batch_stats``, a warning;
+    ``layers``, those layers);
     or, alone, a ``task.*`` key its declared schema refuses (``keys``: [key, message])."""
     from campaign.errors import TaskContractError
     from campaign.loop.batch_stats import accumulation_warning, layers_on_meta
@@ -39,8 +40,7 @@ def task_facts(task: str, control: dict[str, Any], configs: list[dict[str, Any]]
     try:
         built = build_task(task, copy.deepcopy(control))
         metrics = declared_metrics(built)
-        if accumulation_warning(["?"], configs):  # only then is the model's make-up asked
-            layers = layers_on_meta(built)
+        layers = layers_on_meta(built)  # recorded: a relaunch's cut of an update is warned of
         contract = splits_problem(built) or plan_problem(built)
         seen = {canonical_json(control["task"])}
         for name, config in zip(variants or [], configs, strict=False):
@@ -54,7 +54,7 @@ def task_facts(task: str, control: dict[str, Any], configs: list[dict[str, Any]]
                     f"{type(error).__name__}: {error}")
     warning = accumulation_warning(layers or [], configs)
     return {"reference": None, "sizes": sizes, "contract": contract, "metrics": metrics,
-            "batch_stats": warning}
+            "batch_stats": warning, "layers": layers or []}
 
 
 def train_size(task: str, config: dict[str, Any]) -> int | str:

@@ -69,3 +69,55 @@ def test_plan_and_the_pilot_warn_on_a_batchnorm_model(ledger: Ledger, tmp_path: 
     backward = next(r for r in records if r.phase == "backward")
     assert backward.verdict == "pass"
     assert "(warning: the model has batch-statistics layers" in backward.detail
+
+
+def test_every_batch_statistics_layer_is_named() -> None:
+    """Running statistics or not: a BatchNorm without them normalises by the batch in
+    evaluation too; a SyncBatchNorm shares its statistics across replicas, not microbatches."""
+    untracked = torch.nn.Sequential(torch.nn.Linear(4, 8),
+                                    torch.nn.BatchNorm1d(8, track_running_stats=False))
+    assert batch_stat_layers(untracked) == ["1 (BatchNorm1d)"]
+    synced = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.SyncBatchNorm(8))
+    assert batch_stat_layers(synced) == ["1 (SyncBatchNorm)"]
+    replicated = [{"loop": {"microbatch": 8, "accumulation": 1, "replicas": 2}}]
+    warned = accumulation_warning(["1 (BatchNorm1d)"], replicated)
+    assert warned is not None and "replicas 2 normalise each replica's microbatch" in warned
+    assert accumulation_warning(["1 (SyncBatchNorm)"], replicated) is None
+
+
+def test_a_tasks_own_batch_mean_layer_is_found_by_running_it() -> None:
+    from campaign.loop.batch_stats import coupled_layers
+    from campaign.loop.task import build_task
+
+    config = {"task": {"limit": 64}}
+    task = build_task("tests.support.tasks.normed:centred", config)
+    model = task.model()
+    examples = list(task.splits()["train"])[:16]
+    state = torch.get_rng_state()
+    found = coupled_layers(task, model, examples, torch.device("cpu"))
+    assert found and found[0].startswith("1 (BatchMean")
+    assert torch.equal(torch.get_rng_state(), state) and model.training
+    plain = build_task("campaign.tasks.digits:build", config)  # dropout is not coupling
+    assert coupled_layers(plain, plain.model(), examples, torch.device("cpu")) == []
+    normed = build_task("tests.support.tasks.normed:build", config)
+    bn_model = normed.model()
+    before = bn_model[1].running_mean.clone()
+    assert coupled_layers(normed, bn_model, examples, torch.device("cpu"))
+    assert torch.equal(bn_model[1].running_mean, before)  # the probe changed no statistic
+
+
+def test_a_relaunch_that_recuts_the_update_of_a_batchnorm_model_is_warned(
+        ledger: Ledger, tmp_path: Path, sqlite_url: str) -> None:
+    spec = tmp_path / "normed.toml"
+    spec.write_text(SPEC.read_text().replace("tests.support.tasks.tiny:build",
+                                             "tests.support.tasks.normed:build"))
+    assert CliRunner().invoke(main, ["--ledger", sqlite_url, "plan", str(spec)]).exit_code == 0
+    with Ledger.open(sqlite_url) as opened:
+        run_id = opened.runs("digits-lr").iloc[0]["run_id"]
+    recut = CliRunner().invoke(main, ["--ledger", sqlite_url, "relaunch", run_id, "--set",
+                                      "loop.accumulation=2", "--reason", "memory"])
+    assert recut.exit_code == 0, recut.stderr
+    assert "relaunch's loop.accumulation" in recut.stderr and "(BatchNorm1d)" in recut.stderr
+    same = CliRunner().invoke(main, ["--ledger", sqlite_url, "relaunch", run_id, "--set",
+                                     "optimizer.lr=0.5", "--reason", "rate"])
+    assert same.exit_code == 0 and "batch-statistics" not in same.stderr
