@@ -68,7 +68,7 @@ def check_data(
         *_labels(task, splits),
         *check_targets(task, splits),
         _masks_match_lengths(batches),
-        _prompt_out_of_loss(batches),
+        _prompt_out_of_loss(batches, splits),
         _truncation(batches, allow_cut),
         declared_randomness(task, datasets["train"]),
     ]
@@ -160,7 +160,20 @@ def _masks_match_lengths(batches: Mapping[str, list[dict[str, Any]]]) -> Finding
     return Finding("masks_match_lengths", True, f"{rows} examples: targets only within lengths")
 
 
-def _prompt_out_of_loss(batches: Mapping[str, list[dict[str, Any]]]) -> Finding:
+def _prompt_out_of_loss(batches: Mapping[str, list[dict[str, Any]]],
+                        splits: Mapping[str, list[dict[str, Any]]]) -> Finding:
+    unbounded = [name for name, split in batches.items()
+                 if any("targets" in b and "prompt_lengths" not in b for b in split)
+                 and any("prompt" in e for e in splits.get(name, []))]
+    if unbounded:  # the prompt may be in the loss and nothing could tell
+        return Finding(
+            "prompt_out_of_loss", False,
+            f"the {'/'.join(unbounded)} examples have a 'prompt' but their batches give "
+            "token targets without 'prompt_lengths': whether the prompt is in the loss "
+            "cannot be checked",
+            "give each batch 'prompt_lengths' (the prompt's tokens per row) and set the "
+            "prompt's targets to -100",
+        )
     leaking, rows = [], 0
     for batch in (b for split in batches.values() for b in split):
         if "targets" not in batch or "prompt_lengths" not in batch:

@@ -11,6 +11,8 @@ with what the example says it is:
 
 - ``classes[label]`` when the example has a ``label`` and the task a
   ``classes`` table (the conventions of docs/tasks.md);
+- else, for a regression, the example's value under the task's ``target`` key (``"y"``:
+  the field its loss reads, whatever its name);
 - else the example's ``target`` (a generative task states its expected output).
 
 A generative task whose ``predict()`` generates (slow: a model call per token)
@@ -41,6 +43,7 @@ CHUNK = 64
 def check_targets(task: TaskContract, splits: Mapping[str, Sequence[dict[str, Any]]]) -> list[Any]:
     """One finding per split that has something to compare (see the module docstring)."""
     classes = getattr(task, "classes", None)
+    key = _regression_key(task)
     model = _LazyModel(task)  # built only if predict() is asked (not for targets_at_loss)
     findings = []
     for name, examples in splits.items():
@@ -58,7 +61,7 @@ def check_targets(task: TaskContract, splits: Mapping[str, Sequence[dict[str, An
                                     "make predict() report every example's target"))
             continue
         # A target cut by max_length is the truncation check's finding.
-        expected = {e["id"]: _expected(e, classes) for e in chosen if e["id"] not in cut}
+        expected = {e["id"]: _expected(e, classes, key) for e in chosen if e["id"] not in cut}
         declared = f" (a seeded sample of {len(chosen)} of {len(examples)})" if len(
             chosen) < len(examples) else ""
         problem = _compare(expected, seen) or _degenerate(chosen, expected, seen)
@@ -94,15 +97,31 @@ def _sample(examples: list[dict[str, Any]], split: str) -> list[dict[str, Any]]:
     return random.Random(f"labels-{split}").sample(examples, SAMPLE)
 
 
-def _expected(example: Mapping[str, Any], classes: Sequence[Any] | None) -> Any:
+def _regression_key(task: TaskContract) -> str:
+    """The example key a regression's target is read from: the task's ``target`` (the
+    ``campaign.Task`` field its loss and predict() read, ``"y"`` say), else ``"target"``."""
+    key = getattr(task, "target", None)
+    regression = getattr(task, "kind", None) == "regression"
+    return key if regression and isinstance(key, str) and key else "target"
+
+
+def _expected(example: Mapping[str, Any], classes: Sequence[Any] | None,
+              key: str = "target") -> Any:
     """The target strings ``predict()`` may report for ``example`` (the class name or the
-    label id itself), or None when the example states nothing to compare."""
+    label id itself, a regression's value under ``key``), or None when the example states
+    nothing to compare."""
     if "label" in example and classes is not None:
         label = int(example["label"])
         return (str(classes[label]), str(label)) if 0 <= label < len(classes) else None
-    if "target" in example:
-        return (str(example["target"]),)
+    for name in dict.fromkeys((key, "target")):
+        if name in example and _scalar(example[name]):
+            return (str(float(example[name])) if key != "target" else str(example[name]),)
     return None
+
+
+def _scalar(value: Any) -> bool:
+    """Text or one number (an array target is compared by predict() only)."""
+    return isinstance(value, str | int | float) or getattr(value, "ndim", 1) == 0
 
 
 def _matches(seen: str, accepted: tuple[str, ...]) -> bool:

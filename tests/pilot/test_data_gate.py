@@ -197,3 +197,22 @@ def test_an_example_may_name_several_leakage_units() -> None:
     only_group = {"train": [{"id": "a", "group": "week-8"}],
                   "val": [{"id": "b", "group": "week-9"}]}
     assert groups_disjoint(only_group).ok  # one unit each: what the gate saw before
+
+
+def test_a_regression_target_scaled_in_collate_fails_whatever_its_key() -> None:
+    """The line task's target is ``y``, not ``target``: still compared at the loss."""
+    config = {"loop": {}, "task": {"collate_scale": 10.0}}
+    failures = _failures("tests.support.tasks.line:build", config)
+    assert "labels_at_loss[train]" in failures and "differ from the examples'" in failures[
+        "labels_at_loss[train]"]
+    assert _failures("tests.support.tasks.line:build", {"loop": {}, "task": {}}) == {}
+
+
+@pytest.mark.parametrize("fault", ["no_prompt_lengths", "prompt_in_loss_unbounded"])
+def test_a_generative_batch_without_a_prompt_boundary_fails_the_gate(fault: str) -> None:
+    """Examples with a 'prompt' whose batches give no 'prompt_lengths': the prompt may be in
+    the loss (it is, in the second) and nothing could tell; a gate failure, not a pass."""
+    config = {"task": {**ARITHMETIC["task"], "fault": fault}, "loop": {}}
+    failures = _failures("tests.support.tasks.broken:arithmetic", config)
+    assert "prompt_out_of_loss" in failures
+    assert "without 'prompt_lengths'" in failures["prompt_out_of_loss"]

@@ -48,7 +48,7 @@ class BrokenArithmetic(ArithmeticTask):
 
     def encode(self, example: dict[str, Any]) -> tuple[list[int], list[int], bool]:
         inputs, targets, cut = super().encode(example)
-        if self.fault == "prompt_in_loss":  # forgets to mask the prompt
+        if self.fault in ("prompt_in_loss", "prompt_in_loss_unbounded"):  # prompt not masked
             targets = [t if t != IGNORE else 0 for t in targets]
             targets = [
                 inputs[i + 1] if i + 1 < len(inputs) and t == 0 else t
@@ -67,6 +67,8 @@ class BrokenArithmetic(ArithmeticTask):
                 batch["prompt_lengths"].unsqueeze(1) - 1)
             batch["targets"][:, :-1] = torch.where(prompt | within, shifted,
                                                    batch["targets"][:, :-1])
+        if self.fault in ("no_prompt_lengths", "prompt_in_loss_unbounded"):  # no boundary given
+            del batch["prompt_lengths"]
         return batch
 
 
