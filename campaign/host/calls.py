@@ -52,15 +52,18 @@ def target_of(function: Callable[..., Any]) -> str:
 
 def start(function: Callable[..., Any], args: Sequence[Any], *, follow: int | None = None,
           stop_with: bool = False, result: Path | None = None, task: str | None = None,
-          env: Mapping[str, str] | None = None, preload: Sequence[str] = ()) -> Child:
+          env: Mapping[str, str] | None = None, preload: Sequence[str] = (),
+          title: str | None = None) -> Child:
     """A child that calls ``function(*args)``, started now; the caller watches it. ``preload``:
     modules the host imports once before it forks (inherited by every later child); ``task``:
-    the task reference, whose declared preloads the host imports the same way."""
+    the task reference, whose declared preloads the host imports the same way; ``title``:
+    what ``ps`` shows for it (a run's id), else what it calls."""
     request = {"kind": "call", "target": target_of(function), "args": list(args),
                "cwd": os.getcwd(),
                "env": dict(os.environ if env is None else env), "path": list(sys.path),
                "result": str(result) if result else None, "follow": follow,
-               "stop_with": stop_with, "task": task, "preload": list(preload)}
+               "stop_with": stop_with, "task": task, "preload": list(preload),
+               "title": title or f"campaign: {target_of(function)}"}
     return client.current().start(request)
 
 
@@ -85,7 +88,7 @@ def begin(function: Callable[..., Any], *args: Any, what: str,
     result = Path(folder.name) / "result.json"
     try:
         child = _started(lambda: start(function, args, follow=os.getpid(), result=result,
-                                       task=task, preload=preload))
+                                       task=task, preload=preload, title=f"campaign: {what}"))
     except BaseException:
         folder.cleanup()
         raise
@@ -185,7 +188,8 @@ def run_module(
         request = {"kind": "module", "module": arguments[1], "argv": list(arguments[2:]),
                    "cwd": os.getcwd(), "env": environment, "stdout": str(out),
                    "stderr": str(err), "follow": os.getpid(), "task": task,
-                   "preload": [*CHECK_PRELOAD, *preload]}
+                   "preload": [*CHECK_PRELOAD, *preload],
+                   "title": f"campaign: python -m {' '.join(arguments[1:])}"}
         child = _started(lambda: client.current().start(request), fresh=True)
         try:
             returncode = child.join(timeout_s)

@@ -51,6 +51,7 @@ def become(request: dict[str, Any], connection: int, host_fds: Sequence[int],
             with contextlib.suppress(OSError):
                 os.close(fd)
         client.adopt(connection)
+        _title(request.get("title"))
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
@@ -103,6 +104,17 @@ def _standard_streams(request: dict[str, Any]) -> None:
             os.dup2(2, 1)
     sys.stdout = open(1, "w", closefd=False, buffering=1)  # noqa: SIM115 - the child's own
     sys.stderr = open(2, "w", closefd=False, buffering=1)  # noqa: SIM115
+
+
+def _title(title: str | None) -> None:
+    """What ``ps`` and ``top`` show for this child: its run or its call, not the host's
+    ``python -m campaign.host.host_process`` that every child would otherwise repeat."""
+    if not title:
+        return
+    with contextlib.suppress(Exception):  # a title is a courtesy, never a failure
+        import setproctitle
+
+        setproctitle.setproctitle(title)
 
 
 def _run_module(request: dict[str, Any]) -> int:

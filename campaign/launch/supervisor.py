@@ -111,7 +111,8 @@ def supervise(
             try:
                 child = calls.start(run_child, [job.document()],
                                     follow=os.getpid(), stop_with=True, env=environment,
-                                    task=task, preload=RUN_PRELOAD)
+                                    task=task, preload=RUN_PRELOAD,
+                                    title=f"campaign run {claim.run_id}")
             except HostError as error:  # a claimed run must still end, and say why
                 detail = f"the task host could not start the run's process: {error}"
                 ledger.finish(claim.run_id, "failed", StopRecord("exception", 0, "setup", detail),

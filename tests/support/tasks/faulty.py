@@ -20,6 +20,7 @@ class FaultyDigits(DigitsTask):
     def __init__(self, config: dict[str, Any]) -> None:
         super().__init__(config)
         self.fault = config["task"].get("fault")
+        self.config_task = dict(config["task"])
         self.at = int(config["task"].get("at", 3))
         self.sleep = float(config["task"].get("sleep", 0.0))
         self.marker = config["task"].get("marker")
@@ -52,6 +53,10 @@ class FaultyDigits(DigitsTask):
         if self.sleep:
             time.sleep(self.sleep)
         total, units = super().loss(model, batch)
+        title_file = self.config_task.get("title_to")  # what ps shows for this process
+        if title_file and not os.path.exists(title_file):
+            with open("/proc/self/cmdline", "rb") as shown, open(title_file, "wb") as out:
+                out.write(shown.read())
         if self.calls >= self.at and model.training:
             if self.fault == "nan":
                 total = total * float("nan")
