@@ -53,7 +53,7 @@ def target_of(function: Callable[..., Any]) -> str:
 def start(function: Callable[..., Any], args: Sequence[Any], *, follow: int | None = None,
           stop_with: bool = False, result: Path | None = None, task: str | None = None,
           env: Mapping[str, str] | None = None, preload: Sequence[str] = (),
-          title: str | None = None) -> Child:
+          title: str | None = None, log: Path | None = None) -> Child:
     """A child that calls ``function(*args)``, started now; the caller watches it. ``preload``:
     modules the host imports once before it forks (inherited by every later child); ``task``:
     the task reference, whose declared preloads the host imports the same way; ``title``:
@@ -63,7 +63,8 @@ def start(function: Callable[..., Any], args: Sequence[Any], *, follow: int | No
                "env": dict(os.environ if env is None else env), "path": list(sys.path),
                "result": str(result) if result else None, "follow": follow,
                "stop_with": stop_with, "task": task, "preload": list(preload),
-               "title": title or f"campaign: {target_of(function)}"}
+               "title": title or f"campaign: {target_of(function)}",
+               "log": str(log) if log else None}
     return client.current().start(request)
 
 
@@ -80,15 +81,17 @@ def call(function: Callable[..., Any], *args: Any, what: str,
 
 def begin(function: Callable[..., Any], *args: Any, what: str,
           timeout_s: float | None = None, task: str | None = None,
-          preload: Sequence[str] = ()) -> Pending:
+          preload: Sequence[str] = (), log: Path | None = None) -> Pending:
     """:func:`call` started now, answered by :meth:`Pending.result` (the caller works on
-    meanwhile: a second core imports the user's task while the host imports torch's rest)."""
+    meanwhile: a second core imports the user's task while the host imports torch's rest).
+    ``log``: a file the child's output is appended to (a run's replay: the run's log)."""
     limit = timeout() if timeout_s is None else timeout_s
     folder = tempfile.TemporaryDirectory(prefix="campaign-call-")
     result = Path(folder.name) / "result.json"
     try:
         child = _started(lambda: start(function, args, follow=os.getpid(), result=result,
-                                       task=task, preload=preload, title=f"campaign: {what}"))
+                                       task=task, preload=preload, title=f"campaign: {what}",
+                                       log=log))
     except BaseException:
         folder.cleanup()
         raise

@@ -89,11 +89,16 @@ def _threads_as_a_new_interpreter(default: int | None) -> None:
 
 
 def _standard_streams(request: dict[str, Any]) -> None:
-    """stdin from /dev/null; stdout and stderr to the request's files, else both to the host's
-    stderr (the owner's): a child's prints never reach an answer channel or a command's stdout."""
+    """stdin from /dev/null; stdout and stderr to the request's files (or both appended to its
+    ``log``), else both to the host's stderr (the owner's): a child's prints never reach an
+    answer channel or a command's stdout."""
     nothing = os.open(os.devnull, os.O_RDONLY)
     os.dup2(nothing, 0)
     os.close(nothing)
+    if request.get("log"):  # both streams appended to a run's log (its replay's prints)
+        opened = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(opened, 2)
+        os.close(opened)
     for fd, key in ((2, "stderr"), (1, "stdout")):
         path = request.get(key)
         if path:

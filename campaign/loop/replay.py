@@ -232,10 +232,11 @@ class EarlyReplay:
     otherwise. A replay child killed by a signal is retried once, in a new child."""
 
     def __init__(self, ledger: Ledger, run_id: str, task_reference: str,
-                 device: str = "cpu") -> None:
+                 device: str = "cpu", log: Path | None = None) -> None:
         url = ledger.engine.url
         self.url, self.run_id, self.task_reference, self.device = (
             url.render_as_string(hide_password=False), run_id, task_reference, device)
+        self.log = log  # where the replay's prints go: the run's log, not a terminal
         self.why_not: str | None = None
         self.pending: Pending | None = None
         if url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:"):
@@ -245,7 +246,7 @@ class EarlyReplay:
         self.go = Path(self.folder.name) / "go"
         self.pending = begin(replay_when_told, self.url, run_id, task_reference, str(self.go),
                              device, task=task_reference, what=f"replaying run {run_id}",
-                             timeout_s=RUN_LIFETIME_S)
+                             timeout_s=RUN_LIFETIME_S, log=log)
 
     def result(self) -> ReplayProblem | None:
         """Replay now. None when it answered (identical or not: the replay records its own
@@ -274,7 +275,7 @@ class EarlyReplay:
             try:
                 again = begin(replay_recorded, self.url, self.run_id, self.device, True,
                               task=self.task_reference, what=f"replaying run {self.run_id}",
-                              timeout_s=REPLAY_TIMEOUT_S)
+                              timeout_s=REPLAY_TIMEOUT_S, log=self.log)
             except CampaignError as error:
                 return ReplayProblem("interrupted", f"its process was killed by {killed}; "
                                      f"the retry could not start: {error}")

@@ -132,7 +132,7 @@ class RunLoop:
             return
         if self.replay_in_subprocess:  # its fresh child imports the task while this one trains
             self.replay = EarlyReplay(self.ledger, self.run_id, self.task_reference,
-                                      str(self.device))  # on the training device, if here
+                                      str(self.device), self.log)  # on the training device
         point = self._resume or ResumePoint(None)
         if self._claim is None and self.record.status in ("interrupted", "lost"):
             # Chosen and verified before the run leaves its status: a bad checkpoint changes

@@ -111,6 +111,8 @@ class FaultyDigits(DigitsTask):
         after the final artifact was written and recorded, before the run's end. With
         ``"killed_replays"``: the first ``task.at`` replays are killed (counted in the marker)."""
         replaying = any(frame.function == "replay_artifact" for frame in inspect.stack())
+        if self.fault == "say_in_replay" and replaying:  # a task's print in its replay
+            print(f"REPLAY-SAYS pid {os.getpid()}", flush=True)
         if self.fault == "killed_replays" and replaying and self.marker:
             counter = Path(self.marker)
             seen = int(counter.read_text() or 0) if counter.exists() else 0
