@@ -8,7 +8,8 @@ final artifacts (safetensors) of every run, the pilot's phase table, the notes, 
 report, a README on how to reload and replay, and ``MANIFEST.json``: the
 SHA-256 and size of every other member. Artifacts are verified against the
 ledger's hashes before they are packed (a file that changed since is
-refused). ``campaign verify-archive`` streams every member (nothing is
+refused), and every file (artifacts, data) is streamed into the archive in
+blocks and hashed again on the way: none is held whole in memory. ``campaign verify-archive`` streams every member (nothing is
 extracted to disk, nothing held whole in memory) and checks it against the
 manifest: a flipped byte, a missing, unlisted, duplicated or oversized member,
 a link or a name that leaves the archive's folder is named.
@@ -21,6 +22,7 @@ import io
 import json
 import tarfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,7 @@ from campaign.report.atomic import check_target, write_atomically
 from campaign.report.balance import balance_sheet
 from campaign.report.inputs import campaign_inputs
 from campaign.report.render import html
+from campaign.stack.project import sha256_file
 from campaign.stack.provenance import unread_problem
 
 MANIFEST = "MANIFEST.json"
@@ -50,10 +53,13 @@ def write_archive(ledger: Ledger, campaign: str, output: Path,
     record = ledger.campaign(campaign)
     runs = ledger.runs(campaign)
     root = f"{campaign}-archive"
-    members: dict[str, bytes] = {}
+    members: dict[str, bytes | StreamedFile] = {}  # a file is streamed, never held whole
 
     def add(name: str, data: bytes) -> None:
         members[f"{root}/{name}"] = data
+
+    def add_file(name: str, path: Path, sha256: str, size: int) -> None:
+        members[f"{root}/{name}"] = StreamedFile(path, sha256, size)
 
     add("spec.json", record.spec.encode())  # the text the ledger hashed, byte for byte
     add("campaign.json", _json({"name": record.name, "question": record.question,
@@ -81,14 +87,14 @@ def write_archive(ledger: Ledger, campaign: str, output: Path,
         if unread is not None:  # (a FIFO in its place hung the archive for ever)
             raise ArchiveError(f"artifact {artifact.id} of run {artifact.run_id}: "
                                f"{artifact.path} {unread}: refused unread")
-        data = Path(artifact.path).read_bytes()
-        if hashlib.sha256(data).hexdigest() != artifact.sha256:
+        if sha256_file(Path(artifact.path)) != artifact.sha256:
             raise ArchiveError(f"artifact {artifact.id} of run {artifact.run_id}: {artifact.path} "
                                "no longer matches the ledger's SHA-256: refused")
         folder = FOLDERS[artifact.kind]
-        add(f"{folder}/{artifact.run_id}/{Path(artifact.path).name}", data)
+        add_file(f"{folder}/{artifact.run_id}/{Path(artifact.path).name}", Path(artifact.path),
+                 artifact.sha256, int(artifact.bytes))
     try:
-        inputs_document = pack_inputs(runs, list(packed["path"]), add, data_limit,
+        inputs_document = pack_inputs(runs, list(packed["path"]), add, add_file, data_limit,
                                       " ".join(events["detail"].astype(str)))
     except InputsChanged as error:
         raise ArchiveError(str(error)) from None
@@ -98,8 +104,7 @@ def write_archive(ledger: Ledger, campaign: str, output: Path,
     add("README.md", _readme(record.name, record.task).encode())
     manifest = {
         "campaign": record.name, "spec_sha256": record.spec_sha256,
-        "members": {name: {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
-                    for name, data in sorted(members.items())},
+        "members": {name: _listed(data) for name, data in sorted(members.items())},
     }
     members = {f"{root}/{MANIFEST}": _json(manifest), **members}  # first: checked before the rest
 
@@ -107,10 +112,51 @@ def write_archive(ledger: Ledger, campaign: str, output: Path,
         with tarfile.open(temporary, "w:gz") as tar:
             for name, data in members.items():
                 info = tarfile.TarInfo(name)
-                info.size, info.mtime, info.mode = len(data), int(time.time()), 0o644
-                tar.addfile(info, io.BytesIO(data))
+                info.mtime, info.mode = int(time.time()), 0o644
+                if isinstance(data, StreamedFile):
+                    info.size = data.size
+                    with open(data.path, "rb") as handle:
+                        checked = _Checked(handle)
+                        try:
+                            tar.addfile(info, checked)
+                        except OSError:  # shorter than its header promised
+                            checked.digest.update(b"truncated")
+                    if checked.digest.hexdigest() != data.sha256:
+                        raise ArchiveError(f"{data.path} changed while it was archived: "
+                                           "refused (archive again)")
+                else:
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
 
     return write_atomically(output, packed_into, inputs)
+
+
+@dataclass(frozen=True)
+class StreamedFile:
+    """A member packed from a file in blocks, with the hash and size it was checked to have."""
+
+    path: Path
+    sha256: str
+    size: int
+
+
+class _Checked(io.RawIOBase):
+    """A file read through, hashed on the way (a file changed between its check and its
+    packing is caught: its tar header already promised the size it had)."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle, self.digest = handle, hashlib.sha256()
+
+    def read(self, size: int = -1) -> bytes:
+        block = self.handle.read(size)
+        self.digest.update(block)
+        return block
+
+
+def _listed(data: bytes | StreamedFile) -> dict[str, Any]:
+    if isinstance(data, StreamedFile):
+        return {"sha256": data.sha256, "bytes": data.size}
+    return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
 
 
 def _json(document: Any) -> bytes:

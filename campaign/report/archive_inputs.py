@@ -36,23 +36,26 @@ class InputsChanged(Exception):
 
 
 def pack_inputs(runs: pd.DataFrame, artifact_paths: list[str], add: Callable[[str, bytes], None],
-                data_limit: int = DATA_LIMIT, events_text: str = "") -> dict[str, Any]:
-    """Add every input of ``runs`` through ``add(name, bytes)``; return ``inputs.json``.
-    ``events_text`` is the runs' event details, where a trained tokenizer's hash is named."""
+                add_file: Callable[[str, Path, str, int], None], data_limit: int = DATA_LIMIT,
+                events_text: str = "") -> dict[str, Any]:
+    """Add every input of ``runs`` through ``add(name, bytes)`` (a data file through
+    ``add_file(name, path, sha256, size)``: streamed, never read whole); return
+    ``inputs.json``. ``events_text`` is the runs' event details, where a trained tokenizer's
+    hash is named."""
     sources = _pack_sources(runs, add)
     data, packed_bytes = [], 0
     for entry in _data_entries(runs):
         files = _files(entry.pop("resolved_path"))
         member_files = []
         for path, relative in files:
-            content = path.read_bytes()
-            digest = hashlib.sha256(content).hexdigest()
+            size = path.stat().st_size
+            digest = sha256_file(path)
             member = None
-            if packed_bytes + len(content) <= data_limit:
+            if packed_bytes + size <= data_limit:
                 member = f"inputs/{entry['member_root']}/{relative}".rstrip("/")
-                add(member, content)
-                packed_bytes += len(content)
-            member_files.append({"file": relative, "sha256": digest, "bytes": len(content),
+                add_file(member, path, digest, size)
+                packed_bytes += size
+            member_files.append({"file": relative, "sha256": digest, "bytes": size,
                                  "member": member})
         data.append({**entry, "files": member_files})
     tokenizers = []

@@ -263,3 +263,47 @@ def test_reproduce_of_the_ported_project_is_bit_for_bit(
     assert (work / f"original_script_{engine}.py").is_file()
     assert (work / "data" / "points.csv").is_file()
     assert f"original_script_{engine}.py (sha256" in done.stderr
+
+
+ARCHIVE_PEAK = """
+import sys, tracemalloc
+from click.testing import CliRunner
+from campaign.cli import main
+tracemalloc.start()
+done = CliRunner().invoke(main, sys.argv[1:])
+assert done.exit_code == 0, done.output
+print(tracemalloc.get_traced_memory()[1] // 1024)
+"""
+
+
+@pytest.mark.slow
+def test_the_archive_streams_a_large_input_and_holds_no_member_whole(tmp_path: Path) -> None:
+    """A 96 MiB data file named by a task setting is packed in blocks: the peak of what the
+    archiving process allocates is within 40 MiB of the same campaign's archive without the
+    file (it read the file whole, and held every member whole, before)."""
+    import subprocess
+    import sys
+
+    folder = tmp_path / NAME
+    _project(folder, "stream")
+    (folder / "blob.bin").write_bytes(b"\0" * (96 << 20))
+    spec = folder / "spec.toml"
+    spec.write_text(spec.read_text().replace('"optimizer.lr" = 1e-2\n\n[validation]',
+                                             '"optimizer.lr" = 1e-2\n"task.blob" = "blob.bin"'
+                                             '\n\n[validation]', 1))
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    next(_trained(folder, url))
+
+    def peak(*extra: str) -> int:
+        done = subprocess.run([sys.executable, "-c", ARCHIVE_PEAK, "--ledger", url, "archive",
+                               NAME, "--output", str(tmp_path / f"a{len(extra)}.tar.gz"),
+                               *extra], cwd=folder, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return int(done.stdout.strip().splitlines()[-1])  # KiB, traced by tracemalloc
+
+    (folder / "blob.bin").rename(tmp_path / "away.bin")
+    without = peak("--data-limit", "0")
+    (tmp_path / "away.bin").rename(folder / "blob.bin")
+    packed = peak()
+    assert "inputs/blob.bin" in _members(tmp_path / "a0.tar.gz")
+    assert (packed - without) / 1024 < 40, f"{(packed - without) / 1024:.0f} MiB more"
