@@ -31,12 +31,11 @@ from campaign import errors
 from campaign.errors import HostedError, TaskContractError
 from campaign.host import client
 from campaign.host.client import Child, HostError
-from campaign.host.processes import ended_how
+from campaign.host.processes import TIMEOUT_ENV, ended_how
 
 # What a fresh check (the pilot's resume check, a replay) needs beyond its own module, which the
 # host imports anyway: it builds an optimizer or loads weights.
 CHECK_PRELOAD = ("torch._dynamo", "safetensors.torch")
-TIMEOUT_ENV = "CAMPAIGN_TASK_TIMEOUT_S"
 ANSWER_VARIABLE = "CAMPAIGN_ANSWER_FILE"  # where a fresh child writes its JSON answer
 DEFAULT_TIMEOUT_S = 300.0
 

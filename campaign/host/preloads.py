@@ -26,7 +26,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from campaign.host.processes import HOST_SIGNALS, kill_group, leave_host
+from campaign.host.processes import HOST_SIGNALS, TIMEOUT_ENV, kill_group, leave_host
 
 PROBE_LIMIT_S = 60.0  # a user's declared library that takes longer to import is not preloaded
 IMPORTED = 57  # the probe's exit code once the import returned (not one a library exits with)
@@ -55,7 +55,7 @@ class Preloads:
                 if name in sys.modules:
                     continue
                 if name not in self.verdicts:
-                    self.verdicts[name] = _imports_cleanly(name)
+                    self.verdicts[name] = _imports_cleanly(name, probe_limit(request))
                 if self.verdicts[name]:
                     _import(name)
 
@@ -172,8 +172,20 @@ def _import(name: str) -> None:
         importlib.import_module(name)
 
 
-def _imports_cleanly(name: str) -> bool:
-    """Whether a forked probe imports ``name`` within ``PROBE_LIMIT_S`` and returns from the
+def probe_limit(request: dict[str, Any]) -> float:
+    """How long a probe may take: ``PROBE_LIMIT_S``, or less where the requester's
+    ``CAMPAIGN_TASK_TIMEOUT_S`` says so (a hung library made a command with a 5 s limit wait
+    the host's 60 s before its own child even started)."""
+    text = str(request.get("env", {}).get(TIMEOUT_ENV, ""))
+    try:
+        asked = float(text)
+    except ValueError:
+        return PROBE_LIMIT_S
+    return min(PROBE_LIMIT_S, asked) if asked > 0 else PROBE_LIMIT_S
+
+
+def _imports_cleanly(name: str, limit: float | None = None) -> bool:
+    """Whether a forked probe imports ``name`` within ``limit`` and returns from the
     import (its own exit code, so a library that exits 0 at import does not pass): only then
     does the host import it itself. (Threads are not counted: a numerical library's BLAS
     pool starts at import, as numpy's and torch's own do in the host.)"""
@@ -196,7 +208,7 @@ def _imports_cleanly(name: str) -> bool:
             os._exit(code)
     with contextlib.suppress(OSError):
         os.setpgid(pid, pid)
-    deadline = time.monotonic() + PROBE_LIMIT_S
+    deadline = time.monotonic() + (PROBE_LIMIT_S if limit is None else limit)
     while time.monotonic() < deadline:
         try:
             done, status = os.waitpid(pid, os.WNOHANG)

@@ -24,6 +24,8 @@ HOST_SIGNALS = (*SCHEDULER_SIGNALS, signal.SIGCHLD)
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 
+TIMEOUT_ENV = "CAMPAIGN_TASK_TIMEOUT_S"  # a guarded call's time limit (host.calls)
+
 
 def become_subreaper() -> bool:
     """Make this process the reaper of its orphaned descendants (PR_SET_CHILD_SUBREAPER): a

@@ -9,7 +9,8 @@ report, a README on how to reload and replay, and ``MANIFEST.json``: the
 SHA-256 and size of every other member. Artifacts are verified against the
 ledger's hashes before they are packed (a file that changed since is
 refused), and every file (artifacts, data) is streamed into the archive in
-blocks and hashed again on the way: none is held whole in memory. ``campaign verify-archive`` streams every member (nothing is
+blocks and hashed again on the way: none is held whole in memory.
+``campaign verify-archive`` streams every member (nothing is
 extracted to disk, nothing held whole in memory) and checks it against the
 manifest: a flipped byte, a missing, unlisted, duplicated or oversized member,
 a link or a name that leaves the archive's folder is named.

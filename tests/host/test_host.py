@@ -291,6 +291,26 @@ def test_a_user_task_names_the_libraries_its_host_imports_once() -> None:
     assert declared_preloads("no.such.module") == []
 
 
+def test_a_declared_library_that_hangs_keeps_to_the_task_time_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The host's probe of a declared library waits no longer than the requester's
+    ``CAMPAIGN_TASK_TIMEOUT_S`` (it waited 60 s whatever the limit): a library that hangs at
+    import ends the call with the limit's error in about twice the limit, the probe's and
+    the child's own."""
+    library = f"hanging_library_{os.getpid()}"
+    (tmp_path / f"{library}.py").write_text("import time\ntime.sleep(120)\n")
+    (tmp_path / "hanging_task.py").write_text(f"PRELOAD = ({library!r},)\n"
+                                              "def build(config):\n    return None\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv(calls.TIMEOUT_ENV, "3")
+    began = time.monotonic()
+    with pytest.raises(TaskContractError, match="did not return within 3 s"):
+        calls.call(importlib.import_module, library, what="importing the task",
+                   task="hanging_task:build")
+    assert time.monotonic() - began < 20
+
+
 def test_a_declared_library_that_exits_at_import_is_never_the_hosts() -> None:
     """The host imports a user's declared library only after a probe child imported it and
     exited 0: one that ends its process at import leaves the host serving, and is not tried
