@@ -31,7 +31,13 @@ from typing import Any, NoReturn
 from campaign.errors import exit_code_of
 from campaign.host import client
 from campaign.host.client import THREAD_VARIABLES
-from campaign.host.processes import HOST_SIGNALS, follow, leave_host
+from campaign.host.processes import (
+    HOST_SIGNALS,
+    become_subreaper,
+    follow,
+    kill_descendants,
+    leave_host,
+)
 
 
 def become(request: dict[str, Any], connection: int, host_fds: Sequence[int],
@@ -41,6 +47,7 @@ def become(request: dict[str, Any], connection: int, host_fds: Sequence[int],
     try:
         if not leave_host():
             os._exit(1)
+        become_subreaper()  # a daemon its task code forks (setsid) stays its descendant
         for signum in HOST_SIGNALS:
             signal.signal(signum, signal.SIG_DFL)
         # No signal blocked: a parent may block some (a Ray worker blocks SIGINT), and a mask
@@ -68,6 +75,8 @@ def become(request: dict[str, Any], connection: int, host_fds: Sequence[int],
         with contextlib.suppress(BaseException):
             sys.stdout.flush()
             sys.stderr.flush()
+        with contextlib.suppress(BaseException):  # nothing it started outlives it (a daemon
+            kill_descendants(os.getpid())  # a task module forked at import outlived `plan`)
         os._exit(code)
 
 

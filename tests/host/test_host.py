@@ -291,6 +291,7 @@ def test_a_user_task_names_the_libraries_its_host_imports_once() -> None:
     assert declared_preloads("no.such.module") == []
 
 
+@pytest.mark.slow
 def test_a_declared_library_that_hangs_keeps_to_the_task_time_limit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -309,6 +310,42 @@ def test_a_declared_library_that_hangs_keeps_to_the_task_time_limit(
         calls.call(importlib.import_module, library, what="importing the task",
                    task="hanging_task:build")
     assert time.monotonic() - began < 20
+
+
+DAEMON = """
+import os, subprocess, sys, time
+helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+with open(PIDS, "a") as out:  # a subprocess, in the child's process group
+    out.write(f"{helper.pid}\\n")
+if os.fork() == 0:  # a daemon: a new session, a double fork, its parent gone
+    os.setsid()
+    if os.fork() == 0:
+        with open(PIDS, "a") as out:
+            out.write(f"{os.getpid()}\\n")
+        time.sleep(300)
+    os._exit(0)
+time.sleep(0.5)
+"""
+
+
+def test_a_daemon_task_code_forks_at_import_ends_with_its_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What `plan` asks the task runs in a guarded child; a daemon the task module starts at
+    import (a subprocess, a setsid double fork) used to outlive the command. The child reaps
+    its orphans (a subreaper) and ends every descendant with itself."""
+    pids = tmp_path / "pids"
+    module = f"daemon_task_{os.getpid()}"
+    (tmp_path / f"{module}.py").write_text(f"PIDS = {str(pids)!r}\n" + DAEMON)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    calls.call(importlib.import_module, module, what="importing the task")
+    started = [int(line) for line in pids.read_text().split()]
+    assert len(started) == 2
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(process_state(p) not in (None, "Z")
+                                              for p in started):
+        time.sleep(0.1)
+    assert all(process_state(p) in (None, "Z") for p in started), started
 
 
 def test_a_declared_library_that_exits_at_import_is_never_the_hosts() -> None:
