@@ -3,8 +3,9 @@
 Per gate class (campaign/gates/classes.py), from its latest passing pilot:
 the median update, validation and checkpoint times and the per-run fixed
 costs the pilot measured (building the task and the model; export with its
-fresh-process replay). The runs still to run are ordered by priority (seed
-by seed, the control first, then the variants in spec order, relaunches
+fresh-process replay), with how far apart its timed updates were (a spread over
+2x is a warning: the pilot ran on a busy machine). The runs still to run are
+ordered by priority (seed by seed, the control first, then the variants in spec order, relaunches
 last) and the sheet says how many fit in a 3-, 7- and 30-day rental. With a
 card's memory it checks each class's measured CUDA peaks (allocated and
 reserved, per device, never added) against it. The projection's arithmetic
@@ -125,6 +126,12 @@ def sizing_sheet(
         if line.get("pilot_id") is None:
             warnings.append(f"gate class {class_id} ({len(members)} runs) has no passing "
                             f"pilot: its runs are not projected (`campaign pilot {campaign}`)")
+        elif (line.get("update_spread") or 0) > NOISY:
+            warnings.append(f"gate class {class_id}: the pilot's {line['update_repetitions']} "
+                            f"timed updates took {line['update_range_s'][0]:g} to "
+                            f"{line['update_range_s'][1]:g} s ({line['update_spread']:g}x apart: "
+                            "the machine was busy); the projection takes their median, and "
+                            "a pilot on a quiet machine measures it better")
         elif target is not None and target.split(":")[0] != line["device"].split(":")[0]:
             warnings.append(f"the pilot ran on {line['device']}, this sheet is for {target}: its "
                             "times and memory are not measurements of that device")
@@ -180,10 +187,28 @@ def _class_line(class_id: str, members: pd.DataFrame, pilots: pd.DataFrame,
         "validation_s": round(figures["validation_s"], 6),
         "checkpoint_s": round(figures["checkpoint_s"], 6),
         "fixed_s": round(figures["fixed_s"], 3),
+        **_update_noise(rows),
         "seconds_per_run": round(sum(seconds.values()) / len(seconds), 3),
         **_memory(rows, gpu_memory),
     })
     return line, [{"gate_class": class_id, **r} for r in phase_table(rows)], seconds
+
+
+NOISY = 2.0  # the slowest of the pilot's timed updates this many times its fastest: said
+
+
+def _update_noise(rows: pd.DataFrame) -> dict[str, Any]:
+    """How far apart the pilot's timed updates were (its median is the projection's update
+    time): the repetitions, their range and the slowest over the fastest. A pilot measured
+    at load once projected ten times the run's real time, with nothing to say so."""
+    update = rows[rows["phase"] == "update"]
+    inputs = update["inputs"].iloc[0] if len(update) else None
+    spread = (inputs or {}).get("range_s") if isinstance(inputs, dict) else None
+    if not isinstance(spread, list) or len(spread) != 2 or not spread[0] > 0:
+        return {}
+    return {"update_repetitions": int(inputs.get("repetitions") or 0),
+            "update_range_s": [float(spread[0]), float(spread[1])],
+            "update_spread": round(float(spread[1]) / float(spread[0]), 2)}
 
 
 def _memory(rows: pd.DataFrame, gpu_memory: int | None) -> dict[str, Any]:

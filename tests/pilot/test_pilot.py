@@ -269,6 +269,23 @@ def test_size_names_a_different_device(ledger: Ledger, sqlite_url: str, tmp_path
     assert "the pilot ran on cpu, this sheet is for cuda:0" in result.stderr
 
 
+@pytest.mark.slow
+def test_size_says_how_noisy_the_pilots_updates_were(ledger: Ledger, sqlite_url: str,
+                                                     tmp_path: Path) -> None:
+    """A pilot on a busy machine (some of its updates stall): the sheet gives the timed
+    updates' range and spread, and warns that the projection's median came from noise."""
+    plan_loop(ledger, task="tests.support.tasks.faulty:build", config={"task.fault": "jitter"})
+    runner = CliRunner()
+    runner.invoke(main, ["--ledger", sqlite_url, "pilot", "loop", "--artifacts", str(tmp_path)])
+    result = runner.invoke(main, ["--ledger", sqlite_url, "size", "loop", "--format", "json"])
+    assert result.exit_code == 0, result.stderr
+    (line,) = json.loads(result.stdout)["classes"]
+    assert line["update_repetitions"] == 5 and line["update_spread"] > 2
+    low, high = line["update_range_s"]
+    assert low < line["update_s"] <= high
+    assert "timed updates took" in result.stderr and "the machine was busy" in result.stderr
+
+
 def test_doctor_declares_runs_without_heartbeat_lost(ledger: Ledger, sqlite_url: str) -> None:
     import time
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -27,6 +28,7 @@ class FaultyDigits(DigitsTask):
         self.config_signal = str(config["task"].get("signal", "SIGTERM"))
         self.sleep_lock = float(config["task"].get("lock_s", 0.0))
         self.calls = 0
+        self.jitter = random.Random(0)  # the same stalls in every process
         # Killed while building the model (the setup of a segment) once this file exists.
         self.setup_kill = config["task"].get("setup_kill_after")
 
@@ -52,6 +54,8 @@ class FaultyDigits(DigitsTask):
         self.calls += model.training  # training calls only: "at" counts microbatches
         if self.sleep:
             time.sleep(self.sleep)
+        if self.fault == "jitter" and model.training:  # a busy machine: some calls stall
+            time.sleep(0.25 if self.jitter.random() < 0.3 else 0.0)
         total, units = super().loss(model, batch)
         title_file = self.config_task.get("title_to")  # what ps shows for this process
         if title_file and not os.path.exists(title_file):
