@@ -20,7 +20,8 @@ def update_order(
     task_reference: str, config: Mapping[str, Any], first: int, last: int
 ) -> list[dict[str, Any]]:
     """One row per update ``first``..``last`` (1-based): update, epoch, the positions it read
-    in that epoch's order, and its example ids microbatch by microbatch."""
+    in that epoch's order (with replacement: no epoch, "drawn at random"), and its example
+    ids microbatch by microbatch."""
     task = build_task(task_reference, dict(config))
     train = task.splits()["train"]
     loop = config["loop"]
@@ -34,10 +35,12 @@ def update_order(
         if update < first:
             continue
         ids = [str(train[i]["id"]) for i in indices]
+        drawn = order.sampling == "with_replacement"  # a draw per update: no epoch, no place
         rows.append({
             "update": update,
-            "epoch": order.epoch,
-            "positions": f"{order.cursor - len(indices)}-{order.cursor - 1}",
+            "epoch": None if drawn else order.epoch,
+            "positions": "drawn at random" if drawn else
+            f"{order.cursor - len(indices)}-{order.cursor - 1}",
             "microbatches": [ids[i : i + microbatch] for i in range(0, len(ids), microbatch)],
         })
     return rows

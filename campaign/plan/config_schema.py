@@ -105,6 +105,13 @@ class RunConfig(_Strict):
     scheduler: SchedulerConfig = SchedulerConfig()
     task: dict[str, Any] = {}
 
+    @model_validator(mode="after")
+    def _epochs_need_epochs(self) -> RunConfig:
+        if self.loop.sampling == "with_replacement" and self.budget.epochs is not None:
+            raise ValueError("loop.sampling = 'with_replacement' draws each update's examples "
+                             "at random: a run has no epochs to count; set budget.updates")
+        return self
+
 
 # Numbers written as integers in TOML are fine where a float is expected.
 _FLOAT_FIELDS = {

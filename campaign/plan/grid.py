@@ -24,7 +24,8 @@ from campaign.plan.config_keys import held_deviations
 from campaign.plan.spec import ResolvedSpec, SpecError, resolve_config
 from campaign.plan.task_facts import train_size
 
-ACCOUNTING_KEYS = ("examples_per_update", "examples_seen", "updates_per_epoch", "fixed")
+ACCOUNTING_KEYS = ("examples_per_update", "examples_seen", "updates_per_epoch", "fixed",
+                   "draws_per_example")
 MAX_UPDATES = 10**9  # as budget.updates allows (config_schema)
 
 
@@ -38,10 +39,11 @@ class Accounting:
     examples_per_update: int
     updates: int
     examples_seen: int
-    epochs: float | None  # None when the training set size is unknown
+    epochs: float | None  # None when the training set size is unknown, or with replacement
     train_examples: int | None
     updates_per_epoch: int | None
     last_batch: str
+    draws_per_example: float | None = None  # with replacement: examples drawn / the split's
 
 
 def account(
@@ -53,6 +55,7 @@ def account(
     epochs: float | None = None,
     train_examples: int | None = None,
     last_batch: str = "partial",
+    sampling: str = "epochs",
 ) -> Accounting:
     """The arithmetic of §6. With ``epochs``, the training set size is required.
 
@@ -60,6 +63,13 @@ def account(
     (normalised exactly, docs/tasks.md); ``drop`` skips it.
     """
     per_update = microbatch * accumulation * replicas
+    if sampling == "with_replacement":  # every update draws per_update examples: no epochs
+        if updates is None:
+            raise ValueError("with_replacement sampling has no epochs: set budget.updates")
+        seen = updates * per_update
+        return Accounting(microbatch, accumulation, replicas, per_update, updates, seen, None,
+                          train_examples, None, last_batch,
+                          None if train_examples is None else seen / train_examples)
     per_epoch = None
     if train_examples is not None:
         rounding = math.ceil if last_batch == "partial" else math.floor
@@ -99,7 +109,7 @@ def account_config(config: Mapping[str, Any], train_examples: int | None = None)
         updates=budget.get("updates") if budget.get("epochs") is None else None,
         epochs=budget.get("epochs"),
         train_examples=budget.get("train_examples") or train_examples,
-        last_batch=loop["last_batch"],
+        last_batch=loop["last_batch"], sampling=loop.get("sampling", "epochs"),
     )
 
 
@@ -117,6 +127,8 @@ def with_accounting(config: Mapping[str, Any], accounting: Accounting) -> dict[s
         "examples_seen": accounting.examples_seen,
         "updates_per_epoch": accounting.updates_per_epoch,
     }
+    if accounting.draws_per_example is not None:  # what a run drawing with replacement does
+        result["budget"]["draws_per_example"] = accounting.draws_per_example
     return result
 
 

@@ -103,6 +103,11 @@ def test_sampling_with_replacement_resumes_exactly_and_the_order_command_shows_i
     assert shown.returncode == 0, shown.stderr
     rows = json.loads(shown.stdout)
     assert [r["update"] for r in rows] == [2, 3, 4]
+    assert {(r["epoch"], r["positions"]) for r in rows} == {(None, "drawn at random")}
+    budget = config["budget"]  # what the run does: draws, not epochs
+    assert budget["epochs"] is None and budget["updates_per_epoch"] is None
+    assert budget["examples_seen"] == budget["updates"] * 8
+    assert budget["draws_per_example"] == budget["examples_seen"] / 320
     trainer = Trainer(build_task(TASK, config), config, torch.device("cpu"))
     used = []
     for _ in range(4):

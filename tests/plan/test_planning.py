@@ -259,3 +259,22 @@ def test_plan_checks_the_task_contract_before_writing(tmp_path: Path) -> None:
     assert "campaign.task: task tests.support.tasks.tiny:build_partial: missing model, collate" in (
         refused.stderr)
     assert not (tmp_path / "l.db").exists()
+
+
+def test_sampling_with_replacement_counts_draws_not_epochs(sqlite_url: str,
+                                                           tmp_path: Path) -> None:
+    """A run that draws each update at random does no epochs: its accounting records the
+    draws (every update a full one, no partial last batch of an epoch), and an epoch budget
+    for it is refused in one line."""
+    drawn = account(8, 1, updates=50, train_examples=96, sampling="with_replacement")
+    assert (drawn.examples_seen, drawn.epochs, drawn.updates_per_epoch) == (400, None, None)
+    assert drawn.draws_per_example == 400 / 96
+    epochs = account(8, 1, updates=50, train_examples=96)  # 12 an epoch: 4 epochs and 2
+    assert epochs.examples_seen == 4 * 96 + 16 and epochs.epochs == 400 / 96
+    spec = tmp_path / "drawn.toml"
+    spec.write_text(SPEC.read_text().replace(
+        '"budget.updates" = 200', '"budget.epochs" = 2\n"loop.sampling" = "with_replacement"'))
+    refused = cli(sqlite_url, "plan", str(spec), "--dry-run")
+    assert refused.exit_code == 2
+    assert "a run has no epochs to count; set budget.updates" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1
