@@ -4,18 +4,13 @@ a resume point with these before a run leaves ``interrupted``/``lost``."""
 
 from __future__ import annotations
 
-import hashlib
-from pathlib import Path
+from campaign.stack.project import sha256_file as file_sha256
 
 ALIASES_KEY = "shared_tensors"  # in the JSON document: alias name -> the name stored
 STATE_KEY = "campaign_checkpoint"
 FORMAT_VERSION = 1
 
+__all__ = ["ALIASES_KEY", "FORMAT_VERSION", "STATE_KEY", "file_sha256"]
 
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+
 

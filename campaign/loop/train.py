@@ -333,14 +333,13 @@ class RunLoop:
 
     @property
     def phase_inputs(self) -> dict[str, Any]:
-        """What the current update works on (shapes, longest length, microbatch); computed
-        only when a measurement or an out-of-memory report needs it."""
-        if self.phase == "validation" and self.trainer is not None:  # not the last update's
-            return {"validation_batch": self.trainer.val_batch,
-                    "examples": len(self.trainer.val_view)}
-        if not self._batches:
-            return {}
-        return describe_inputs(self._batches, self.config["loop"]["microbatch"])
+        """What the current phase works on (an update's shapes, longest length, microbatch;
+        validation's batch), when a measurement or an out-of-memory report needs it."""
+        trainer = self.trainer
+        if self.phase == "validation" and trainer is not None:  # not the last update's shapes
+            return {"validation_batch": trainer.val_batch, "examples": len(trainer.val_view)}
+        return describe_inputs(self._batches, self.config["loop"]["microbatch"]) if (
+            self._batches) else {}
 
     @torch.no_grad()
     def _validate(self) -> StopDecision | None:
@@ -457,9 +456,8 @@ class RunLoop:
                             f"{problem.why}")
 
     def _record_replayed_steps(self) -> None:
-        report = (replayed_steps_report(self.ledger, self.run_id, self.segment_id)
-                  if self.replayed_from is not None and self.segment_id is not None else None)
-        if report is not None:
+        if self.replayed_from is not None and self.segment_id is not None and (
+                report := replayed_steps_report(self.ledger, self.run_id, self.segment_id)):
             self._event("determinism_check", report)
 
     def _event(self, kind: str, detail: str) -> None:

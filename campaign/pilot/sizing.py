@@ -126,13 +126,14 @@ def sizing_sheet(
         if line.get("pilot_id") is None:
             warnings.append(f"gate class {class_id} ({len(members)} runs) has no passing "
                             f"pilot: its runs are not projected (`campaign pilot {campaign}`)")
-        elif (line.get("update_spread") or 0) > NOISY:
+            continue
+        if _noisy(line):
             warnings.append(f"gate class {class_id}: the pilot's {line['update_repetitions']} "
                             f"timed updates took {line['update_range_s'][0]:g} to "
                             f"{line['update_range_s'][1]:g} s ({line['update_spread']:g}x apart: "
                             "the machine was busy); the projection takes their median, and "
                             "a pilot on a quiet machine measures it better")
-        elif target is not None and target.split(":")[0] != line["device"].split(":")[0]:
+        if target is not None and target.split(":")[0] != line["device"].split(":")[0]:
             warnings.append(f"the pilot ran on {line['device']}, this sheet is for {target}: its "
                             "times and memory are not measurements of that device")
     projected = [per_run[r] for r in ordered["run_id"] if r in per_run]
@@ -194,7 +195,13 @@ def _class_line(class_id: str, members: pd.DataFrame, pilots: pd.DataFrame,
     return line, [{"gate_class": class_id, **r} for r in phase_table(rows)], seconds
 
 
-NOISY = 2.0  # the slowest of the pilot's timed updates this many times its fastest: said
+NOISY = 2.0  # the slowest of the pilot's timed updates this many times its fastest: said,
+NOISY_S = 0.05  # once they are this far apart (a millisecond update's jitter projects nothing)
+
+
+def _noisy(line: dict[str, Any]) -> bool:
+    low, high = line.get("update_range_s") or (0.0, 0.0)
+    return (line.get("update_spread") or 0) > NOISY and high - low >= NOISY_S
 
 
 def _update_noise(rows: pd.DataFrame) -> dict[str, Any]:

@@ -10,7 +10,6 @@ its arithmetic, so the reproduction differs from the run in that string alone an
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import tarfile
@@ -19,6 +18,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from campaign.errors import ReproduceError
+from campaign.stack.project import sha256_file
 from campaign.stack.provenance import files_digest
 
 
@@ -174,11 +174,7 @@ def _place_data(members: Path, work: Path, entry: dict[str, Any]) -> None:
 def _place(source: Path, target: Path, sha256: str, what: str) -> None:
     if not source.is_file():
         raise ReproduceError(f"{what} is not in the archive")
-    digest = hashlib.sha256()
-    with open(source, "rb") as handle:  # in blocks: data past --data-limit can be large
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    if digest.hexdigest() != sha256:
+    if sha256_file(source) != sha256:  # in blocks: data past --data-limit can be large
         raise ReproduceError(f"{what} does not hash as recorded: it was changed")
     target.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(source, target)

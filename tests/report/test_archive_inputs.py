@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import require
-from tests.support.launch_helpers import ROOT, in_process
+from tests.support.launch_helpers import ROOT, in_process, reproduced_elsewhere
 
 NAME = "study"
 
@@ -175,13 +175,7 @@ def test_reproduce_re_executes_the_run_from_the_archive_alone_bit_for_bit(
     folder, run_id = study
     archive = tmp_path / "a.tar.gz"
     assert _cli(folder, "archive", NAME, "--output", str(archive)).returncode == 0
-    hidden = folder.with_name("hidden")
-    folder.rename(hidden)
-    try:
-        done = _cli(tmp_path, "reproduce", str(archive), "--run", run_id, "--dir", "again",
-                    "--trust-task-code", "--format", "json")
-    finally:
-        hidden.rename(folder)
+    done = reproduced_elsewhere(folder, archive, tmp_path, "--run", run_id)
     assert done.returncode == 0, done.stderr[-3000:]
     (row,) = json.loads(done.stdout)["runs"]
     assert row["run_id"] == run_id and row["status"] == "completed"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.launch_helpers import in_process
+from tests.support.launch_helpers import in_process, reproduced_elsewhere
 
 NAME = "ported"
 
@@ -248,13 +248,7 @@ def test_reproduce_of_the_ported_project_is_bit_for_bit(
     folder, run_id, url, engine = ported
     archive = tmp_path / "a.tar.gz"
     _archive(folder, url, archive)
-    hidden = folder.with_name("hidden")
-    folder.rename(hidden)
-    try:
-        done = in_process("reproduce", str(archive), "--dir", "again", "--trust-task-code",
-                          "--format", "json", cwd=tmp_path)
-    finally:
-        hidden.rename(folder)
+    done = reproduced_elsewhere(folder, archive, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     (row,) = json.loads(done.stdout)["runs"]
     assert row["run_id"] == run_id and row["status"] == "completed"

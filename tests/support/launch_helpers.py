@@ -74,6 +74,19 @@ def in_process(*args: str, cwd: Path = ROOT,
                                        result.stderr + "".join(shown))
 
 
+def reproduced_elsewhere(project: Path, archive: Path, cwd: Path,
+                         *args: str) -> subprocess.CompletedProcess[str]:
+    """`campaign reproduce ARCHIVE --dir again --trust-task-code --format json ARGS` in
+    ``cwd`` with the ``project`` folder moved away meanwhile: only the archive is read."""
+    hidden = project.with_name("hidden")
+    project.rename(hidden)
+    try:
+        return in_process("reproduce", str(archive), "--dir", "again", "--trust-task-code",
+                          "--format", "json", *args, cwd=cwd)
+    finally:
+        hidden.rename(project)
+
+
 def run_interrupt_resume(url: str, artifacts: str, references: tuple[str, ...], cut: str,
                          reason: str) -> None:
     """`campaign run` of each reference run (exit 0) and of ``cut``, whose task sends itself a
