@@ -54,9 +54,13 @@ class Preloads:
             for name in declared:
                 if name in sys.modules:
                     continue
-                if name not in self.verdicts:
-                    self.verdicts[name] = _imports_cleanly(name, probe_limit(request))
-                if self.verdicts[name]:
+                verdict = self.verdicts.get(name)
+                if verdict is None:
+                    limit = probe_limit(request)
+                    verdict = _imports_cleanly(name, limit)
+                    if verdict is not None or limit >= PROBE_LIMIT_S:  # a short limit's
+                        self.verdicts[name] = bool(verdict)  # time-out is asked again
+                if verdict:
                     _import(name)
 
 
@@ -184,11 +188,12 @@ def probe_limit(request: dict[str, Any]) -> float:
     return min(PROBE_LIMIT_S, asked) if asked > 0 else PROBE_LIMIT_S
 
 
-def _imports_cleanly(name: str, limit: float | None = None) -> bool:
-    """Whether a forked probe imports ``name`` within ``limit`` and returns from the
-    import (its own exit code, so a library that exits 0 at import does not pass): only then
-    does the host import it itself. (Threads are not counted: a numerical library's BLAS
-    pool starts at import, as numpy's and torch's own do in the host.)"""
+def _imports_cleanly(name: str, limit: float | None = None) -> bool | None:
+    """Whether a forked probe imports ``name`` within ``limit`` (None: it did not end in
+    time) and returns from the import (its own exit code, so a library that exits 0 at
+    import does not pass): only then does the host import it itself. (Threads are not
+    counted: a numerical library's BLAS pool starts at import, as numpy's and torch's own do
+    in the host.)"""
     try:
         pid = os.fork()
     except OSError:
@@ -223,4 +228,4 @@ def _imports_cleanly(name: str, limit: float | None = None) -> bool:
             if os.waitpid(pid, os.WNOHANG)[0]:
                 break
         time.sleep(0.01)
-    return False
+    return None  # no verdict within the limit: a hang, or merely slower than it

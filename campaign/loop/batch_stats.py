@@ -34,58 +34,76 @@ def batch_stat_layers(model: Any) -> list[str]:
 
 
 def coupled_layers(task: Any, model: Any, examples: list[Any], device: Any,
-                   autocast: Any = contextlib.nullcontext) -> list[str]:
+                   autocast: Any = contextlib.nullcontext, microbatch: int = 1) -> list[str]:
     """The first module (in the order the forward runs them) whose output for an example
     depends on the other examples of its batch: a task's own layer that reduces over the
-    batch dimension, which no type can name. The first half of ``examples`` goes through the
-    task's loss alone and then within all of them, in training mode with dropout off; where
-    the half's rows differ the layer couples examples. Nothing is left changed: buffers
-    (running statistics) and the generators are restored; shapes that differ by batch
-    (padding to the longest) are not compared."""
+    batch dimension, which no type can name. One microbatch of ``examples`` goes through the
+    task's loss alone and then with a second beside it, in training mode with dropout off;
+    where the first microbatch's rows differ the layer couples examples. Only a fingerprint
+    of each output is kept (each row's sum and sum of magnitudes, in float64: a model's
+    activations are never held), and the rows are compared within the tolerance of the
+    autocast's precision. Nothing is left changed: buffers (running statistics) and every
+    generator (Python's, NumPy's, torch's CPU and CUDA) are restored; outputs whose shape
+    depends on the batch (padding to the longest) are not compared."""
+    import random
+
+    import numpy as np
     import torch
 
     from campaign.loop.data import to_device
 
+    half = max(1, min(int(microbatch), len(examples) // 2))
     if len(examples) < 2:
         return []
-    half = len(examples) // 2
-    seen: list[dict[str, Any]] = []  # per call: module name -> its output
+    seen: list[dict[str, Any]] = []  # per call: module name -> its rows' fingerprint
     order: list[str] = []
     names = {module: name or "(model)" for name, module in model.named_modules()}
 
     def hook(module: Any, _inputs: Any, output: Any) -> None:
         tensor = output[0] if isinstance(output, tuple | list) and output else output
-        if isinstance(tensor, torch.Tensor) and tensor.dim() > 0:
-            seen[-1][names[module]] = tensor.detach().float().cpu()
+        if isinstance(tensor, torch.Tensor) and tensor.dim() > 0 and tensor.is_floating_point():
+            rows = tensor.detach()[:half].double().reshape(min(half, len(tensor)), -1)
+            seen[-1][names[module]] = (tuple(tensor.shape), rows.sum(1).cpu(),
+                                       rows.abs().sum(1).cpu())
             if len(seen) == 1:
                 order.append(names[module])
 
     dropouts = [m for m in model.modules() if isinstance(m, torch.nn.modules.dropout._DropoutNd)]
     saved = [(buffer, buffer.detach().clone()) for buffer in model.buffers()]
+    generators = random.getstate(), np.random.get_state()
     handles = [m.register_forward_hook(hook) for m in names]
     was_training = model.training
+    cuda = [device] if getattr(device, "type", "cpu") == "cuda" else []
     try:
         model.train()
         for module in dropouts:
             module.eval()
-        with torch.random.fork_rng(devices=[]), torch.no_grad():
-            for chosen in (examples[:half], examples):
+        with torch.random.fork_rng(devices=cuda), torch.no_grad():
+            for chosen in (examples[:half], examples[: 2 * half]):
                 seen.append({})
                 torch.manual_seed(0)
                 with autocast():
+                    precise = not torch.is_autocast_enabled(getattr(device, "type", "cpu"))
                     task.loss(model, to_device(task.collate(list(chosen)), device))
+    except Exception:  # a batch this size cannot go alone (a BatchNorm of one row): not told
+        return []
     finally:
         for handle in handles:
             handle.remove()
         for buffer, value in saved:
             buffer.copy_(value)
+        random.setstate(generators[0])
+        np.random.set_state(generators[1])
         model.train(was_training)
+    tolerance = 1e-4 if precise else 5e-2  # float32, else bfloat16/float16 kernels by size
     for name in order:
-        alone, within = seen[0].get(name), seen[1].get(name)
-        if (alone is None or within is None or alone.shape[0] != half
-                or within.shape[0] != len(examples) or alone.shape[1:] != within.shape[1:]):
+        if name not in seen[0] or name not in seen[1]:
             continue
-        if not torch.allclose(alone, within[:half], rtol=1e-3, atol=1e-5):
+        (alone_shape, alone, alone_scale), (within_shape, within, _) = seen[0][name], seen[1][name]
+        if alone_shape[0] != half or within_shape[0] != 2 * half or (
+                alone_shape[1:] != within_shape[1:]):
+            continue
+        if ((alone - within).abs() > tolerance * alone_scale + 1e-6).any():
             return [f"{name} ({type(_module_named(model, name)).__name__}, its output for an "
                     "example depends on the rest of its batch)"]
     return []
@@ -143,6 +161,9 @@ def relaunch_warning(layers: list[str], old: Mapping[str, Any],
     before, after = (dict(c.get("loop") or {}) for c in (old, new))
     changed = [f"loop.{k} {before.get(k, 1)} -> {after.get(k, 1)}" for k in keys
                if before.get(k, 1) != after.get(k, 1)]
+    was, now = ((c.get("validation") or {}).get("microbatch") for c in (old, new))
+    if was != now:  # a layer without running statistics normalises validation batches too
+        changed.append(f"validation.microbatch {was} -> {now}")
     if not layers or not changed:
         return None
     more = f" and {len(layers) - 2} more" if len(layers) > 2 else ""

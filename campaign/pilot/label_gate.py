@@ -114,14 +114,15 @@ def _expected(example: Mapping[str, Any], classes: Sequence[Any] | None,
         label = int(example["label"])
         return (str(classes[label]), str(label)) if 0 <= label < len(classes) else None
     for name in dict.fromkeys((key, "target")):
-        if name in example and _scalar(example[name]):
-            return (str(float(example[name])) if key != "target" else str(example[name]),)
+        value = example.get(name)
+        if isinstance(value, str):
+            return (value,)
+        if isinstance(value, int | float) or getattr(value, "ndim", 1) == 0:
+            try:
+                return (str(float(value)),)  # a number: compared as one (_matches)
+            except (TypeError, ValueError):
+                return None
     return None
-
-
-def _scalar(value: Any) -> bool:
-    """Text or one number (an array target is compared by predict() only)."""
-    return isinstance(value, str | int | float) or getattr(value, "ndim", 1) == 0
 
 
 def _matches(seen: str, accepted: tuple[str, ...]) -> bool:

@@ -233,8 +233,9 @@ class PilotRun:
         if broken:
             raise PhaseFailure(f"non-finite gradients in {', '.join(broken[:6])}")
         note = f"; frozen (requires_grad=False): {', '.join(frozen[:6])}" if frozen else ""
-        layers = batch_stat_layers(session.model) or coupled_layers(
-            session.task, session.model, self.worst, session.device, session.autocast)
+        layers = batch_stat_layers(session.model) or (coupled_layers(  # asked when it matters
+            session.task, session.model, self.worst, session.device, session.autocast,
+            session.microbatch) if accumulation_warning(["?"], [self.config]) else [])
         inexact = accumulation_warning(layers, [self.config])
         note += f" (warning: {inexact})" if inexact else ""
         return f"{len(names) - len(frozen)} parameters got finite gradients{note}"

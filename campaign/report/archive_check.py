@@ -26,7 +26,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from campaign.errors import ArchiveUnusable
 from campaign.ledger.canonical import canonical_json, sha256_text
 from campaign.report.archive import MANIFEST, ArchiveError
-from campaign.report.archive_records import check_recorded_inputs, is_record
+from campaign.report.archive_records import (
+    RECORD_LIMIT,
+    check_recorded_inputs,
+    is_record,
+    slim,
+)
 
 HEADER_LIMIT = 1 << 20  # a pax header or long name of ours is a few hundred bytes
 SPEC_LIMIT = 16 << 20  # a spec is at most 1 MiB of TOML (MAX_SPEC_BYTES); as JSON a few
@@ -82,14 +87,16 @@ def verify_archive(path: Path) -> Verification:
     listed = manifest.members
     seen: set[str] = set()
     total, spec = 0, None
-    records: dict[str, bytes] = {}  # inputs.json and each run's environment.json
+    records: dict[str, bytes | None] = {}  # inputs.json and each run's environment.json
     for member, handle in _members(path):
         if member.name.endswith(f"/{MANIFEST}") and member.name.count("/") == 1:
             continue
         expected = _check_listed(path, member, listed)
         digest, kept = hashlib.sha256(), bytearray()
         relative = member.name.split("/", 1)[-1]
-        keep = (relative == "spec.json" or is_record(relative)) and member.size <= SPEC_LIMIT
+        record = is_record(relative)
+        keep = member.size <= (RECORD_LIMIT if record else SPEC_LIMIT) and (
+            record or relative == "spec.json")
         for block in iter(lambda: _read(path, handle, 1 << 20), b""):  # noqa: B023 - read now
             digest.update(block)
             if keep:
@@ -98,8 +105,8 @@ def verify_archive(path: Path) -> Verification:
             raise ArchiveError(f"{path}: {member.name} does not match its SHA-256 in the manifest")
         if relative == "spec.json":
             spec = bytes(kept) if keep else None
-        elif keep:
-            records[relative] = bytes(kept)
+        elif record:
+            records[relative] = slim(relative, bytes(kept)) if keep else None  # None: too big
         seen.add(member.name)
         total += member.size
     missing = sorted(set(listed) - seen)

@@ -19,6 +19,7 @@ used (its hash is in the run's ``base_model`` event), not every other campaign's
 from __future__ import annotations
 
 import hashlib
+import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -117,17 +118,18 @@ def _data_entries(runs: pd.DataFrame) -> Iterator[dict[str, Any]]:
                 "kind": "folder" if resolved.is_dir() else "file", "run_ids": [],
                 "resolved_path": resolved})
             entry["run_ids"].append(run.run_id)
+    hashes: dict[Path, str] = {}  # each file read hashed once, checked against every run
     for run in runs.itertuples():  # then the files a run's task opened (campaign.stack.project)
         environment = run.environment or {}
         folder = environment.get("working_directory")
-        for read in environment.get("task_reads") or []:
+        for read in environment.get("task_reads") or [] if folder else []:
             resolved = Path(folder) / read["path"]
-            if any(resolved.is_relative_to(Path(other["resolved_path"]))
+            _unchanged(resolved, read, run.run_id, hashes)  # whoever packs it
+            if any(resolved.resolve().is_relative_to(Path(other["resolved_path"]).resolve())
                    for other in seen.values() if other["kind"] == "folder"):
                 continue  # packed with the folder a setting names
             entry = seen.get(str(resolved.resolve()))
             if entry is None:
-                _unchanged(resolved, read, run.run_id)
                 entry = seen.setdefault(str(resolved.resolve()), {
                     "key": "read", "value": read["path"], "working_directory": folder,
                     "member_root": read["path"], "kind": "file", "run_ids": [],
@@ -137,14 +139,19 @@ def _data_entries(runs: pd.DataFrame) -> Iterator[dict[str, Any]]:
     yield from seen.values()
 
 
-def _unchanged(path: Path, read: dict[str, Any], run_id: str) -> None:
+def _unchanged(path: Path, read: dict[str, Any], run_id: str, hashes: dict[Path, str]) -> None:
     """A file as the run read it, or :class:`InputsChanged` naming the run and the file."""
     try:
         found = path.stat()
     except OSError:
         raise InputsChanged(f"run {run_id} read {path}, which is gone: restore it") from None
+    if not stat.S_ISREG(found.st_mode):
+        raise InputsChanged(f"run {run_id} read {path}, which is no longer a regular file: "
+                            "refused unread")
+    if found.st_size == read.get("bytes") and read.get("sha256") and path not in hashes:
+        hashes[path] = sha256_file(path)
     same = found.st_size == read.get("bytes") and (
-        sha256_file(path) == read["sha256"] if read.get("sha256")
+        hashes.get(path) == read["sha256"] if read.get("sha256")
         else found.st_mtime_ns == read.get("mtime_ns"))
     if not same:
         raise InputsChanged(f"run {run_id} read {path}, which changed since: refused (restore "

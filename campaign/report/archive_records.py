@@ -11,6 +11,7 @@ only past ``--data-limit``, packed.
 from __future__ import annotations
 
 import json
+import posixpath
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -25,10 +26,30 @@ def is_record(relative: str) -> bool:
         len(parts) == 3 and parts[0] == "runs" and parts[2] == "environment.json")
 
 
-def check_recorded_inputs(path: Path, records: Mapping[str, bytes], held: set[str]) -> None:
+RECORD_LIMIT = 512 << 20  # an inputs.json of 80,000 files is 23 MB; past this, refused
+KEPT = ("task_source", "task_reads", "working_directory")  # what this check reads of a run
+
+
+def slim(relative: str, document: bytes) -> bytes:
+    """What is kept of a record while the archive streams on: a run's environment (its git
+    diff, its distributions) cut to what this check reads; the rest as it was."""
+    if relative == "inputs.json":
+        return document
+    try:
+        parsed = json.loads(document)
+    except (ValueError, RecursionError):
+        return document  # said "not JSON" when checked
+    if not isinstance(parsed, dict):
+        return document
+    return json.dumps({key: parsed[key] for key in KEPT if key in parsed}).encode()
+
+
+def check_recorded_inputs(path: Path, records: Mapping[str, bytes | None],
+                          held: set[str]) -> None:
     """Every run's recorded source and read files are in ``inputs.json`` and among the
     ``held`` members (names below the top folder); :class:`ArchiveError` names the first
-    absent. Archives whose runs recorded neither pass as before."""
+    absent. Archives whose runs recorded neither pass as before. A record over
+    :data:`RECORD_LIMIT` (None here) or not as campaign writes it is one line too."""
     inputs = _document(path, records, "inputs.json") if "inputs.json" in records else None
     for name in sorted(records):
         if name == "inputs.json":
@@ -37,23 +58,37 @@ def check_recorded_inputs(path: Path, records: Mapping[str, bytes], held: set[st
         environment = _document(path, records, name)
         if not isinstance(environment, dict):
             continue
-        source = environment.get("task_source")
-        reads = environment.get("task_reads") or []
-        if not source and not reads:
-            continue
-        if not isinstance(inputs, dict):
-            raise ArchiveError(f"{path}: run {run_id} recorded its inputs, but the archive has "
-                               "no inputs.json: it cannot be reproduced")
-        if source:
-            _check_source(path, run_id, source, inputs, held)
-        for read in reads:
-            _check_read(path, run_id, environment.get("working_directory"), read, inputs, held)
+        try:
+            _check_run(path, run_id, environment, inputs, held)
+        except (AttributeError, TypeError, KeyError, ValueError) as error:
+            raise ArchiveError(f"{path}: {name} or inputs.json: not as campaign writes it "
+                               f"({type(error).__name__}: {error})") from None
 
 
-def _document(path: Path, records: Mapping[str, bytes], name: str) -> Any:
+def _check_run(path: Path, run_id: str, environment: dict[str, Any], inputs: Any,
+               held: set[str]) -> None:
+    source = environment.get("task_source")
+    reads = environment.get("task_reads") or []
+    if not source and not reads:
+        return
+    if not isinstance(inputs, dict):
+        raise ArchiveError(f"{path}: run {run_id} recorded its inputs, but the archive has "
+                           "no inputs.json: it cannot be reproduced")
+    if source:
+        _check_source(path, run_id, source, inputs, held)
+    for read in reads:
+        _check_read(path, run_id, str(environment.get("working_directory")), read, inputs,
+                    held)
+
+
+def _document(path: Path, records: Mapping[str, bytes | None], name: str) -> Any:
+    document = records[name]
+    if document is None:
+        raise ArchiveError(f"{path}: {name} is over {RECORD_LIMIT:,} bytes: not checked, "
+                           "refused")
     try:
-        return json.loads(records[name])
-    except ValueError:
+        return json.loads(document)
+    except (ValueError, RecursionError):
         raise ArchiveError(f"{path}: {name}: not JSON") from None
 
 
@@ -70,16 +105,21 @@ def _check_source(path: Path, run_id: str, source: dict[str, Any], inputs: dict[
                                "archive")
 
 
-def _check_read(path: Path, run_id: str, folder: Any, read: dict[str, Any],
+def _check_read(path: Path, run_id: str, folder: str, read: dict[str, Any],
                 inputs: dict[str, Any], held: set[str]) -> None:
-    name = read.get("path")
+    """The read file is one an entry of ``inputs.json`` packed (or listed by hash), found by
+    where it lay: a folder a setting named by its absolute path holds it too."""
+    name = str(read["path"])
+    where = posixpath.normpath(posixpath.join(folder, name))
     for entry in inputs.get("data") or []:
-        if not isinstance(entry, dict) or entry.get("working_directory") != folder:
+        if not isinstance(entry, dict):
             continue
         root = str(entry.get("member_root", ""))
+        base = (root.removeprefix("_absolute") if root.startswith("_absolute")
+                else posixpath.join(str(entry.get("working_directory")), root))
         for file in entry.get("files") or []:
-            placed = f"{root}/{file.get('file')}" if file.get("file") else root
-            if placed != name:
+            placed = posixpath.join(base, file["file"]) if file.get("file") else base
+            if posixpath.normpath(placed) != where:
                 continue
             if file.get("member") is None or file["member"] in held:
                 if not read.get("sha256") or read["sha256"] == file.get("sha256"):

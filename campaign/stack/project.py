@@ -22,8 +22,11 @@ what the import read and adds its own.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import os
+import site
 import stat
 import sys
 import sysconfig
@@ -31,11 +34,16 @@ from pathlib import Path
 from typing import Any
 
 HASH_LIMIT = 64 << 20  # a file read past this is recorded by size and mtime, hashed by archive
+HASHED_LIMIT = 1 << 30  # bytes hashed at most per record; past them, sizes and mtimes only
+READS_LIMIT = 1000  # files recorded at most (a folder of images: name it in a task setting)
+WATCHED_LIMIT = 100_000  # paths kept at most while watching (per-example opens go unrecorded)
+NEVER = (Path("/proc"), Path("/sys"), Path("/dev"))  # not files a task's result depends on
 CODE_SUFFIXES = (".py", ".pyc", ".pyo", ".pyd", ".so", ".pth")
 OWN_PACKAGE = Path(__file__).resolve().parents[1]  # campaign/: named by its version instead
 
 _before: set[str] | None = None  # the modules already imported when watching began
 _reads: dict[str, None] = {}  # absolute paths opened for reading, in order
+_written: set[str] = set()  # paths opened for writing: the task's own output, not an input
 
 
 def start() -> None:
@@ -53,39 +61,53 @@ def _heard(event: str, arguments: tuple[Any, ...]) -> None:
         return
     try:
         path, mode, flags = arguments
-        if path is None or isinstance(path, int):
+        if path is None or isinstance(path, int) or len(_reads) >= WATCHED_LIMIT:
             return  # a descriptor already open
-        if mode is not None:
-            if any(letter in mode for letter in "wax+"):
-                return
-        elif flags is not None and flags & os.O_ACCMODE != os.O_RDONLY:
-            return
-        _reads.setdefault(os.path.abspath(os.fsdecode(path)))
+        name = os.fsdecode(path)
+        if mode is None and not os.path.isabs(name):
+            return  # os.open may resolve it against a dir_fd the event does not name
+        name = os.path.abspath(name)
+        writes = (any(letter in mode for letter in "wax+") if mode is not None
+                  else flags is not None and flags & os.O_ACCMODE != os.O_RDONLY)
+        if writes:
+            _written.add(name)
+        else:
+            _reads.setdefault(name)
     except Exception:  # never in the task's way
         pass
 
 
-def installed_locations() -> list[Path]:
-    """Where installed code lives: the standard library, site-packages, the prefixes."""
+@functools.cache
+def installed_locations() -> tuple[Path, ...]:
+    """Where installed code lives: the standard library, every site-packages (the
+    environment's, the user's) and any folder on ``sys.path`` named like one. Not the whole
+    prefix: a system Python's ``/usr`` would hide a project under ``/usr/src/app``."""
     names = ("stdlib", "platstdlib", "purelib", "platlib")
-    found = {Path(p).resolve() for p in (sysconfig.get_path(n) for n in names) if p}
-    found |= {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
-    return sorted(found)
+    found = {sysconfig.get_path(n) for n in names}
+    with contextlib.suppress(Exception):
+        found |= {*site.getsitepackages(), site.getusersitepackages()}
+    found |= {p for p in sys.path if Path(p).name in ("site-packages", "dist-packages")}
+    return tuple(sorted({Path(p).resolve() for p in found if p}))
 
 
-def local_modules() -> list[tuple[Path, str]]:
+def local_modules(project: tuple[Path, ...] = ()) -> list[tuple[Path, str]]:
     """(the folder on ``sys.path`` it was imported from, its file relative to that folder)
-    for every module imported since :func:`start` from outside the installed distributions."""
+    for every module imported since :func:`start` from outside the installed distributions,
+    and every one under the ``project`` folders whenever it was imported (a sibling module a
+    task's ``PRELOAD`` names is imported by the task host before any task is loaded)."""
     if _before is None:
         return []
     installed = installed_locations()
+    mine = [folder.resolve() for folder in project]
     found: dict[Path, tuple[Path, str]] = {}
     for name, module in list(sys.modules.items()):
         file = getattr(module, "__file__", None)
-        if name in _before or name == "__main__" or not isinstance(file, str):
+        if name == "__main__" or not isinstance(file, str):
             continue
         path = Path(file).resolve()
         if path.suffix != ".py" or not path.is_file() or path.is_relative_to(OWN_PACKAGE):
+            continue
+        if name in _before and not any(path.is_relative_to(folder) for folder in mine):
             continue
         if any(path.is_relative_to(place) for place in installed):
             continue
@@ -102,11 +124,14 @@ def files_read(working_directory: Path, excluded: list[Path]) -> list[dict[str, 
     (not code, not under ``excluded`` nor an installed location): its path relative to the
     folder, its size, and its SHA-256 (up to :data:`HASH_LIMIT`; past it, its mtime)."""
     folder = working_directory.resolve()
-    skipped = [p.resolve() for p in excluded] + installed_locations()
+    skipped = [p.resolve() for p in excluded] + [*installed_locations(), *NEVER]
     records: dict[str, dict[str, Any]] = {}
+    hashed = 0
     for name in list(_reads):
         path = Path(name)
         if path.suffix in CODE_SUFFIXES or "__pycache__" in path.parts or ".git" in path.parts:
+            continue
+        if name in _written or len(records) >= READS_LIMIT:
             continue
         try:
             found = path.stat()
@@ -119,8 +144,9 @@ def files_read(working_directory: Path, excluded: list[Path]) -> list[dict[str, 
             continue
         relative = absolute.relative_to(folder).as_posix()
         record: dict[str, Any] = {"path": relative, "bytes": found.st_size}
-        if found.st_size <= HASH_LIMIT:
+        if found.st_size <= HASH_LIMIT and hashed + found.st_size <= HASHED_LIMIT:
             record["sha256"] = sha256_file(path)
+            hashed += found.st_size
         else:
             record["sha256"], record["mtime_ns"] = None, found.st_mtime_ns
         records[relative] = record

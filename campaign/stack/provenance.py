@@ -95,9 +95,10 @@ def named_digest(files: list[tuple[str, Path]]) -> str:
 def task_source(task_reference: str) -> dict[str, Any] | None:
     """The task's source as a run records it: root, relative file names, digest. Beside the
     task's own files, every local module the task imported (:mod:`campaign.stack.project`):
-    one under the task's root by its name there, one from another folder on ``sys.path`` as
-    ``_roots/N/NAME`` with that folder in ``roots`` (an edit to the original script a task
-    imports changes the run's recorded source)."""
+    one imported from the task's own folder by its name there, one imported from another
+    folder on ``sys.path`` (a ``src`` layout, a parent folder) as ``_roots/N/NAME`` with that
+    folder in ``roots``: reproduce puts each back on the import path as it was (an edit to
+    the original script a task imports changes the run's recorded source)."""
     found = task_source_files(task_reference)
     if found is None:
         return None
@@ -106,12 +107,12 @@ def task_source(task_reference: str) -> dict[str, Any] | None:
     roots: list[Path] = []
     if not task_reference.startswith("campaign."):  # a built-in task imports nothing local
         known = {path for _, path in named}
-        for folder, relative in project.local_modules():
+        for folder, relative in project.local_modules((root, Path.cwd())):
             path = folder / relative
             if path in known:
                 continue
-            if path.is_relative_to(root):
-                named.append((path.relative_to(root).as_posix(), path))
+            if folder == root:  # imported from the task's own folder: laid out there again
+                named.append((relative, path))
                 continue
             if folder not in roots:
                 roots.append(folder)

@@ -400,6 +400,6 @@ def test_a_probe_that_hangs_exits_or_fails_says_no(
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(preloads, "PROBE_LIMIT_S", 1.0)
     began = time.monotonic()
-    assert preloads._imports_cleanly("probed_library") is False
+    assert not preloads._imports_cleanly("probed_library")  # False, or None past the limit
     assert time.monotonic() - began < 10
     assert "probed_library" not in sys.modules

@@ -94,15 +94,20 @@ def test_a_tasks_own_batch_mean_layer_is_found_by_running_it() -> None:
     model = task.model()
     examples = list(task.splits()["train"])[:16]
     state = torch.get_rng_state()
-    found = coupled_layers(task, model, examples, torch.device("cpu"))
+    found = coupled_layers(task, model, examples, torch.device("cpu"), microbatch=8)
     assert found and found[0].startswith("1 (BatchMean")
     assert torch.equal(torch.get_rng_state(), state) and model.training
     plain = build_task("campaign.tasks.digits:build", config)  # dropout is not coupling
-    assert coupled_layers(plain, plain.model(), examples, torch.device("cpu")) == []
+    assert coupled_layers(plain, plain.model(), examples, torch.device("cpu"), microbatch=8) == []
     normed = build_task("tests.support.tasks.normed:build", config)
     bn_model = normed.model()
     before = bn_model[1].running_mean.clone()
-    assert coupled_layers(normed, bn_model, examples, torch.device("cpu"))
+    assert coupled_layers(normed, bn_model, examples, torch.device("cpu"), microbatch=8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # kernels by batch size: not coupling
+        wide = torch.nn.Sequential(torch.nn.Linear(64, 2048), torch.nn.Linear(2048, 512),
+                                   torch.nn.Linear(512, 10))
+    assert coupled_layers(plain, wide, examples, torch.device("cpu"), microbatch=8,
+                          autocast=lambda: torch.autocast("cpu", dtype=torch.bfloat16)) == []
     assert torch.equal(bn_model[1].running_mean, before)  # the probe changed no statistic
 
 

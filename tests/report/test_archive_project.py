@@ -10,6 +10,7 @@ import hashlib
 import io
 import json
 import tarfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -132,7 +133,7 @@ def ported(request: pytest.FixtureRequest,
 
     from tests.conftest import POSTGRES_ADMIN_URL, _admin_connection
 
-    database = f"campaign_test_ported_{folder.parent.name[-6:].replace('-', '_')}"
+    database = f"campaign_test_ported_{uuid.uuid4().hex[:12]}"  # one per xdist worker
     with _admin_connection() as admin:
         admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
             sql.Identifier(database)))
@@ -301,3 +302,24 @@ def test_the_archive_streams_a_large_input_and_holds_no_member_whole(tmp_path: P
     packed = peak()
     assert "inputs/blob.bin" in _members(tmp_path / "a0.tar.gz")
     assert (packed - without) / 1024 < 40, f"{(packed - without) / 1024:.0f} MiB more"
+
+
+@pytest.mark.slow
+def test_a_read_file_a_setting_also_names_is_checked_against_the_run(tmp_path: Path) -> None:
+    """The file the task read is also named by a task setting (packed from there): an edit
+    after the run is still refused by the archive, naming the run, not left for
+    verify-archive to find."""
+    folder = tmp_path / NAME
+    _project(folder, "covered")
+    spec = folder / "spec.toml"
+    spec.write_text(spec.read_text().replace('"optimizer.lr" = 1e-2\n\n[validation]',
+                                             '"optimizer.lr" = 1e-2\n"task.points" = '
+                                             '"data/points.csv"\n\n[validation]', 1))
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    _, run_id, _, _ = next(_trained(folder, url))
+    points = folder / "data" / "points.csv"
+    points.write_text(points.read_text().replace("p0,", "q0,"))
+    done = in_process("--ledger", url, "archive", NAME, "--output", str(tmp_path / "a.tar.gz"),
+                      cwd=folder)
+    assert done.returncode == 1 and f"run {run_id} read" in done.stderr, done.stderr
+    assert not (tmp_path / "a.tar.gz").exists()
