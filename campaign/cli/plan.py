@@ -202,7 +202,11 @@ def relaunch(source: LedgerSource, run_id: str, sets: tuple[str, ...], reason: s
     from campaign.plan.config_keys import config_changes
     from campaign.report.relaunches import defining_keys
 
-    sets_given = dict(_parse_set(item) for item in sets)
+    parsed = [_parse_set(item) for item in sets]
+    sets_given = dict(parsed)
+    if len(sets_given) < len(parsed):  # the same key twice: which one was meant?
+        twice = next(k for k, _ in parsed if sum(key == k for key, _ in parsed) > 1)
+        raise LedgerInputError(f"--set {twice}: given more than once")
     if not reason.strip():
         raise LedgerInputError("--reason must say why the run is relaunched")
     with source.open() as ledger:

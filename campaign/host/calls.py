@@ -162,7 +162,7 @@ def timeout() -> float:
         value = DEFAULT_TIMEOUT_S if text is None else float(text)
     except ValueError:
         value = -1.0
-    if not value > 0:
+    if not 0 < value < float("inf"):
         raise TaskContractError(f"{TIMEOUT_ENV}={text!r}: expected a positive number of seconds")
     return value
 

@@ -29,7 +29,12 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from campaign.host.preloads import Preloads
-from campaign.host.processes import SCHEDULER_SIGNALS, kill_group
+from campaign.host.processes import (
+    SCHEDULER_SIGNALS,
+    become_subreaper,
+    kill_descendants,
+    kill_group,
+)
 
 # What every child needs; a request names more (a run: the loop; the pilot: its gates), imported
 # once on the first request that names them and inherited by every later child.
@@ -118,6 +123,7 @@ class HostProcess:
         update for a supervisor that was killed), then this process, without a slow exit."""
         for pid in self.children:
             kill_group(pid)
+        kill_descendants(os.getpid())  # what a preloaded library started (the host reaps it)
         os._exit(0)
 
     def _read(self, connection: Connection) -> None:
@@ -231,6 +237,7 @@ def main(owner: int, preload: Sequence[str] = (), listener: int | None = None) -
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
     if os.getppid() != owner:  # the owner is already gone
         return
+    become_subreaper()  # a process a preloaded library starts stays in the host's tree
     # fd 1 is the answer channel: moved away, so that nothing a preload prints (Python or C)
     # can reach it; fd 1 becomes stderr.
     answers = os.dup(1)

@@ -26,7 +26,14 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from campaign.host.processes import HOST_SIGNALS, TIMEOUT_ENV, kill_group, leave_host
+from campaign.host.processes import (
+    HOST_SIGNALS,
+    TIMEOUT_ENV,
+    become_subreaper,
+    kill_descendants,
+    kill_group,
+    leave_host,
+)
 
 PROBE_LIMIT_S = 60.0  # a user's declared library that takes longer to import is not preloaded
 IMPORTED = 57  # the probe's exit code once the import returned (not one a library exits with)
@@ -203,6 +210,7 @@ def _imports_cleanly(name: str, limit: float | None = None) -> bool | None:
         try:
             if not leave_host():
                 os._exit(1)
+            become_subreaper()  # a daemon the library starts at import stays ours, and ends
             nothing = os.open(os.devnull, os.O_RDWR)
             for fd in (0, 1, 2):
                 os.dup2(nothing, fd)
@@ -210,6 +218,8 @@ def _imports_cleanly(name: str, limit: float | None = None) -> bool | None:
             importlib.import_module(name)
             code = IMPORTED
         finally:
+            with contextlib.suppress(BaseException):
+                kill_descendants(os.getpid())
             os._exit(code)
     with contextlib.suppress(OSError):
         os.setpgid(pid, pid)

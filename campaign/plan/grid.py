@@ -292,12 +292,12 @@ def relaunch_config(
     for key in sets:
         if key == MEMORY_ONLY:  # the validation batch: what an OOM in validation needs
             extra["validation"] = {**extra.get("validation", {}),
-                                   "microbatch": _validation_batch(sets[key])}
+                                   "microbatch": _validation_batch(sets[key], config)}
         elif key.split(".")[0] in ("validation", "stop", "seed"):
+            only = (f" (of the validation settings only {MEMORY_ONLY}, which sets memory, "
+                    "not results)" if key.startswith("validation.") else "")
             raise LedgerInputError(
-                f"--set {key}: campaign-wide settings cannot change in a relaunch (of the "
-                f"validation settings only {MEMORY_ONLY}, which sets memory, not results)"
-            )
+                f"--set {key}: campaign-wide settings cannot change in a relaunch{only}")
         if key in ("budget.updates", "budget.epochs"):
             dotted.pop("budget.updates", None)
             dotted.pop("budget.epochs", None)
@@ -318,10 +318,16 @@ def relaunch_config(
 MEMORY_ONLY = "validation.microbatch"  # the one validation setting a relaunch may change
 
 
-def _validation_batch(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise LedgerInputError(f"--set {MEMORY_ONLY}: expected a whole number >= 1, got "
-                               f"{value!r}")
+def _validation_batch(value: Any, config: Mapping[str, Any]) -> int:
+    """The relaunch's validation batch: no larger than the run's own (its gate class's pilot
+    measured that one, so a smaller batch stays within what was piloted)."""
+    loop = config["loop"]
+    had = (config.get("validation") or {}).get("microbatch") or (
+        int(loop["microbatch"]) * int(loop["accumulation"]))
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= had:
+        raise LedgerInputError(f"--set {MEMORY_ONLY}: expected a whole number from 1 to the "
+                               f"run's validation batch, {had}, got {value!r} (a relaunch may "
+                               "only shrink it: the pilot measured that one)")
     return value
 
 

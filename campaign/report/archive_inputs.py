@@ -111,6 +111,8 @@ def _data_entries(runs: pd.DataFrame) -> Iterator[dict[str, Any]]:
             resolved = path if path.is_absolute() else Path(folder) / path
             if not (resolved.is_file() or resolved.is_dir()) or not value.strip():
                 continue
+            if Path(folder).resolve().is_relative_to(resolved.resolve()):
+                continue  # ".", "/", "~": the working folder or above it is not a data input
             root = (PurePosixPath(value).as_posix() if not path.is_absolute()
                     and ".." not in path.parts else f"_absolute{resolved.resolve()}")
             entry = seen.setdefault(str(resolved.resolve()), {
@@ -125,12 +127,13 @@ def _data_entries(runs: pd.DataFrame) -> Iterator[dict[str, Any]]:
         for read in environment.get("task_reads") or [] if folder else []:
             resolved = Path(folder) / read["path"]
             _unchanged(resolved, read, run.run_id, hashes)  # whoever packs it
-            if any(resolved.resolve().is_relative_to(Path(other["resolved_path"]).resolve())
-                   for other in seen.values() if other["kind"] == "folder"):
+            if not resolved.is_symlink() and any(  # (a folder packs no link: packed apart)
+                    resolved.resolve().is_relative_to(Path(other["resolved_path"]).resolve())
+                    for other in seen.values() if other["kind"] == "folder"):
                 continue  # packed with the folder a setting names
-            entry = seen.get(str(resolved.resolve()))
+            entry = seen.get(str(resolved))
             if entry is None:
-                entry = seen.setdefault(str(resolved.resolve()), {
+                entry = seen.setdefault(str(resolved), {
                     "key": "read", "value": read["path"], "working_directory": folder,
                     "member_root": read["path"], "kind": "file", "run_ids": [],
                     "resolved_path": resolved})

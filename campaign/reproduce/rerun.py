@@ -173,7 +173,7 @@ def _threads_of(environment: dict[str, Any]) -> Iterator[None]:
     """The run's own torch thread count for its reproduction (the thread variables,
     which its fresh process reads), the caller's after."""
     intra = (environment.get("threads") or {}).get("intra_op")
-    if not isinstance(intra, int) or intra < 1:
+    if not isinstance(intra, int) or not 1 <= intra <= 4096:  # an archive's number, bounded
         yield
         return
     saved = {name: os.environ.get(name) for name in THREAD_VARIABLES}

@@ -176,5 +176,8 @@ def _place(source: Path, target: Path, sha256: str, what: str) -> None:
         raise ReproduceError(f"{what} is not in the archive")
     if sha256_file(source) != sha256:  # in blocks: data past --data-limit can be large
         raise ReproduceError(f"{what} does not hash as recorded: it was changed")
+    if target.exists() or target.is_symlink():  # a data entry over a checked source file
+        raise ReproduceError(f"{what}: the archive lays two inputs out at {target.name}: "
+                             "refused (not an archive campaign wrote)")
     target.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(source, target)

@@ -7,12 +7,14 @@ and reads a data file by a relative path. Both are found by watching, from the m
 first task is loaded in a process (:func:`start`, called by the task loader):
 
 - **modules**: every module imported since, whose file lies outside the installed
-  distributions (the standard library, site-packages, the interpreter's prefixes) and
-  outside this tool's own package: sibling modules and local packages;
+  distributions (the standard library, every site-packages) and outside this tool's own
+  package: sibling modules and local packages (and any under the project folders, whenever
+  imported: a ``PRELOAD`` sibling);
 - **reads**: every path opened for reading since, through Python's ``open``, ``io.open``
   or ``os.open`` (their ``open`` audit event, :pep:`578`), kept when it is a regular file
-  under the run's working folder and not code or this tool's own files (artifacts,
-  checkpoints). A file a task reads through a native library (pyarrow, safetensors) is not
+  under the run's working folder (a link must lead there too) and not code or this tool's
+  own files (artifacts, checkpoints), nor one the task opened for writing (its own
+  output). A file a task reads through a native library (pyarrow, safetensors) is not
   seen: name it in a ``task.*`` setting, and the archive packs it from there.
 
 What was seen before :func:`start` (a test runner's own modules, a notebook's files) is not
@@ -38,7 +40,7 @@ HASHED_LIMIT = 1 << 30  # bytes hashed at most per record; past them, sizes and 
 READS_LIMIT = 1000  # files recorded at most (a folder of images: name it in a task setting)
 WATCHED_LIMIT = 100_000  # paths kept at most while watching (per-example opens go unrecorded)
 NEVER = (Path("/proc"), Path("/sys"), Path("/dev"))  # not files a task's result depends on
-CODE_SUFFIXES = (".py", ".pyc", ".pyo", ".pyd", ".so", ".pth")
+CODE_SUFFIXES = (".py", ".pyc", ".pyo", ".pyd", ".so")  # a .pth in a project is weights
 OWN_PACKAGE = Path(__file__).resolve().parents[1]  # campaign/: named by its version instead
 
 _before: set[str] | None = None  # the modules already imported when watching began
@@ -67,8 +69,10 @@ def _heard(event: str, arguments: tuple[Any, ...]) -> None:
         if mode is None and not os.path.isabs(name):
             return  # os.open may resolve it against a dir_fd the event does not name
         name = os.path.abspath(name)
-        writes = (any(letter in mode for letter in "wax+") if mode is not None
-                  else flags is not None and flags & os.O_ACCMODE != os.O_RDONLY)
+        # "r+" (numpy's memmap) reads what is there; "w", "a", "x" and O_CREAT/O_TRUNC make it
+        writes = (any(letter in mode for letter in "wax") if mode is not None
+                  else flags is not None and flags & os.O_ACCMODE != os.O_RDONLY
+                  and bool(flags & (os.O_CREAT | os.O_TRUNC | os.O_APPEND)))
         if writes:
             _written.add(name)
         else:
@@ -140,7 +144,9 @@ def files_read(working_directory: Path, excluded: list[Path]) -> list[dict[str, 
         if not stat.S_ISREG(found.st_mode):
             continue
         absolute = Path(os.path.normpath(name))
-        if not absolute.is_relative_to(folder) or any(absolute.is_relative_to(p) for p in skipped):
+        target = path.resolve()  # a link to /etc/passwd is not the project's, wherever it lies
+        if not (absolute.is_relative_to(folder) and target.is_relative_to(folder)) or any(
+                where.is_relative_to(p) for p in skipped for where in (absolute, target)):
             continue
         relative = absolute.relative_to(folder).as_posix()
         record: dict[str, Any] = {"path": relative, "bytes": found.st_size}

@@ -291,6 +291,34 @@ def test_a_user_task_names_the_libraries_its_host_imports_once() -> None:
     assert declared_preloads("no.such.module") == []
 
 
+def test_a_daemon_a_preloaded_library_starts_ends_with_the_host(tmp_path: Path) -> None:
+    """A library a task names in ``PRELOAD`` starts a process at import: in the probe child
+    and then in the host itself. Neither outlives its command (the probe's ended with the
+    probe, the host's with the host): both used to be left running, ignoring SIGTERM."""
+    pids = tmp_path / "pids"
+    (tmp_path / "starting_library.py").write_text(
+        "import subprocess, sys\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])\n"
+        f"open({str(pids)!r}, 'a').write(f'{{child.pid}}\\n')\n")
+    (tmp_path / "starting_task.py").write_text("PRELOAD = ('starting_library',)\n"
+                                               "def build(config):\n    return None\n")
+    owner = textwrap.dedent("""
+        import importlib, sys
+        from campaign.host import calls
+        calls.call(importlib.import_module, "json", what="probing", task="starting_task:build")
+    """)
+    done = subprocess.run([sys.executable, "-c", owner], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    started = [int(line) for line in pids.read_text().split()]
+    assert len(started) == 2  # the probe's, the host's
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(process_state(p) not in (None, "Z")
+                                              for p in started):
+        time.sleep(0.1)
+    assert all(process_state(p) in (None, "Z") for p in started), started
+
+
 @pytest.mark.slow
 def test_a_declared_library_that_hangs_keeps_to_the_task_time_limit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

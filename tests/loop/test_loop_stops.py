@@ -126,10 +126,14 @@ def test_an_oom_in_validation_names_its_batch_and_the_relaunch_that_fits(
     assert ledger.run(new_id).config_document["validation"]["microbatch"] == 2
     execute(ledger, new_id, artifacts=tmp_path / "artifacts", replay_in_subprocess=False)
     assert ledger.run(new_id).status == "completed"
-    for bad in ("validation.microbatch=0", "validation.every=3"):
+    for bad in ("validation.microbatch=0", "validation.microbatch=9", "validation.every=3"):
         refused = in_process("--ledger", ledger.url, "relaunch", run.id, "--set", bad,
                              "--reason", "x")
         assert refused.returncode == 2 and bad.split("=")[0] in refused.stderr
+    twice = in_process("--ledger", ledger.url, "relaunch", run.id, "--set",
+                       "validation.microbatch=2", "--set", "validation.microbatch=4",
+                       "--reason", "x")
+    assert twice.returncode == 2 and "given more than once" in twice.stderr
 
 
 def test_a_task_that_breaks_the_contract_fails_the_run_cleanly(
