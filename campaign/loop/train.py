@@ -54,7 +54,7 @@ from campaign.loop.signals import SignalLatch
 from campaign.loop.stop import StopDecision, StopRules, failure_decision, oom_detail
 from campaign.loop.task import Batch, build_task
 from campaign.loop.trainer import Trainer, seed_everything
-from campaign.stack.software import run_environment
+from campaign.stack.software import late_inputs, run_environment
 
 LEASE_GONE = (
     "heartbeat refused, the lease is gone (declared lost or taken by another worker); "
@@ -177,8 +177,7 @@ class RunLoop:
     def _record_environment(self) -> None:
         """What an archive of the run must hold to reproduce it (exported with it too)."""
         self.stack = run_environment(self.task_reference, [self.artifacts]) if self.writes else {}
-        if self.writes:
-            self.ledger.set_environment(self.run_id, self.stack, lease=self.lease)
+        self.writes and self.ledger.set_environment(self.run_id, self.stack, lease=self.lease)
 
     @property
     def _group_device(self) -> torch.device:
@@ -422,6 +421,8 @@ class RunLoop:
         self.waiting.flush(self.lease)  # a resume trusts only the checkpoints recorded
         self.metrics.write_spilled()  # points close() left in the run folder: before the end
         self._record_replayed_steps()
+        if late := late_inputs(self.stack, [self.artifacts]):  # a lazy dataset's files, say
+            self._event("inputs_late", canonical_json(late))
         if self.log is not None:  # before the end: nothing is added to an ended run
             record_log(self.ledger, self.run_id, self.log, self.step, lease=self.lease)
         detail = stop.detail + (f" (traceback: artifact {traceback_artifact})"
@@ -434,9 +435,8 @@ class RunLoop:
         return RunOutcome(self.run_id, stop.status, stop.cause, self.step, detail)
 
     def _export(self) -> None:
-        """Write and record the final artifact, once: a resume that finds one the ledger names
-        at this step, verified, completes from it (its replay runs again) and never rewrites
-        it, so an archive that holds its hash stays valid."""
+        """Write and record the final artifact once: a resume finding it (verified) completes
+        from it and never rewrites it, so an archive that holds its hash stays valid."""
         self.phase = "export"
         if self.replayed_from is None or not final_recorded(self.ledger, self.record.campaign,
                                                             self.run_id, self.step, self.artifacts):

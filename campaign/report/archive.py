@@ -31,7 +31,12 @@ import pandas as pd
 
 from campaign.errors import ArchiveError
 from campaign.ledger import Ledger
-from campaign.report.archive_inputs import DATA_LIMIT, InputsChanged, pack_inputs
+from campaign.report.archive_inputs import (
+    DATA_LIMIT,
+    InputsChanged,
+    pack_inputs,
+    with_late_inputs,
+)
 from campaign.report.atomic import check_target, write_atomically
 from campaign.report.balance import balance_sheet
 from campaign.report.inputs import campaign_inputs
@@ -52,7 +57,8 @@ def write_archive(ledger: Ledger, campaign: str, output: Path,
     inputs = campaign_inputs(ledger, campaign)
     check_target(output, inputs)  # an unusable path is said before minutes of packing
     record = ledger.campaign(campaign)
-    runs = ledger.runs(campaign)
+    events = ledger.events(campaign)
+    runs = with_late_inputs(ledger.runs(campaign), events)  # what tasks read after the start
     root = f"{campaign}-archive"
     members: dict[str, bytes | StreamedFile] = {}  # a file is streamed, never held whole
 
@@ -71,7 +77,6 @@ def write_archive(ledger: Ledger, campaign: str, output: Path,
         add(f"runs/{run.run_id}/environment.json", _json(run.environment))
     add("runs.parquet", _parquet(runs.drop(columns=["config", "environment"])))
     add("metrics.parquet", _parquet(ledger.metrics(campaign, all_segments=True)))
-    events = ledger.events(campaign)
     add("events.parquet", _parquet(events))
     add("segments.parquet", _parquet(ledger.segments(campaign)))
     sheet = balance_sheet(ledger, campaign)
@@ -197,7 +202,10 @@ Everything the campaign left, checked by `campaign verify-archive THIS.tar.gz`
   directory (a file over the `--data-limit` is listed by SHA-256 and size only);
   `tokenizers/KEY/tokenizer.json`: a tokenizer the task trained.
 - `runs/RUN_ID/environment.json` also holds every installed distribution and
-  the git revision of the task's code with a dirty flag and its diff.
+  the git revision of the task's code with a dirty flag and its diff, the local
+  modules and files its task used (`task_source`, `task_reads`) and, as
+  `inputs_late`, those it imported or read after that was recorded (the run's
+  `inputs_late` events).
 
 Reload and replay a final artifact (outputs for the task's control inputs are
 compared with those recorded at the end of training):

@@ -18,7 +18,9 @@ used (its hash is in the run's ``base_model`` event), not every other campaign's
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
@@ -73,15 +75,44 @@ def pack_inputs(runs: pd.DataFrame, artifact_paths: list[str], add: Callable[[st
             "data_packed_bytes": packed_bytes, "tokenizers": tokenizers}
 
 
+def with_late_inputs(runs: pd.DataFrame, events: pd.DataFrame) -> pd.DataFrame:
+    """``runs`` with each run's ``inputs_late`` events (what its task imported or read after
+    its environment was recorded) in its environment as ``inputs_late``: a list."""
+    late = events[events["kind"] == "inputs_late"]
+    if late.empty:
+        return runs
+    found: dict[str, list[Any]] = {}
+    for row in late.itertuples():
+        with contextlib.suppress(ValueError, TypeError):
+            found.setdefault(str(row.run_id), []).append(json.loads(row.detail))
+    runs = runs.copy()
+    runs["environment"] = [{**(environment or {}), "inputs_late": found[run_id]}
+                           if run_id in found else environment
+                           for run_id, environment in zip(runs["run_id"], runs["environment"],
+                                                          strict=True)]
+    return runs
+
+
+def recorded_sources(environment: dict[str, Any]) -> list[dict[str, Any]]:
+    """The task sources a run recorded: at its start, then any imported later."""
+    late = [item.get("task_source") for item in environment.get("inputs_late") or []]
+    return [s for s in (environment.get("task_source"), *late) if s]
+
+
+def recorded_reads(environment: dict[str, Any]) -> list[dict[str, Any]]:
+    """The files a run recorded its task read: once built, then any read later."""
+    late = [read for item in environment.get("inputs_late") or []
+            for read in item.get("task_reads") or []]
+    return [*(environment.get("task_reads") or []), *late]
+
+
 def _pack_sources(runs: pd.DataFrame, add: Callable[[str, bytes], None]) -> list[dict[str, Any]]:
     """Each distinct recorded task source, checked against its files now and packed once."""
     sources: dict[str, dict[str, Any]] = {}
     for run in runs.itertuples():
-        recorded = (run.environment or {}).get("task_source")
-        if not recorded:
-            continue  # a run from before sources were recorded, or not started
-        entry = sources.setdefault(recorded["sha256"], {**recorded, "run_ids": []})
-        entry["run_ids"].append(run.run_id)
+        for recorded in recorded_sources(run.environment or {}):  # (none: from before)
+            entry = sources.setdefault(recorded["sha256"], {**recorded, "run_ids": []})
+            entry["run_ids"].append(run.run_id)
     for digest, entry in sources.items():
         named = source_paths(entry)
         missing = [path for _, path in named if not path.is_file()]
@@ -124,7 +155,7 @@ def _data_entries(runs: pd.DataFrame) -> Iterator[dict[str, Any]]:
     for run in runs.itertuples():  # then the files a run's task opened (campaign.stack.project)
         environment = run.environment or {}
         folder = environment.get("working_directory")
-        for read in environment.get("task_reads") or [] if folder else []:
+        for read in recorded_reads(environment) if folder else []:
             resolved = Path(folder) / read["path"]
             _unchanged(resolved, read, run.run_id, hashes)  # whoever packs it
             if not resolved.is_symlink() and any(  # (a folder packs no link: packed apart)

@@ -17,6 +17,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from campaign.errors import ArchiveError
+from campaign.report.archive_inputs import recorded_reads, recorded_sources
 
 
 def is_record(relative: str) -> bool:
@@ -27,7 +28,8 @@ def is_record(relative: str) -> bool:
 
 
 RECORD_LIMIT = 512 << 20  # an inputs.json of 80,000 files is 23 MB; past this, refused
-KEPT = ("task_source", "task_reads", "working_directory")  # what this check reads of a run
+# What this check reads of a run's environment.json:
+KEPT = ("task_source", "task_reads", "working_directory", "inputs_late")
 
 
 def slim(relative: str, document: bytes) -> bytes:
@@ -67,14 +69,13 @@ def check_recorded_inputs(path: Path, records: Mapping[str, bytes | None],
 
 def _check_run(path: Path, run_id: str, environment: dict[str, Any], inputs: Any,
                held: set[str]) -> None:
-    source = environment.get("task_source")
-    reads = environment.get("task_reads") or []
-    if not source and not reads:
+    sources, reads = recorded_sources(environment), recorded_reads(environment)
+    if not sources and not reads:
         return
     if not isinstance(inputs, dict):
         raise ArchiveError(f"{path}: run {run_id} recorded its inputs, but the archive has "
                            "no inputs.json: it cannot be reproduced")
-    if source:
+    for source in sources:
         _check_source(path, run_id, source, inputs, held)
     for read in reads:
         _check_read(path, run_id, str(environment.get("working_directory")), read, inputs,

@@ -92,19 +92,22 @@ def named_digest(files: list[tuple[str, Path]]) -> str:
     return digest.hexdigest()
 
 
-def task_source(task_reference: str) -> dict[str, Any] | None:
+def task_source(task_reference: str, after: dict[str, Any] | None = None,
+                ) -> dict[str, Any] | None:
     """The task's source as a run records it: root, relative file names, digest. Beside the
     task's own files, every local module the task imported (:mod:`campaign.stack.project`):
     one imported from the task's own folder by its name there, one imported from another
     folder on ``sys.path`` (a ``src`` layout, a parent folder) as ``_roots/N/NAME`` with that
     folder in ``roots``: reproduce puts each back on the import path as it was (an edit to
-    the original script a task imports changes the run's recorded source)."""
+    the original script a task imports changes the run's recorded source). ``after``: a
+    source recorded earlier; only the modules imported since, numbered as it numbered its
+    folders (a lazy import in ``loss``, recorded when the run ends)."""
     found = task_source_files(task_reference)
     if found is None:
         return None
     root, files = found
     named = [(p.relative_to(root).as_posix(), p) for p in files]
-    roots: list[Path] = []
+    roots: list[Path] = [Path(r) for r in (after or {}).get("roots") or []]  # numbered alike
     if not task_reference.startswith("campaign."):  # a built-in task imports nothing local
         known = {path for _, path in named}
         for folder, relative in project.local_modules((root, Path.cwd())):
@@ -117,6 +120,11 @@ def task_source(task_reference: str) -> dict[str, Any] | None:
             if folder not in roots:
                 roots.append(folder)
             named.append((f"_roots/{roots.index(folder)}/{relative}", path))
+    if after is not None:  # what was imported since ``after`` was recorded: the rest only
+        had = set(after.get("files") or [])
+        named = [(name, path) for name, path in named if name not in had]
+        if not named:
+            return None
     record: dict[str, Any] = {"root": str(root), "files": [name for name, _ in named],
                               "sha256": named_digest(named)}
     if roots:

@@ -60,6 +60,21 @@ def run_environment(task_reference: str, excluded: list[Path]) -> dict[str, Any]
     return stack
 
 
+def late_inputs(stack: Mapping[str, Any], excluded: list[Path]) -> dict[str, Any] | None:
+    """What the task imported and read after ``stack`` was recorded (a lazy dataset's files,
+    an import inside ``loss``), for the run's ``inputs_late`` event; None when nothing."""
+    task, folder = stack.get("task"), stack.get("working_directory")
+    if not isinstance(task, str) or not isinstance(folder, str):
+        return None
+    recorded = stack.get("task_source")
+    source = provenance.task_source(task, after=recorded) if recorded else None
+    known = {read["path"] for read in stack.get("task_reads") or []}
+    reads = [r for r in project.files_read(Path(folder), excluded) if r["path"] not in known]
+    if source is None and not reads:
+        return None
+    return {"task_source": source, "task_reads": reads}
+
+
 def thread_settings() -> dict[str, Any]:
     """torch's intra- and inter-op thread counts and the settings they come from: the last
     float32 bit of a reduction can depend on them, so every segment records them."""

@@ -323,3 +323,75 @@ def test_a_read_file_a_setting_also_names_is_checked_against_the_run(tmp_path: P
                       cwd=folder)
     assert done.returncode == 1 and f"run {run_id} read" in done.stderr, done.stderr
     assert not (tmp_path / "a.tar.gz").exists()
+
+
+LATE_TASK = '''"""Reads each example from its own file when the loader asks, and imports a helper in
+its loss: neither is seen by the time the run's environment is recorded."""
+import numpy as np
+import torch
+
+import campaign
+
+
+class Lazy:
+    def __init__(self, names):
+        self.names = names
+
+    def __len__(self):
+        return len(self.names)
+
+    def __getitem__(self, index):
+        with open(f"ex/{self.names[index]}.csv") as handle:
+            a, b, y = (float(v) for v in handle.read().split(","))
+        return {"id": self.names[index], "x": np.array([a, b], dtype=np.float32), "y": y}
+
+
+class LateTask(campaign.Task):
+    kind, target = "regression", "y"
+
+    def model(self):
+        return torch.nn.Linear(2, 1)
+
+    def splits(self):
+        names = [f"p{i}" for i in range(40)]
+        return {"train": Lazy(names[:32]), "val": Lazy(names[32:])}
+
+    def loss(self, model, batch):
+        import late_helper
+
+        predicted = self.outputs(model, batch).reshape(-1)
+        return late_helper.squared(predicted, batch["y"].to(predicted.dtype)), len(predicted)
+
+
+def build(config):
+    return LateTask(config)
+'''
+
+
+@pytest.mark.slow
+def test_what_a_task_reads_and_imports_after_its_start_is_archived(tmp_path: Path) -> None:
+    """A lazy dataset opens each example's file in __getitem__ and the loss imports a
+    helper: recorded when the run ends (an inputs_late event), packed, checked by
+    verify-archive, and the project reproduced from the archive alone, bit for bit."""
+    folder = tmp_path / NAME
+    folder.mkdir()
+    (folder / "late_task.py").write_text(LATE_TASK)
+    (folder / "late_helper.py").write_text(
+        "def squared(a, b):\n    return ((a - b) ** 2).sum()\n")
+    (folder / "ex").mkdir()
+    for i in range(40):
+        a, b = (i % 8) / 4 - 1, (i // 8) / 4 - 1
+        (folder / "ex" / f"p{i}.csv").write_text(f"{a},{b},{3 * a - 2 * b}")
+    (folder / "spec.toml").write_text(SPEC.replace("ported_task_{engine}", "late_task"))
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    _, run_id, _, _ = next(_trained(folder, url))
+    members = _archive(folder, url, tmp_path / "a.tar.gz")
+    late = json.loads(members[f"runs/{run_id}/environment.json"])["inputs_late"]
+    assert late[0]["task_source"]["files"] == ["late_helper.py"]
+    assert {r["path"] for r in late[0]["task_reads"]} == {f"ex/p{i}.csv" for i in range(40)}
+    assert members["inputs/ex/p7.csv"] == (folder / "ex" / "p7.csv").read_bytes()
+    assert in_process("verify-archive", str(tmp_path / "a.tar.gz")).returncode == 0
+    done = reproduced_elsewhere(folder, tmp_path / "a.tar.gz", tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (row,) = json.loads(done.stdout)["runs"]
+    assert row["metrics"] == "identical" and row["weights"] == "identical"
