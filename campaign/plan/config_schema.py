@@ -43,7 +43,7 @@ class LoopConfig(_Strict):
     prefetch: int = Field(2, ge=1, le=1024)
     pin_memory: bool = False
     # epochs: every example once per epoch, reshuffled; with_replacement: each update draws
-    # its examples at random (seeded by run and update: a resume stays exact).
+    # its examples at random (seeded by the run's seed and the update: a resume stays exact).
     sampling: Literal["epochs", "with_replacement"] = "epochs"
 
 
