@@ -28,7 +28,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from campaign.host.processes import kill_group
+from campaign.host.processes import kill_descendants, kill_group
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")  # what sets torch's intra-op threads
 HOST_GONE = -signal.SIGKILL  # the exit code of a child whose host died (it died with it)
@@ -164,6 +164,7 @@ class TaskHost:
             with contextlib.suppress(OSError):
                 os.close(fd)
         if os.getpid() == self.pid and not self.shared and self.process is not None:
+            kill_descendants(self.process.pid)  # what a preloaded library started there too
             with contextlib.suppress(ProcessLookupError):
                 self.process.kill()
             self.process.wait()
