@@ -13,9 +13,27 @@ from campaign.launch.run_watch import Limits, RunWatch, Signals, WatchState
 from campaign.loop.progress_page import ProgressBoard
 
 
+def deaf_sleep(seconds: float) -> None:
+    """A run that ignores SIGTERM (its task's own handler, say), then sleeps (the child)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    time.sleep(seconds)
+
+
+def _ignores_sigterm(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            ignored = next(line for line in status if line.startswith("SigIgn:"))
+    except (OSError, StopIteration):
+        return False
+    return bool(int(ignored.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
+
+
 def _watch(tmp_path: Path, *, stall_s: float = 600.0, grace_s: float = 0.3,
-           beat: bool = True, ours: bool = True) -> RunWatch:
-    child = calls.start(time.sleep, [600])
+           beat: bool = True, ours: bool = True, deaf: bool = False) -> RunWatch:
+    child = calls.start(deaf_sleep if deaf else time.sleep, [600])
+    deadline = time.monotonic() + 30  # a signal before the child's own handler: not its
+    while deaf and not _ignores_sigterm(child.pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
     board = ProgressBoard(tmp_path / "progress", create=True)
     limits = Limits(wall_s=None, wall_time=None, stall_s=stall_s, grace_s=grace_s,
                     heartbeat_s=0.05)
@@ -40,10 +58,11 @@ def test_a_run_without_progress_is_killed_as_stalled(tmp_path: Path) -> None:
 
 def test_a_stop_signal_is_forwarded_and_a_run_that_ignores_it_is_killed_after_the_grace(
         tmp_path: Path) -> None:
-    """The sleeping child does not end on the signal (a host's call child keeps the host's
-    ignored scheduler signals): STOPPING, then KILLING at the grace, and the verdict says
-    the signal was received."""
-    watch = _watch(tmp_path)
+    """The sleeping child ignores the signal (its own handler, installed before the signal
+    is sent: a host's child takes back SIGTERM's default action first, so a signal sent
+    earlier raced it): STOPPING, then KILLING at the grace, and the verdict says the signal
+    was received."""
+    watch = _watch(tmp_path, deaf=True)
     watch.tick(time.monotonic())
     assert watch.state is WatchState.RUNNING
     watch.signals.received.append(signal.SIGTERM)
