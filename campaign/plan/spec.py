@@ -280,7 +280,8 @@ def resolve_config(
         origin = origins.get(key) or next(
             (o for k, o in origins.items() if k.startswith(key + ".") or key.startswith(k)),
             None,
-        )
+        ) if key else next(  # a rule between keys: where the first key it names was set
+            (o for k, o in sorted(origins.items()) if k in str(first.get("msg", ""))), None)
         if origin is None:  # a required key that no section sets
             raise SpecError(f"{where}: [hold] or [config]: {_describe(first, RunConfig)}") from None
         if first["type"] == "extra_forbidden":

@@ -277,4 +277,5 @@ def test_sampling_with_replacement_counts_draws_not_epochs(sqlite_url: str,
     refused = cli(sqlite_url, "plan", str(spec), "--dry-run")
     assert refused.exit_code == 2
     assert "a run has no epochs to count; set budget.updates" in refused.stderr
+    assert 'hold."loop.sampling":' in refused.stderr  # where the rule's first key was set
     assert len(refused.stderr.strip().splitlines()) == 1
