@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from campaign.errors import LeaseLost, LedgerUnreachable
-from campaign.host.processes import become_subreaper, kill_descendants
+from campaign.host.processes import kill_descendants
 from campaign.ledger import Ledger
 from campaign.loop import progress_page
 from campaign.loop.signals import WALL_TIME_SIGNAL
@@ -57,7 +57,6 @@ def run_child(job: dict[str, Any]) -> NoReturn:
     """The run's process from start to ``os._exit`` (it never returns into its caller)."""
     code, answer = 0, {}
     result = Path(job["result"])
-    become_subreaper()  # a daemon the task starts (setsid) is reparented here, and ends here
     try:
         for signum in (signal.SIGTERM, signal.SIGINT, WALL_TIME_SIGNAL):
             signal.signal(signum, signal.SIG_DFL)

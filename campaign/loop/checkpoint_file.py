@@ -11,6 +11,3 @@ STATE_KEY = "campaign_checkpoint"
 FORMAT_VERSION = 1
 
 __all__ = ["ALIASES_KEY", "FORMAT_VERSION", "STATE_KEY", "file_sha256"]
-
-
-

@@ -175,9 +175,9 @@ class RunLoop:
             raise RunSetupFailed(f"run {self.run_id} {how}: {detail}", status) from error
 
     def _record_environment(self) -> None:
-        """What an archive of the run must hold to reproduce it (exported with it too)."""
-        self.stack = run_environment(self.task_reference, [self.artifacts]) if self.writes else {}
-        self.writes and self.ledger.set_environment(self.run_id, self.stack, lease=self.lease)
+        if self.writes:  # (rank 0) what an archive of the run must hold; exported with it too
+            self.stack = run_environment(self.task_reference, [self.artifacts])
+            self.ledger.set_environment(self.run_id, self.stack, lease=self.lease)
 
     @property
     def _group_device(self) -> torch.device:

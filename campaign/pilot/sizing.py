@@ -5,8 +5,8 @@ the median update, validation and checkpoint times and the per-run fixed
 costs the pilot measured (building the task and the model; export with its
 fresh-process replay), with how far apart its timed updates were (a spread over
 2x is a warning: the pilot ran on a busy machine). The runs still to run are
-ordered by priority (seed by seed, the control first, then the variants in spec order, relaunches
-last) and the sheet says how many fit in a 3-, 7- and 30-day rental. With a
+ordered by priority (seed by seed, the control first, then the variants in spec order,
+relaunches last) and the sheet says how many fit in a 3-, 7- and 30-day rental. With a
 card's memory it checks each class's measured CUDA peaks (allocated and
 reserved, per device, never added) against it. The projection's arithmetic
 lives in :mod:`campaign.plan.time_projection` (the report projects planned runs too).

@@ -26,7 +26,6 @@ from pydantic import (
 
 from campaign.errors import SpecError
 from campaign.ledger.canonical import canonical_json, sha256_text
-from campaign.loop.taskref import TaskReferenceError, load_factory
 from campaign.plan.config_schema import RunConfig, widen_integers
 from campaign.plan.optimizer_check import raise_first
 from campaign.plan.spec_sections import (
@@ -224,6 +223,7 @@ def check_task_reference(reference: str, where: str) -> None:
     is one error line, never the command's own exit."""
     from campaign.errors import TaskContractError
     from campaign.host import calls
+    from campaign.plan.task_facts import task_reference_problem
 
     try:
         problem = calls.call(task_reference_problem, reference, what="importing the task",
@@ -232,15 +232,6 @@ def check_task_reference(reference: str, where: str) -> None:
         problem = str(error)
     if problem is not None:
         raise SpecError(f"{where}: campaign.task: {problem}")
-
-
-def task_reference_problem(reference: str) -> str | None:
-    """What is wrong with the task reference, or None (run in a guarded child)."""
-    try:
-        load_factory(reference)
-    except TaskReferenceError as error:
-        return str(error)
-    return None
 
 
 # -- resolution -----------------------------------------------------------------------

@@ -28,10 +28,9 @@ def task_facts(task: str, control: dict[str, Any], configs: list[dict[str, Any]]
     from campaign.plan.metric_names import declared_metrics
     from campaign.plan.task_keys import task_keys_problem
 
-    try:
-        load_factory(task)
-    except TaskReferenceError as error:
-        return {"reference": str(error)}
+    problem = task_reference_problem(task)
+    if problem is not None:
+        return {"reference": problem}
     keys = task_keys_problem(task, configs)
     if keys is not None:  # a typo in a task key runs another experiment: before the rest
         return {"reference": None, "keys": keys}
@@ -55,6 +54,15 @@ def task_facts(task: str, control: dict[str, Any], configs: list[dict[str, Any]]
     warning = accumulation_warning(layers or [], configs)
     return {"reference": None, "sizes": sizes, "contract": contract, "metrics": metrics,
             "batch_stats": warning, "layers": layers or []}
+
+
+def task_reference_problem(reference: str) -> str | None:
+    """What is wrong with the task reference, or None (run in a guarded child)."""
+    try:
+        load_factory(reference)
+    except TaskReferenceError as error:
+        return str(error)
+    return None
 
 
 def train_size(task: str, config: dict[str, Any]) -> int | str:

@@ -146,7 +146,7 @@ def _data_entries(runs: pd.DataFrame) -> Iterator[dict[str, Any]]:
                 continue  # ".", "/", "~": the working folder or above it is not a data input
             root = (PurePosixPath(value).as_posix() if not path.is_absolute()
                     and ".." not in path.parts else f"_absolute{resolved.resolve()}")
-            entry = seen.setdefault(str(resolved.resolve()), {
+            entry = seen.setdefault(_where(resolved), {
                 "key": key, "value": value, "working_directory": folder, "member_root": root,
                 "kind": "folder" if resolved.is_dir() else "file", "run_ids": [],
                 "resolved_path": resolved})
@@ -162,15 +162,19 @@ def _data_entries(runs: pd.DataFrame) -> Iterator[dict[str, Any]]:
                     resolved.resolve().is_relative_to(Path(other["resolved_path"]).resolve())
                     for other in seen.values() if other["kind"] == "folder"):
                 continue  # packed with the folder a setting names
-            entry = seen.get(str(resolved))
-            if entry is None:
-                entry = seen.setdefault(str(resolved), {
-                    "key": "read", "value": read["path"], "working_directory": folder,
-                    "member_root": read["path"], "kind": "file", "run_ids": [],
-                    "resolved_path": resolved})
+            entry = seen.setdefault(_where(resolved), {
+                "key": "read", "value": read["path"], "working_directory": folder,
+                "member_root": read["path"], "kind": "file", "run_ids": [],
+                "resolved_path": resolved})
             if run.run_id not in entry["run_ids"]:
                 entry["run_ids"].append(run.run_id)
     yield from seen.values()
+
+
+def _where(path: Path) -> str:
+    """One input's place, whichever names it (a setting, a read): its folder resolved, its own
+    name kept (a link is packed where it lies, as the run opened it)."""
+    return str(path.parent.resolve() / path.name)
 
 
 def _unchanged(path: Path, read: dict[str, Any], run_id: str, hashes: dict[Path, str]) -> None:

@@ -36,6 +36,7 @@ from campaign.reproduce.unpack import (
     relocated_spec,
     unpack,
 )
+from campaign.stack.project import sha256_file
 from campaign.stack.software import THREAD_VARIABLES, stack_differences
 
 TIMINGS = ("_s",)  # train/update_s, train/data_wait_s: wall clock, never reproducible
@@ -129,7 +130,7 @@ def _trusted_or_refused(unpacked: Unpacked, spec: Any, trust: bool,
                     if p.suffix in CODE_SUFFIXES and p.is_file())
     for path in placed:
         say(f"the archive's code: {path.relative_to(unpacked.work)} (sha256 "
-            f"{hashlib.sha256(path.read_bytes()).hexdigest()})")
+            f"{sha256_file(path)})")
     if trust or (not placed and task.startswith(BUILT_IN_TASKS)):
         return
     what = (", ".join(str(p.relative_to(unpacked.work)) for p in placed) if placed

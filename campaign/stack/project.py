@@ -64,7 +64,7 @@ def _heard(event: str, arguments: tuple[Any, ...]) -> None:
     try:
         path, mode, flags = arguments
         if path is None or isinstance(path, int) or len(_reads) >= WATCHED_LIMIT:
-            return  # a descriptor already open
+            return  # a descriptor already open, or enough watched
         name = os.fsdecode(path)
         if mode is None and not os.path.isabs(name):
             return  # os.open may resolve it against a dir_fd the event does not name
