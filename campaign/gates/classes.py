@@ -29,6 +29,9 @@ EXECUTABLE = ("planned", "interrupted", "lost")  # the runs a launch could still
 DATA_KEYS = ("task", "loop.max_length", "loop.allow_target_truncation")
 MEMORY_KEYS = (*DATA_KEYS, "loop.microbatch", "loop.accumulation", "loop.precision",
                "loop.activation_checkpointing", "loop.replicas", "optimizer.name")
+# Keys added since classes were first recorded: in a class only when set otherwise than their
+# default, so a ledger's earlier classes keep their ids.
+LATER_MEMORY_KEYS = {"loop.strategy": "replicate", "loop.shard_modules": None}
 
 
 @dataclass(frozen=True)
@@ -60,8 +63,10 @@ def _digest(values: Mapping[str, Any]) -> str:
 
 
 def gate_class(config: Mapping[str, Any]) -> GateClass:
-    """The gate class of a resolved run config."""
+    """The gate class of a resolved run config (the sharding strategy included)."""
     memory = _values(config, MEMORY_KEYS)
+    memory |= {key: value for key, default in LATER_MEMORY_KEYS.items()
+               if (value := config_value(config, key)) not in (None, default)}
     return GateClass(_digest(memory), _digest(_values(config, DATA_KEYS)), memory)
 
 

@@ -29,7 +29,13 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from campaign.errors import CheckpointError
-from campaign.loop.checkpoint_file import ALIASES_KEY, FORMAT_VERSION, STATE_KEY, file_sha256
+from campaign.loop.checkpoint_file import (
+    ALIASES_KEY,
+    FORMAT_VERSION,
+    STATE_KEY,
+    file_sha256,
+    rank_file_name,
+)
 
 __all__ = ["ALIASES_KEY", "FORMAT_VERSION", "STATE_KEY", "CheckpointError", "file_sha256"]
 
@@ -91,7 +97,9 @@ def prune(folder: Path, keep_last: int, newest: Path) -> list[Path]:
     files = sorted((f for f in folder.glob("step-*.safetensors")
                     if _step_and_segment(f)[1] == segment), key=_step_and_segment)
     doomed = [f for f in files[: max(0, len(files) - keep_last)] if f != newest]
-    for path in doomed:
+    for path in doomed:  # a sharded checkpoint's rank files go with it
+        for shard in path.parent.glob(rank_file_name(path.name, 0).replace(".rank-0.", ".rank-*.")):
+            shard.unlink(missing_ok=True)
         path.unlink(missing_ok=True)
     return doomed
 

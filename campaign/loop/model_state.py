@@ -87,7 +87,10 @@ def frozen_sha256(model: torch.nn.Module) -> str:
     digest = hashlib.sha256()
     frozen = {n: p for n, p in model.named_parameters() if not p.requires_grad}
     for name in sorted(frozen):
-        tensor = frozen[name].detach().to("cpu").contiguous().reshape(-1)
+        whole = frozen[name].detach()
+        if hasattr(whole, "full_tensor"):  # a sharded run's: every rank gathers, name order
+            whole = whole.full_tensor()
+        tensor = whole.to("cpu").contiguous().reshape(-1)
         digest.update(f"{name}|{tensor.dtype}|{list(frozen[name].shape)}|".encode())
         digest.update(tensor.view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()

@@ -41,8 +41,10 @@ from campaign.loop.checkpoint import (
     with_aliases,
 )
 from campaign.loop.data import to_device
+from campaign.loop.full_artifact import write_gathered
 from campaign.loop.loader import PreservedGenerators, seed_generators
 from campaign.loop.model_state import base_record, load_saved_state, saved_state
+from campaign.loop.replicas import Replica
 from campaign.loop.run_files import artifacts_environment
 from campaign.loop.task import build_task
 from campaign.loop.taskref import load_factory
@@ -151,8 +153,12 @@ def write_final(
     config_text: str,
     environment_text: str,
     device: torch.device,
+    sharded: Replica | None = None,
+    base: dict[str, Any] | None = None,
 ) -> list[Any]:
-    """Write weights + config + environment + control outputs atomically; return the outputs."""
+    """Write weights + config + environment + control outputs atomically; return the outputs.
+    ``sharded``: this rank of a sharded run (every rank calls; rank 0 writes the full model
+    gathered tensor by tensor, with ``base``, the frozen base the trainer recorded)."""
     from safetensors.torch import save_file
 
     model.eval()
@@ -160,17 +166,20 @@ def write_final(
         outputs = control_outputs(task, model, device)
     finally:
         model.train()
-    # tied weights stored once; an adapter alone, its base named and hashed
-    tensors, aliases = stored_once(saved_state(model, task))
     metadata = {
         "config": config_text,
         "environment": environment_text,
         "control_outputs": json.dumps(outputs),
-        ALIASES_KEY: json.dumps(aliases),
     }
-    base = base_record(model, task)
+    base = base_record(model, task) if sharded is None else base
     if base is not None:
         metadata[BASE_KEY] = json.dumps(base)
+    if sharded is not None:
+        write_gathered(path, model, task, metadata, sharded)
+        return outputs
+    # tied weights stored once; an adapter alone, its base named and hashed
+    tensors, aliases = stored_once(saved_state(model, task))
+    metadata[ALIASES_KEY] = json.dumps(aliases)
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_suffix(".partial")
     save_file(tensors, str(temporary), metadata=metadata)

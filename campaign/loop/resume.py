@@ -23,7 +23,7 @@ from safetensors import SafetensorError, safe_open
 
 from campaign.errors import CheckpointError
 from campaign.ledger import Ledger
-from campaign.loop.checkpoint_file import FORMAT_VERSION, STATE_KEY, file_sha256
+from campaign.loop.checkpoint_file import FORMAT_VERSION, STATE_KEY, file_sha256, shard_problem
 from campaign.loop.run_files import locate
 from campaign.stack.provenance import unread_problem
 
@@ -94,7 +94,7 @@ def _problem(path: Path, sha256: str, size: int | None, config_sha256: str) -> s
         return f"unknown checkpoint format {state.get('format')!r}"
     if state.get("config_sha256") != config_sha256:
         return "it belongs to another config"
-    return None
+    return shard_problem(path, state)
 
 
 def replayed_steps_report(ledger: Ledger, run_id: str, segment_id: int) -> str | None:

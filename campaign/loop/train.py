@@ -35,26 +35,26 @@ import torch
 
 from campaign.errors import RESUME_REFUSED, LeaseLost, LoopError, RunSetupFailed, first_line
 from campaign.ledger import Claim, Ledger, StopRecord
-from campaign.ledger.canonical import canonical_json
 from campaign.ledger.spill import SPILL_NAME
 from campaign.loop import checkpoint as ckpt
-from campaign.loop import model_state, progress_page
+from campaign.loop import model_state, progress_page, shard_files
 from campaign.loop import replicas as dp
 from campaign.loop.data import describe_inputs
-from campaign.loop.decisions import agree, final_recorded, record_stop, stop_at_resume, validated_at
+from campaign.loop.decisions import agree, stop_at_resume, validated_at
 from campaign.loop.heartbeat import Heartbeat
 from campaign.loop.ledger_away import WaitingRecords, end_if_away_too_long
 from campaign.loop.measure import Probe
 from campaign.loop.outcome import RunOutcome
 from campaign.loop.preflight import refuse_impossible
-from campaign.loop.replay import EarlyReplay, write_final
-from campaign.loop.resume import ResumePoint, choose_resume_point, replayed_steps_report
-from campaign.loop.run_files import record_file, record_log, save_traceback, write_predictions
+from campaign.loop.replay import EarlyReplay
+from campaign.loop.resume import ResumePoint, choose_resume_point
+from campaign.loop.run_end import RunEnd
+from campaign.loop.run_files import record_log, save_traceback, write_predictions
 from campaign.loop.signals import SignalLatch
 from campaign.loop.stop import StopDecision, StopRules, failure_decision, oom_detail
 from campaign.loop.task import Batch, build_task
 from campaign.loop.trainer import Trainer, seed_everything
-from campaign.stack.software import late_inputs, run_environment
+from campaign.stack.software import run_environment
 
 LEASE_GONE = (
     "heartbeat refused, the lease is gone (declared lost or taken by another worker); "
@@ -62,7 +62,7 @@ LEASE_GONE = (
 )
 
 
-class RunLoop:
+class RunLoop(RunEnd):
     """Executes one planned (or resumable) run; see the module docstring for the features."""
 
     def __init__(
@@ -192,6 +192,8 @@ class RunLoop:
         self._record_environment()  # once the task imported its modules and read its splits
         if self.writes and self.trainer.base is not None:  # what an adapter was trained on
             self._event("base_model", model_state.as_text(self.trainer.base))
+        if self.writes and self.trainer.sharding is not None:  # the units, and how found
+            self._event("sharding", self.trainer.sharding.describe(self.replica.world))
         progress_page.tick()
         self.rules = StopRules(self.config)  # the wall-time clock starts once the run is built
         if resume_from:
@@ -207,10 +209,13 @@ class RunLoop:
 
     def _restore(self, source: Mapping[str, Any]) -> None:
         self.phase = "resume"
-        tensors, state = ckpt.load(Path(source["path"]), source["sha256"])
+        tensors, state = shard_files.load(Path(source["path"]), source["sha256"], self.replica)
         if state.get("config_sha256") != self.record.config_sha256:
             raise ckpt.CheckpointError(f"checkpoint {source['path']} belongs to another config")
         self._trainer.restore_state(tensors, state)
+        if state.get("resharded_from", self.replica.world) != self.replica.world:
+            self._event("resharded", f"segment {self.segment_ordinal}: resumed on "
+                        f"{self.replica.world} ranks from shards of {state['resharded_from']}")
         self.rules.restore(state["stop_rules"])
         self.step, self.examples_seen = int(state["step"]), int(state["examples_seen"])
         self.replayed_from = self.step
@@ -369,8 +374,9 @@ class RunLoop:
         return "" if self.segment_ordinal <= 1 else f"-segment-{self.segment_ordinal}"
 
     def save_checkpoint(self) -> None:
+        """Rank 0's checkpoint (every rank's shards in a sharded run, indexed in rank 0's)."""
         self.phase = "checkpoint"
-        if not self.writes:
+        if not self.writes and self._trainer.sharding is None:
             return None
         if self.heartbeat.lease_lost.is_set():
             raise LeaseLost(f"run {self.run_id}: lease gone; no checkpoint written")
@@ -385,7 +391,11 @@ class RunLoop:
                 config_sha256=self.record.config_sha256,
             )
             name = f"step-{self.step:08d}{self._segment_suffix}.safetensors"
-            saved = ckpt.save(self.folder / "checkpoints" / name, tensors, state)
+            saved = shard_files.save(self.folder / "checkpoints" / name, tensors, state,
+                                     self.replica, self._group_device)
+        if saved is None:  # another rank's shards: rank 0 records the checkpoint
+            self._checkpointed = self.step
+            return None
         self.waiting.file("checkpoint", saved.path, saved.step, self.lease, saved.sha256)
         self._checkpointed = saved.step
         end_if_away_too_long(self.metrics, saved.step)
@@ -393,72 +403,6 @@ class RunLoop:
         if not self.waiting.pending:  # never the recorded ones while newer wait for the ledger
             ckpt.prune(saved.path.parent, keep, saved.path)
         self._write_phases()
-
-    def _end(self, stop: StopDecision, traceback_artifact: int | None) -> RunOutcome:
-        """Checkpoint/export as the stop asks, then record the end. The heartbeat keeps going
-        until the end is recorded: exporting and the replay check may take a while."""
-        if not self.writes:
-            self.probe.drain()
-            return RunOutcome(self.run_id, stop.status, stop.cause, self.step, stop.detail)
-        phase = stop.phase or self.phase
-        try:
-            if (stop.status in ("completed", "stopped") and stop.cause != "budget_reached"
-                    and stop != self._resumed_stop):
-                step = self.step if stop.step is None else stop.step
-                record_stop(self.ledger, self.record.campaign, self.run_id,
-                            replace(stop, phase=phase), step, self.lease)
-            if (stop.status in ("interrupted", "completed", "stopped")
-                    and self._checkpointed != self.step):  # the loop may have saved this update
-                self.save_checkpoint()
-            if stop.status in ("completed", "stopped"):
-                self._export()
-        except LeaseLost:
-            raise
-        except Exception as error:  # a failure while ending still ends the run, as failed
-            stop = failure_decision(error, self.phase, self.step, self.run_id, ending=stop.cause)
-        with contextlib.suppress(Exception):
-            self.metrics.close()
-        self.waiting.flush(self.lease)  # a resume trusts only the checkpoints recorded
-        self.metrics.write_spilled()  # points close() left in the run folder: before the end
-        self._record_replayed_steps()
-        if late := late_inputs(self.stack, [self.artifacts]):  # a lazy dataset's files, say
-            self._event("inputs_late", canonical_json(late))
-        if self.log is not None:  # before the end: nothing is added to an ended run
-            record_log(self.ledger, self.run_id, self.log, self.step, lease=self.lease)
-        detail = stop.detail + (f" (traceback: artifact {traceback_artifact})"
-                                if traceback_artifact else "")
-        step = self.step if stop.step is None else stop.step
-        ended = StopRecord(stop.cause, step, phase, detail)
-        self.ledger.finish(self.run_id, stop.status, ended, lease=self.lease,
-                           training_s=round(self.training_s, 4))
-        self.heartbeat.stop()
-        return RunOutcome(self.run_id, stop.status, stop.cause, self.step, detail)
-
-    def _export(self) -> None:
-        """Write and record the final artifact once: a resume finding it (verified) completes
-        from it and never rewrites it, so an archive that holds its hash stays valid."""
-        self.phase = "export"
-        if self.replayed_from is None or not final_recorded(self.ledger, self.record.campaign,
-                                                            self.run_id, self.step, self.artifacts):
-            trainer = self._trainer
-            path = self.folder / f"final{self._segment_suffix}.safetensors"
-            with self.probe.phase("export", {"step": self.step}):
-                stack = canonical_json(self.stack)  # the code this segment imported and ran
-                write_final(path, trainer.model, trainer.task, self.record.config, stack,
-                            self.device)
-            record_file(self.ledger, self.run_id, "final", path, self.step, lease=self.lease)
-            self._write_phases()
-        if self.replay is not None:
-            problem = self.replay.result()
-            if problem is not None:  # "was interrupted": a flag of its own, not replay_differs
-                how = "was interrupted" if problem.how == "interrupted" else "failed"
-                self._event("replay", f"replay of the final artifact in a fresh process {how}: "
-                            f"{problem.why}")
-
-    def _record_replayed_steps(self) -> None:
-        if self.replayed_from is not None and self.segment_id is not None and (
-                report := replayed_steps_report(self.ledger, self.run_id, self.segment_id)):
-            self._event("determinism_check", report)
 
     def _event(self, kind: str, detail: str) -> None:
         self.ledger.add_event(self.record.campaign, kind, detail, run_id=self.run_id,

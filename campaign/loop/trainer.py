@@ -32,7 +32,7 @@ from torch.utils.checkpoint import checkpoint as activation_checkpoint
 
 from campaign.errors import LoopError
 from campaign.loop import checkpoint as ckpt
-from campaign.loop import model_state, progress_page
+from campaign.loop import model_state, progress_page, shard_files, sharding
 from campaign.loop import replicas as dp
 from campaign.loop.data import DataOrder, to_device
 from campaign.loop.loader import Feeder
@@ -129,6 +129,9 @@ class Trainer:
                 own(self.model)
             else:
                 checkpoint_blocks(self.model, loop.get("checkpoint_modules") or "blocks")
+        # loop.strategy = "fsdp": sharded across the ranks, before the optimizer sees the params
+        self.sharding = (sharding.shard(self.model, task, loop, device, self.replica)
+                         if loop.get("strategy") == "fsdp" and self.replica.world > 1 else None)
         self.trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = build_optimizer(self.model, config["optimizer"])
         self.scheduler = build_scheduler(self.optimizer, config)
@@ -202,6 +205,9 @@ class Trainer:
         if not self.model.training:  # train() walks every module: only when needed
             self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.sharding is not None:
+            return sharding.accumulate_sharded(self.task, self.model, batches, self._filler,
+                                               self.autocast())
         if self.replica.world > 1:
             return dp.accumulate_across(
                 self.task, self.model, batches, self.replica, self.autocast()
@@ -217,6 +223,8 @@ class Trainer:
         which costs more than the norms on a small model.
         """
         self.scaler.unscale_(self.optimizer)
+        if self.sharding is not None:  # every rank's shards (a collective)
+            return sharding.gradient_norm(self.trainable, self.clip)
         if self.clip is not None:
             return float(torch.nn.utils.clip_grad_norm_(self.trainable, self.clip))
         grads = [p.grad for p in self.trainable if p.grad is not None]
@@ -225,6 +233,10 @@ class Trainer:
         if self._single_group:
             return float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))))
         return float(torch.nn.utils.get_total_norm(grads))
+
+    def _filler(self) -> Batch:
+        """A batch for a sharded rank whose share of an update is empty (weighted zero)."""
+        return to_device(self.task.collate([self.train_set[0]]), self.device)
 
     def step(self) -> None:
         """The optimizer step (through the scaler with fp16, updated once per effective batch),
@@ -257,7 +269,8 @@ class Trainer:
         return {**scores, "train_eval/loss": total / max(1, units)}
 
     def capture_state(self, **extra: Any) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-        """Everything a resume needs, as (tensors, JSON document) for a checkpoint file."""
+        """Everything a resume needs, as (tensors, JSON document) for a checkpoint file; a
+        sharded run's tensors are this rank's shards (their full shapes under ``sharded``)."""
         tensors: dict[str, torch.Tensor] = {}
         state = {
             "model": ckpt.split_state("model", model_state.saved_state(self.model, self.task),
@@ -270,13 +283,17 @@ class Trainer:
             "data": self.order.state(),
             **extra,
         }
+        if self.sharding is not None:
+            state["sharded"] = shard_files.localise(tensors)
         return tensors, state
 
     def restore_state(self, tensors: Mapping[str, torch.Tensor], state: Mapping[str, Any]) -> None:
         """The inverse of :meth:`capture_state` (RNG states and data position included)."""
-        model_state.load_saved_state(self.model, ckpt.join_state(state["model"], tensors),
-                                     self.task, state.get("base"), "the checkpoint")
-        self.optimizer.load_state_dict(ckpt.join_state(state["optimizer"], tensors))
+        saved = shard_files.model_layout(ckpt.join_state(state["model"], tensors), self.model)
+        model_state.load_saved_state(self.model, saved, self.task, state.get("base"),
+                                     "the checkpoint")
+        optimizer = ckpt.join_state(state["optimizer"], tensors)
+        self.optimizer.load_state_dict(shard_files.optimizer_layout(optimizer, self.optimizer))
         self.scheduler.load_state_dict(ckpt.join_state(state["scheduler"], tensors))
         self.scaler.load_state_dict(state["scaler"])
         ckpt.restore_rng(state["rng"], tensors)

@@ -27,6 +27,10 @@ class LoopConfig(_Strict):
     microbatch: int = Field(1, ge=1)
     accumulation: int = Field(1, ge=1)
     replicas: int = Field(1, ge=1)
+    # How the ranks hold the model: each all of it ("replicate") or a shard (FSDP2, "fsdp");
+    # shard_modules names the module list whose blocks are the units (docs/runs.md).
+    strategy: Literal["replicate", "fsdp"] = "replicate"
+    shard_modules: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*$")
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     max_length: int | None = Field(None, ge=1)
     activation_checkpointing: bool = False

@@ -46,6 +46,10 @@ class ArithmeticTask:
     def model(self) -> nn.Module:
         return TinyTransformer(len(VOCAB), self.width, self.layers, self.longest)
 
+    def shard_units(self, model: nn.Module) -> list[nn.Module]:
+        """The repeated blocks a sharded run (``loop.strategy = "fsdp"``) shards one by one."""
+        return list(model.blocks)
+
     def splits(self) -> dict[str, Sequence[dict[str, Any]]]:
         if self._splits is None:
             rng = np.random.default_rng(self.split_seed)
