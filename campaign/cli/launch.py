@@ -16,6 +16,7 @@ from campaign.cli.options import (
     FiniteRange,
     artifacts_option,
     max_requeues_option,
+    ranks_option,
     seconds,
     skip_reason,
     stop_grace_option,
@@ -46,6 +47,7 @@ def _worker_options(command: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--reason", default=None, help="Why the pilot is skipped (recorded)."),
         click.option("--no-replay-check", is_flag=True,
                      help="Skip reloading each final artifact in a fresh process."),
+        ranks_option,
     ]
     return functools.reduce(lambda c, d: d(c), reversed(decorators), command)
 
@@ -60,6 +62,7 @@ def _options(campaign: str, artifacts: Path, **kw: Any) -> Any:
             heartbeat_s=kw["heartbeat_s"], lease_s=kw["lease_s"], resume=resume,
             threads=kw.get("threads"), max_runs=kw.get("max_runs"),
             replay_in_subprocess=not kw["no_replay_check"], grace_s=kw["stop_grace_s"],
+            ranks=kw.get("ranks"),
         )
     except ValueError as error:
         raise click.UsageError(str(error)) from None

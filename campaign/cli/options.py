@@ -82,6 +82,16 @@ def stop_grace_option(command: Any) -> Any:
     )(command)
 
 
+def ranks_option(command: Any) -> Any:
+    """``--ranks N``: the processes a resumed run continues on, when not its loop.replicas."""
+    return click.option(
+        "--ranks", type=click.IntRange(1, 4096), default=None,
+        help="Resume runs on N ranks instead of their loop.replicas (fewer GPUs after a lost "
+        "node): the effective batch is kept, a sharded checkpoint is resharded, and the run's "
+        "`resharded` event records it. A run's first segment always takes its loop.replicas.",
+    )(command)
+
+
 def max_requeues_option(command: Any) -> Any:
     """``--max-requeues``: how often a SLURM array task requeues itself after a preemption."""
     return click.option(

@@ -8,7 +8,13 @@ from typing import TYPE_CHECKING
 
 import click
 
-from campaign.cli.options import artifacts_option, device_option, skip_reason, stop_grace_option
+from campaign.cli.options import (
+    artifacts_option,
+    device_option,
+    ranks_option,
+    skip_reason,
+    stop_grace_option,
+)
 from campaign.cli.output import output_options
 from campaign.cli.source import LedgerSource
 
@@ -28,6 +34,7 @@ def _execute(
     skip: str | None = None,
     grace_s: float = 30.0,
     replay: bool = True,
+    ranks: int | None = None,
 ) -> None:
     """Run or resume ``run_id`` in this process; exit 1 unless it completed or stopped.
     A planned run starts only through the pilot gate of its class (or a recorded skip)."""
@@ -54,7 +61,7 @@ def _execute(
             _gate(ledger, record.campaign, run_id, skip)
 
         options = WorkerOptions(record.campaign, artifacts, device, grace_s=grace_s,
-                                replay_in_subprocess=replay)
+                                replay_in_subprocess=replay, ranks=ranks)
         outcome = execute_one(ledger, run_id, options)
         _warn_about_flags(ledger, run_id)
     click.echo(
@@ -119,17 +126,18 @@ def run(source: LedgerSource, run_id: str, artifacts: Path, device: str, stop_gr
 @artifacts_option
 @device_option
 @stop_grace_option
+@ranks_option
 @click.option("--no-replay-check", is_flag=True,
               help="Skip replaying the final artifact in a fresh process before the run ends.")
 @click.pass_obj
 def resume(source: LedgerSource, run_id: str, artifacts: Path, device: str,
-           stop_grace_s: float, no_replay_check: bool) -> None:
+           stop_grace_s: float, ranks: int | None, no_replay_check: bool) -> None:
     """Continue an interrupted or lost run from its last verified checkpoint (same id, new segment).
 
-    Example: campaign resume 01jd8x3m5k2q9w7c4v6b1n0r8t
+    Example: campaign resume 01jd8x3m5k2q9w7c4v6b1n0r8t --ranks 2
     """
     _execute(source, run_id, artifacts, device, expect="resumable", grace_s=stop_grace_s,
-             replay=not no_replay_check)
+             replay=not no_replay_check, ranks=ranks)
 
 
 @click.command()

@@ -49,6 +49,8 @@ def _execute_here(
     """The run itself, in the supervised child process (the parent holds the heartbeat)."""
     run_id = claim.run_id
     world = int(ledger.run(run_id).config_document["loop"]["replicas"])
+    if options.ranks and claim.ordinal > 1:  # a resume may continue on another count
+        world = options.ranks
     group: Any = contextlib.nullcontext()
     replica = None
     if world > 1:

@@ -71,6 +71,9 @@ class WorkerOptions:
     # A launched worker (the launcher opened the gate): who it is in the record of how its
     # stack differs from the passing pilots' (``"launch worker"``); None compares nothing.
     compare_stack_as: str | None = None
+    # The ranks a resumed run continues on (None: its loop.replicas); its first segment
+    # always takes its loop.replicas (docs/runs.md, "Sharded runs").
+    ranks: int | None = None
 
     def __post_init__(self) -> None:
         if not (self.heartbeat_s >= 0.1 and self.lease_s >= 3 * self.heartbeat_s):

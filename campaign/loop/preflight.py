@@ -16,17 +16,19 @@ from campaign.stack.devices import precision_problem
 
 
 def refuse_impossible(
-    config: Mapping[str, Any], run_id: str, world: int, device: torch.device
+    config: Mapping[str, Any], run_id: str, world: int, device: torch.device,
+    resuming: bool = False,
 ) -> None:
-    """Raise :class:`LoopError` when ``config`` cannot run in ``world`` processes on ``device``."""
+    """Raise :class:`LoopError` when ``config`` cannot run in ``world`` processes on ``device``
+    (a resume may take another number of ranks: the effective batch is the config's)."""
     loop = config["loop"]
-    if loop["replicas"] != world:
+    if loop["replicas"] != world and not resuming:
         raise LoopError(
             f"run {run_id}: loop.replicas = {loop['replicas']} needs that many processes: "
             "run it through `campaign worker` or `campaign launch` (`campaign run` and "
             "`campaign resume` execute one process)"
         )
-    if loop["replicas"] > 1 and loop["precision"] == "fp16":
+    if max(loop["replicas"], world) > 1 and loop["precision"] == "fp16":
         raise LoopError(f"run {run_id}: fp16 with replicas is not supported (use bf16)")
     unfit = precision_problem(loop["precision"], str(device))  # the stack gate's own rule
     if unfit:

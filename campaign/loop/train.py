@@ -94,7 +94,9 @@ class RunLoop(RunEnd):
         self.replay: EarlyReplay | None = None
         self.replica = replica or dp.Replica(0, 1)
         self.writes = self.replica.leader  # only rank 0 writes to the ledger and artifacts
-        refuse_impossible(self.config, run_id, self.replica.world, self.device)
+        resuming = (claim is not None and claim.ordinal > 1) or (
+            self.record.status in ("interrupted", "lost") or not self.replica.leader)
+        refuse_impossible(self.config, run_id, self.replica.world, self.device, resuming)
         if claim is not None and (claim.run_id != run_id or self.record.status != "running"):
             raise LoopError(f"run {run_id}: the claim given does not hold this run")
         self.lease: str | None = claim.lease if claim is not None else None
@@ -213,7 +215,7 @@ class RunLoop(RunEnd):
         if state.get("config_sha256") != self.record.config_sha256:
             raise ckpt.CheckpointError(f"checkpoint {source['path']} belongs to another config")
         self._trainer.restore_state(tensors, state)
-        if state.get("resharded_from", self.replica.world) != self.replica.world:
+        if self.writes and state.get("resharded_from", self.replica.world) != self.replica.world:
             self._event("resharded", f"segment {self.segment_ordinal}: resumed on "
                         f"{self.replica.world} ranks from shards of {state['resharded_from']}")
         self.rules.restore(state["stop_rules"])

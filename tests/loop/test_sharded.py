@@ -37,10 +37,10 @@ def plan_arithmetic(ledger: Ledger, name: str, updates: int, hold: dict[str, Any
                      validation={"every": 10, "metric": "val/accuracy", "sample": 8})[0]
 
 
-def worker(url: str, name: str, artifacts: Path, *extra: str) -> Any:
+def worker(url: str, name: str, artifacts: Path, *extra: str, exit_code: int = 0) -> Any:
     done = run(url, "worker", name, "--artifacts", str(artifacts), "--skip-pilot",
                "--reason", "sharding test", "--no-replay-check", *extra)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == exit_code, done.stderr[-3000:]
     return done
 
 
@@ -76,3 +76,71 @@ def test_a_sharded_run_takes_one_process_updates_and_writes_the_full_model(
         for key in saved:
             assert torch.equal(mine.get_tensor(key), saved[key]), key
             assert mine.get_tensor(key).shape == reference[key].shape
+
+
+FAULTY = "tests.support.tasks.sharded_fault:build"
+
+
+def plan_faulty(ledger: Ledger, name: str, marker: Path, hold: dict[str, Any]) -> str:
+    return plan_loop(ledger, name, task=FAULTY, seeds=[3],
+                     config={**SMALL, "task.fault": "sigterm", "task.at": 23,
+                             "task.marker": str(marker)},
+                     hold={"loop.microbatch": 3, "budget.updates": 30, "loop.strategy": "fsdp",
+                           "loop.checkpoint_every": 4, **hold},
+                     validation={"every": 10, "metric": "val/accuracy", "sample": 8})[0]
+
+
+@pytest.mark.slow
+def test_a_sharded_run_resumes_bit_for_bit_on_its_ranks_and_resharded_on_fewer(
+    sqlite_ledger: Ledger, sqlite_url: str, tmp_path: Path
+) -> None:
+    ledger, hold = sqlite_ledger, {"loop.replicas": 2, "loop.accumulation": 2}
+    never = tmp_path / "never"
+    never.touch()  # the marker exists: this run is never interrupted
+    reference = plan_faulty(ledger, "reference", never, hold)
+    worker(sqlite_url, "reference", tmp_path / "a")
+    expected = series(ledger, reference)
+    assert len(expected) == 30
+
+    # Interrupted after update 11 (its 23rd microbatch on a rank), resumed on 2 ranks.
+    same = plan_faulty(ledger, "same", tmp_path / "m1", hold)
+    worker(sqlite_url, "same", tmp_path / "a", exit_code=1)  # its run was interrupted
+    assert ledger.run(same).status == "interrupted"
+    step = ledger.run(same).stop_step
+    assert 0 < step < 30
+    worker(sqlite_url, "same", tmp_path / "a", "--resume-interrupted")
+    assert (ledger.run(same).status, ledger.run(same).stop_step) == ("completed", 30)
+    pd.testing.assert_frame_equal(series(ledger, same), expected, check_exact=True)
+    assert "resharded" not in set(ledger.events("same")["kind"])
+
+    # The same interruption resumed in one process: the shards joined, the batch the same.
+    fewer = plan_faulty(ledger, "fewer", tmp_path / "m2", hold)
+    worker(sqlite_url, "fewer", tmp_path / "a", exit_code=1)
+    assert ledger.run(fewer).status == "interrupted"
+    done = run(sqlite_url, "resume", fewer, "--ranks", "1", "--artifacts", str(tmp_path / "a"),
+               "--no-replay-check")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (ledger.run(fewer).status, ledger.run(fewer).stop_step) == ("completed", 30)
+    pd.testing.assert_frame_equal(series(ledger, fewer), expected, check_exact=False,
+                                  rtol=1e-6, atol=0)
+    events = ledger.events("fewer")
+    assert events[events["kind"] == "resharded"]["detail"].tolist() == [
+        "segment 2: resumed on 1 ranks from shards of 2"]
+
+    # Four ranks interrupted, resumed on two (a lost node): the same effective batch of 12.
+    four = plan_faulty(ledger, "four", tmp_path / "m3", {"loop.replicas": 4,
+                                                         "loop.accumulation": 1})
+    worker(sqlite_url, "four", tmp_path / "a", exit_code=1)
+    assert ledger.run(four).status == "interrupted"
+    saved = ledger.artifacts("four").query("kind == 'checkpoint'").sort_values("step")
+    newest, oldest = Path(saved["path"].iloc[-1]), Path(saved["path"].iloc[0])
+    assert sorted(p.name for p in newest.parent.glob(newest.stem + ".rank-*")) == [
+        f"{newest.stem}.rank-{r}.safetensors" for r in (1, 2, 3)]
+    assert not oldest.exists() and not list(oldest.parent.glob(oldest.stem + ".rank-*"))
+    worker(sqlite_url, "four", tmp_path / "a", "--resume-interrupted", "--ranks", "2")
+    assert (ledger.run(four).status, ledger.run(four).stop_step) == ("completed", 30)
+    pd.testing.assert_frame_equal(series(ledger, four), expected, check_exact=False,
+                                  rtol=1e-6, atol=0)
+    events = ledger.events("four")
+    assert events[events["kind"] == "resharded"]["detail"].tolist() == [
+        "segment 2: resumed on 2 ranks from shards of 4"]
