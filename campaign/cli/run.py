@@ -56,7 +56,7 @@ def _execute(
             )
         from campaign.launch.worker import WorkerOptions, execute_one, refuse_unfit_run
 
-        refuse_unfit_run(ledger, run_id, device)  # nothing claimed or changed when refused
+        refuse_unfit_run(ledger, run_id, device, ranks)  # nothing claimed or changed when refused
         if expect == "planned":
             _gate(ledger, record.campaign, run_id, skip)
 

@@ -29,7 +29,12 @@ from typing import Any
 
 from campaign.errors import TaskReferenceError
 from campaign.loop.taskref import load_factory
-from campaign.stack.devices import capability_problems, device_problems, precision_problem
+from campaign.stack.devices import (
+    capability_problems,
+    device_problems,
+    precision_problem,
+    ranks_problem,
+)
 
 
 def declared(task_reference: str) -> Mapping[str, Any]:
@@ -90,11 +95,14 @@ def _malformed(needs: Mapping[str, Any]) -> str | None:
     return None
 
 
-def unfit_problems(task_reference: str, device: str, precisions: list[str]) -> list[str]:
-    """Everything this stack misses to run the task's runs on ``device`` at ``precisions``:
-    the device itself, the declared requirements, each precision (one line each)."""
+def unfit_problems(task_reference: str, device: str, precisions: list[str],
+                   worlds: list[int] | None = None) -> list[str]:
+    """Everything this stack misses to run the task's runs on ``device`` at ``precisions``
+    with ``worlds`` ranks each: the device itself, the declared requirements, each precision,
+    each rank count (one line each)."""
     problems = device_problems(device)
     if problems:
         return problems
     problems = stack_problems(task_reference, device)
-    return problems + [p for p in (precision_problem(x, device) for x in precisions) if p]
+    problems += [p for p in (precision_problem(x, device) for x in precisions) if p]
+    return problems + [p for p in (ranks_problem(w, device) for w in worlds or []) if p]

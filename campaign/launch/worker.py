@@ -143,7 +143,8 @@ def refuse_unfit_stack(ledger: Ledger, campaign: str, device: str, *,
                            + "; ".join(found["problems"]))
 
 
-def refuse_unfit_run(ledger: Ledger, run_id: str, device: str) -> None:
+def refuse_unfit_run(ledger: Ledger, run_id: str, device: str,
+                     ranks: int | None = None) -> None:
     """Before ``run`` or ``resume`` claims or changes ``run_id``: raise :class:`RunRefused`
     naming what ``device`` and this stack miss for it (the device itself, the task's declared
     requirements, the run's precision), as a worker refuses before its first claim. Asked
@@ -151,7 +152,9 @@ def refuse_unfit_run(ledger: Ledger, run_id: str, device: str) -> None:
     record = ledger.run(run_id)
     task = ledger.campaign(record.campaign).task
     precision = record.config_document["loop"]["precision"]
-    problems = calls.with_torch(unfit_problems, task, device, [precision], task=task,
+    world = ranks if ranks and record.status != "planned" else record.config_document["loop"][
+        "replicas"]
+    problems = calls.with_torch(unfit_problems, task, device, [precision], [world], task=task,
                                 what="checking the device and the software stack")
     if problems:
         raise RunRefused(f"run {run_id} stays {record.status}: on {device}: "
@@ -165,7 +168,8 @@ def stack_check(ledger: Ledger, campaign: str, device: str,
     runs = ledger.runs(campaign)
     waiting = runs[runs["status"].isin(("planned", "interrupted", "lost"))]
     precisions = sorted({c["loop"]["precision"] for c in waiting["config"] if "loop" in c})
-    problems = unfit_problems(ledger.campaign(campaign).task, device, precisions)
+    worlds = sorted({int(c["loop"]["replicas"]) for c in waiting["config"] if "loop" in c})
+    problems = unfit_problems(ledger.campaign(campaign).task, device, precisions, worlds)
     warnings = [] if compare_as is None else list(
         stack_warnings(ledger, campaign, None, who=compare_as))
     return {"problems": problems, "warnings": warnings}

@@ -12,12 +12,12 @@ from typing import Any
 import torch
 
 from campaign.errors import LoopError
-from campaign.stack.devices import precision_problem
+from campaign.stack.devices import precision_problem, ranks_problem
 
 
 def refuse_impossible(
     config: Mapping[str, Any], run_id: str, world: int, device: torch.device,
-    resuming: bool = False,
+    resuming: bool = False, replica_leader: bool = True,
 ) -> None:
     """Raise :class:`LoopError` when ``config`` cannot run in ``world`` processes on ``device``
     (a resume may take another number of ranks: the effective batch is the config's)."""
@@ -30,7 +30,8 @@ def refuse_impossible(
         )
     if max(loop["replicas"], world) > 1 and loop["precision"] == "fp16":
         raise LoopError(f"run {run_id}: fp16 with replicas is not supported (use bf16)")
-    unfit = precision_problem(loop["precision"], str(device))  # the stack gate's own rule
+    unfit = (precision_problem(loop["precision"], str(device))  # the stack gate's own rules
+             or (ranks_problem(world, str(device)) if replica_leader else None))
     if unfit:
         raise LoopError(f"run {run_id}: {unfit}")
     if device.type == "cuda" and not torch.cuda.is_available():

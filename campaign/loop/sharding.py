@@ -87,6 +87,27 @@ def find_units(model: torch.nn.Module, task: Any, named: str | None) -> tuple[li
                 "no _no_split_modules): name the repeated blocks to shard them one by one")
 
 
+def units_problem(task: Any, configs: Sequence[dict[str, Any]]) -> str | None:
+    """Why a sharded variant's units cannot be found in the task's model, built on the meta
+    device (no memory, no weights); None when they can, or when no variant shards, or when the
+    model cannot be built on the meta device (the pilot says it then)."""
+    named = {(c.get("loop") or {}).get("shard_modules") for c in configs
+             if (c.get("loop") or {}).get("strategy") == "fsdp"}
+    if not named:
+        return None
+    try:
+        with torch.device("meta"):
+            model = task.model()
+    except Exception:
+        return None
+    for name in sorted(named, key=str):
+        try:
+            find_units(model, task, name)
+        except LoopError as error:
+            return str(error)
+    return None
+
+
 def _no_split_classes(model: torch.nn.Module) -> list[str]:
     """Hugging Face's ``_no_split_modules`` of the model or of the model it wraps (PEFT)."""
     for module in model.modules():

@@ -96,7 +96,8 @@ class RunLoop(RunEnd):
         self.writes = self.replica.leader  # only rank 0 writes to the ledger and artifacts
         resuming = (claim is not None and claim.ordinal > 1) or (
             self.record.status in ("interrupted", "lost") or not self.replica.leader)
-        refuse_impossible(self.config, run_id, self.replica.world, self.device, resuming)
+        refuse_impossible(self.config, run_id, self.replica.world, self.device, resuming,
+                          self.replica.leader)
         if claim is not None and (claim.run_id != run_id or self.record.status != "running"):
             raise LoopError(f"run {run_id}: the claim given does not hold this run")
         self.lease: str | None = claim.lease if claim is not None else None

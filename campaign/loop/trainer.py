@@ -257,7 +257,14 @@ class Trainer:
         self, examples: Sequence[Example], batch_size: int
     ) -> tuple[float, int, list[dict[str, Any]]]:
         """Validation over ``examples``: eval mode, no gradients; (loss sum, units, predictions)."""
-        return evaluate(self.task, self.model, examples, batch_size, self.device, self.autocast)
+        try:
+            return evaluate(self.task, self.model, examples, batch_size, self.device,
+                            self.autocast)
+        finally:
+            if self.sharding is not None:  # FSDP2 leaves the root's parameters gathered after
+                # a forward without backward; the next update's gradients were then wrong (a
+                # gradient norm of 41 for 1.10, tests/loop/test_sharded.py): shard them again
+                self.model.reshard()  # type: ignore[operator]
 
     def train_estimate(self) -> dict[str, float]:
         """``train_eval/loss`` and ``train_eval/<score>`` on the fixed training sample (eval

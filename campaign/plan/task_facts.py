@@ -24,6 +24,7 @@ def task_facts(task: str, control: dict[str, Any], configs: list[dict[str, Any]]
     or, alone, a ``task.*`` key its declared schema refuses (``keys``: [key, message])."""
     from campaign.errors import TaskContractError
     from campaign.loop.batch_stats import accumulation_warning, layers_on_meta
+    from campaign.loop.sharding import units_problem
     from campaign.loop.task import build_task, plan_problem, splits_problem
     from campaign.plan.metric_names import declared_metrics
     from campaign.plan.task_keys import task_keys_problem
@@ -40,7 +41,8 @@ def task_facts(task: str, control: dict[str, Any], configs: list[dict[str, Any]]
         built = build_task(task, copy.deepcopy(control))
         metrics = declared_metrics(built)
         layers = layers_on_meta(built)  # recorded: a relaunch's cut of an update is warned of
-        contract = splits_problem(built) or plan_problem(built)
+        contract = (splits_problem(built) or plan_problem(built)
+                    or units_problem(built, configs))
         seen = {canonical_json(control["task"])}
         for name, config in zip(variants or [], configs, strict=False):
             if contract is None and canonical_json(config["task"]) not in seen:

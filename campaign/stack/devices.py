@@ -25,6 +25,24 @@ def precision_problem(precision: str, device: str) -> str | None:
     return None
 
 
+def ranks_problem(world: int, device: str, available: int | None = None) -> str | None:
+    """Why ``world`` ranks of a run cannot each have their own device here (None: they can).
+    On CUDA rank r takes the r-th device after ``device``'s own index; CPU ranks share the
+    CPU. ``available``: the CUDA device count (asked of torch when not given)."""
+    if world <= 1 or not device.startswith("cuda"):
+        return None
+    if available is None:
+        import torch
+
+        available = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    index = int(device.split(":")[1]) if ":" in device else 0
+    if index + world <= available:
+        return None
+    return (f"loop.replicas = {world} needs cuda:{index}..cuda:{index + world - 1}, one device "
+            f"per rank; this machine has {available} CUDA device(s) (fewer ranks: --ranks "
+            "resumes a run on another count; or place the run where it fits)")
+
+
 def capability_problems(least: str, device: str) -> list[str]:
     """Why ``device`` is below the compute capability ``least`` a task declares."""
     import torch

@@ -33,7 +33,10 @@ def series(ledger: Ledger, run_id: str) -> pd.DataFrame:
 
 def plan_arithmetic(ledger: Ledger, name: str, updates: int, hold: dict[str, Any]) -> str:
     return plan_loop(ledger, name, task=ARITHMETIC, config=SMALL, seeds=[3],
-                     hold={"loop.microbatch": 3, "budget.updates": updates, **hold},
+                     # checkpoints apart from validations: a forward without backward is
+                     # followed by an update (FSDP2 leaves the root gathered after one)
+                     hold={"loop.microbatch": 3, "budget.updates": updates,
+                           "loop.checkpoint_every": 7, **hold},
                      validation={"every": 10, "metric": "val/accuracy", "sample": 8})[0]
 
 
@@ -117,15 +120,22 @@ def test_a_sharded_run_resumes_bit_for_bit_on_its_ranks_and_resharded_on_fewer(
     fewer = plan_faulty(ledger, "fewer", tmp_path / "m2", hold)
     worker(sqlite_url, "fewer", tmp_path / "a", exit_code=1)
     assert ledger.run(fewer).status == "interrupted"
+    # Its newest checkpoint's rank 1 shard damaged: the resume falls back to the one before.
+    saved = ledger.artifacts("fewer").query("kind == 'checkpoint'").sort_values("step")
+    newest = Path(saved["path"].iloc[-1])
+    shard = newest.with_name(newest.stem + ".rank-1.safetensors")
+    shard.write_bytes(shard.read_bytes()[:-8] + b"damaged!")
     done = run(sqlite_url, "resume", fewer, "--ranks", "1", "--artifacts", str(tmp_path / "a"),
                "--no-replay-check")
     assert done.returncode == 0, done.stderr[-3000:]
     assert (ledger.run(fewer).status, ledger.run(fewer).stop_step) == ("completed", 30)
     pd.testing.assert_frame_equal(series(ledger, fewer), expected, check_exact=False,
                                   rtol=1e-6, atol=0)
-    events = ledger.events("fewer")
-    assert events[events["kind"] == "resharded"]["detail"].tolist() == [
-        "segment 2: resumed on 1 ranks from shards of 2"]
+    events = ledger.events("fewer").set_index("kind")["detail"]
+    assert events["resharded"] == "segment 2: resumed on 1 ranks from shards of 2"
+    assert (f"(step {saved['step'].iloc[-2]}); newer ones skipped: {newest} (step "
+            f"{saved['step'].iloc[-1]}): its rank 1 shard {shard.name} does not match the "
+            "index") in events["resume_fallback"]
 
     # Four ranks interrupted, resumed on two (a lost node): the same effective batch of 12.
     four = plan_faulty(ledger, "four", tmp_path / "m3", {"loop.replicas": 4,
@@ -144,3 +154,46 @@ def test_a_sharded_run_resumes_bit_for_bit_on_its_ranks_and_resharded_on_fewer(
     events = ledger.events("four")
     assert events[events["kind"] == "resharded"]["detail"].tolist() == [
         "segment 2: resumed on 2 ranks from shards of 4"]
+
+
+def test_ranks_beyond_the_devices_are_refused_in_one_line() -> None:
+    from campaign.stack.devices import ranks_problem
+
+    assert ranks_problem(4, "cpu", available=0) is None  # CPU ranks share the CPU
+    assert ranks_problem(2, "cuda:0", available=2) is None
+    assert ranks_problem(1, "cuda:3", available=1) is None  # one rank: the device's own check
+    problem = ranks_problem(4, "cuda:1", available=4)
+    assert problem is not None and "\n" not in problem
+    assert problem.startswith("loop.replicas = 4 needs cuda:1..cuda:4, one device per rank; "
+                              "this machine has 4 CUDA device(s)")
+
+
+def test_a_sharded_variant_whose_units_are_not_in_the_model_is_refused_at_plan(
+    tmp_path: Path,
+) -> None:
+    spec = tmp_path / "shard.toml"
+    spec.write_text(f"""
+[campaign]
+name = "shard"
+question = "does it shard?"
+task = "{ARITHMETIC}"
+[hold]
+"loop.microbatch" = 4
+"loop.replicas" = 2
+"loop.strategy" = "fsdp"
+"budget.updates" = 10
+[validation]
+every = 5
+metric = "val/accuracy"
+mode = "max"
+[grid]
+seeds = [0]
+control = "blocks"
+variants = [{{name = "blocks"}}, {{name = "typo", set = {{"loop.shard_modules" = "layer"}}}}]
+""")
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    done = run(url, "plan", str(spec))
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"campaign: {spec}: campaign.task: loop.shard_modules = 'layer' is not a module list "
+        "of the model (name the list of repeated blocks, e.g. 'transformer.h')"]

@@ -36,6 +36,8 @@ BAD_SPECS = [
      'hold."loop.precision": expected \'fp32\', \'bf16\' or \'fp16\''),
     ("replicas-float", [('"loop.replicas" = 1', '"loop.replicas" = 1.5')],
      'hold."loop.replicas": expected a valid integer'),
+    ("strategy-unknown", [('"loop.replicas" = 1', '"loop.replicas" = 1\n"loop.strategy" = "fdsp"')],
+     'hold."loop.strategy": expected \'replicate\' or \'fsdp\', got \'fdsp\''),
     ("config-key-typo", [('"optimizer.weight_decay"', '"optimizer.weight_decy"')],
      "config.\"optimizer.weight_decy\": unknown key (did you mean 'weight_decay'?)"),
     ("unknown-namespace", [("[config]\n", '[config]\n"model.depth" = 4\n')],
