@@ -156,14 +156,17 @@ def pilot(source: LedgerSource, campaign: str, artifacts: Path, device: str,
     help="Evaluation/export reserve, as a fraction of the compute time.",
 )
 @click.option("--gpu-memory", default=None, metavar="SIZE",
-              help="A card's memory (80GiB, 24GB): check each class's measured peaks against it.")
+              help="A card's memory (80GiB, 24GB): check each class's measured peaks against it, "
+                   "and rent only that card in the strategy sheet.")
+@click.option("--headroom", default=0.1, show_default=True, type=FiniteRange(0, 0.9),
+              help="Share of each device's memory left free when choosing a rental.")
 @click.option("--model-config", "model_config", multiple=True, metavar="KEY=VALUE",
               help="A causal LM campaign: project the memory of a larger model of the same "
                    "family with these sizes (repeat: hidden_size=2048 num_hidden_layers=24).")
 @output_options
 @click.pass_obj
 def size(source: LedgerSource, campaign: str, target: str | None, reserve: float,
-         gpu_memory: str | None, model_config: tuple[str, ...],
+         gpu_memory: str | None, headroom: float, model_config: tuple[str, ...],
          output_format: str) -> None:
     """The sizing sheet per gate class: time per run (median phase times plus fixed costs),
     the runs in priority order that fit a 3-, 7- or 30-day rental, memory against a card.
@@ -172,14 +175,18 @@ def size(source: LedgerSource, campaign: str, target: str | None, reserve: float
     """
     from campaign.errors import BadInput
     from campaign.pilot.sizing import parse_memory, sizing_sheet
+    from campaign.pilot.strategies import ASSUMPTIONS as STRATEGY_ASSUMPTIONS
+    from campaign.pilot.strategies import strategy_table
 
     try:
         card = None if gpu_memory is None else parse_memory(gpu_memory)
     except ValueError as error:
         raise BadInput(f"--gpu-memory: {error}") from None  # one line, exit 2
     with source.open() as ledger:
-        sheet = sizing_sheet(ledger, campaign, target=target, reserve=reserve, gpu_memory=card)
-        projected = _projection(ledger, campaign, model_config) if model_config else None
+        sheet = sizing_sheet(ledger, campaign, target=target, reserve=reserve, gpu_memory=card,
+                             headroom=headroom)
+        projected = (_projection(ledger, campaign, model_config, headroom, card)
+                     if model_config else None)
     if output_format == "json":
         document = sheet.document()
         if projected is not None:
@@ -190,11 +197,18 @@ def size(source: LedgerSource, campaign: str, target: str | None, reserve: float
         for rows in (header, sheet.classes, sheet.packages, sheet.phases):
             click.echo(render_rows(rows, output_format))
             click.echo("")
+        if sheet.strategies:  # memory per device by strategy and ranks, and the rental
+            click.echo(render_rows(strategy_table(sheet.strategies), output_format))
+            click.echo(f"strategies: {STRATEGY_ASSUMPTIONS}\n")
         for found in (projected or {}).get("classes", []):
             click.echo(f"memory projection, gate class {found['gate_class']} "
                        f"({found.get('adapter', '?')}): {found.get('note', '')}")
             if found["rows"]:
                 click.echo(render_rows(found["rows"], output_format))
+                click.echo("")
+                click.echo(render_rows(strategy_table(found["strategies"]), output_format))
+                click.echo("smallest rental: " + ", ".join(
+                    f"{k} {v or 'none fits'}" for k, v in found["rentals"].items()))
             click.echo("")
         if projected:
             click.echo(f"memory projection: {projected['assumptions']}")
@@ -202,14 +216,15 @@ def size(source: LedgerSource, campaign: str, target: str | None, reserve: float
         click.echo(f"campaign: warning: {sheet.warning}", err=True)
 
 
-def _projection(ledger: Any, campaign: str, pairs: tuple[str, ...]) -> dict[str, Any]:
+def _projection(ledger: Any, campaign: str, pairs: tuple[str, ...], headroom: float,
+                card: int | None) -> dict[str, Any]:
     from campaign.errors import BadInput
 
     try:
         from campaign.pilot.larger_model import project_campaign
         from campaign.tasks.causal_lm.memory_projection import parse_overrides
 
-        return project_campaign(ledger, campaign, parse_overrides(pairs))
+        return project_campaign(ledger, campaign, parse_overrides(pairs), headroom, card)
     except ImportError as error:
         raise BadInput(f"--model-config needs the hf extra ({error.name}): "
                        "pip install 'campaign[hf]'") from None

@@ -12,13 +12,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from campaign.gates.classes import gate_class
+from campaign.pilot.strategies import smallest_rentals, strategy_rows
 from campaign.plan.time_projection import latest_passing_pilot
 from campaign.tasks.causal_lm.memory_projection import ASSUMPTIONS, project
 
 
-def project_campaign(ledger: Any, campaign: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
+def project_campaign(ledger: Any, campaign: str, overrides: Mapping[str, Any],
+                     headroom: float = 0.1, card: int | None = None) -> dict[str, Any]:
     """The projection for each gate class with a passing pilot (its run config, its pilot's
-    forward measurement), with the assumptions in words."""
+    forward measurement), with the assumptions in words; and the target's memory per device
+    under each strategy and W, with the rental that fits (``strategies``)."""
     record = ledger.campaign(campaign)
     runs, pilots, phases = ledger.runs(campaign), ledger.pilots(campaign), ledger.phases(campaign)
     classes = []
@@ -38,7 +41,13 @@ def project_campaign(ledger: Any, campaign: str, overrides: Mapping[str, Any]) -
                             "note": "no passing pilot with an activation measurement: "
                                     f"`campaign pilot {campaign}`"})
             continue
+        rows = project(config, measured, overrides)
+        facts = next(r["target_estimate"] for r in rows if r["item"] == "strategy_facts")
+        activations = next(r["target_estimate"] for r in rows if r["item"] == "activation_bytes")
+        strategies = strategy_rows(facts, activations, config["loop"], None, headroom, card)
         classes.append({"gate_class": class_id, "pilot_id": pilot_id,
                         "adapter": task.get("adapter", "none"),
-                        "rows": project(config, measured, overrides)})
+                        "rows": [r for r in rows if r["item"] != "strategy_facts"],
+                        "strategies": [{"gate_class": class_id, **s} for s in strategies],
+                        "rentals": smallest_rentals(strategies)})
     return {"target": dict(overrides), "assumptions": ASSUMPTIONS, "classes": classes}

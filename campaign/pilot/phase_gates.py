@@ -41,6 +41,7 @@ from campaign.pilot.data_gate import check_data, gate_samples
 from campaign.pilot.overfit import PilotOptions, varied
 from campaign.pilot.replica_check import check_replicas
 from campaign.pilot.session import PilotSession
+from campaign.pilot.strategies import state_facts
 from campaign.plan.metric_names import metric_problem, produced
 from campaign.stack.devices import precision_problem, refuse_missing_device
 from campaign.stack.software import environment
@@ -264,6 +265,9 @@ class PilotRun:
         state = session.optimizer.state_dict()["state"]
         if not state:
             raise PhaseFailure("the optimizer kept no state after its first step")
+        # the model's state in bytes, for the strategy sheet of `campaign size`
+        record.inputs["state"] = state_facts(session.model, session.task, session.optimizer,
+                                             self.config["loop"])
         return f"loss {loss:.4g}; {examples} examples per update as planned; step counted"
 
     def _later_update(self, record: PhaseRecord) -> str:

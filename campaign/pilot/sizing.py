@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from campaign.gates.classes import EXECUTABLE, gate_class
 from campaign.gates.rule import gate_state, pilot_decisions
+from campaign.pilot.strategies import ASSUMPTIONS, smallest_rentals, strategy_rows
 from campaign.plan.time_projection import (
     RENTAL_DAYS,
     Projection,
@@ -76,10 +77,12 @@ class SizingSheet:
 
     classes: list[dict[str, Any]]
     packages: list[dict[str, Any]]
+    strategies: list[dict[str, Any]] = field(default_factory=list)
 
     def document(self) -> dict[str, Any]:
         return {**self.header, "classes": self.classes, "packages": self.packages,
-                "phases": self.phases}
+                "phases": self.phases, "strategies": self.strategies,
+                "strategy_assumptions": ASSUMPTIONS}
 
 
 UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
@@ -101,6 +104,7 @@ def sizing_sheet(
     target: str | None = None,
     reserve: float = 0.2,
     gpu_memory: int | None = None,
+    headroom: float = 0.1,
 ) -> SizingSheet:
     """The sizing sheet of ``campaign`` from each gate class's latest passing pilot."""
     from campaign.errors import LedgerInputError
@@ -115,11 +119,14 @@ def sizing_sheet(
     sizing_done = todo.empty  # everything ran: size the whole plan (to compare with the runs)
     chosen = runs[runs["status"] != "withdrawn"] if sizing_done else todo
     ordered = _by_priority(chosen)
-    lines, per_run, tables, warnings = [], {}, [], []
+    lines, per_run, tables, warnings, strategies = [], {}, [], [], []
     for class_id, members in ordered.groupby(ordered["config"].map(lambda c: gate_class(c).id),
                                              sort=False):
         line, table, seconds = _class_line(class_id, members, pilots, phases, events,
                                            record.spec_sha256, gpu_memory)
+        rows = _strategies(line, phases, members["config"].iloc[0], headroom, gpu_memory)
+        line.update({f"rental_{k}": v for k, v in smallest_rentals(rows).items()} if rows else {})
+        strategies += rows
         lines.append(line)
         tables += table
         per_run.update(seconds)
@@ -153,7 +160,24 @@ def sizing_sheet(
     }
     if warnings:
         header["warning"] = "; ".join(warnings)
-    return SizingSheet(header, tables, "; ".join(warnings) or None, lines, packages)
+    return SizingSheet(header, tables, "; ".join(warnings) or None, lines, packages, strategies)
+
+
+def _strategies(line: dict[str, Any], phases: pd.DataFrame, config: dict[str, Any],
+                headroom: float, card: int | None) -> list[dict[str, Any]]:
+    """The class's memory per device under each strategy and W (pilot/strategies.py), from
+    its pilot's state facts and forward activations (none from a pilot before them)."""
+    rows = phases[phases["pilot_id"] == line.get("pilot_id")]
+    first = rows[rows["phase"] == "update_first"]["inputs"]
+    forward = rows[rows["phase"] == "forward"]["inputs"]
+    facts = (first.iloc[0] or {}).get("state") if len(first) else None
+    saved = ((forward.iloc[0] or {}).get("activations") or {}) if len(forward) else {}
+    if not facts:
+        return []
+    loop = config["loop"]
+    line["strategy"] = loop.get("strategy", "replicate")
+    return [{"gate_class": line["gate_class"], **row} for row in strategy_rows(
+        facts, int(saved.get("saved_bytes") or 0), loop, line.get("update_s"), headroom, card)]
 
 
 def _by_priority(runs: pd.DataFrame) -> pd.DataFrame:

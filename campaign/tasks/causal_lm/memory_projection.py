@@ -89,12 +89,16 @@ def count(config: Any, options: Mapping[str, Any]) -> dict[str, int]:
     """Parameters, trainable parameters and trainable tensors, on the meta device."""
     from transformers import AutoModelForCausalLM
 
+    from campaign.pilot.activations import block_list
+
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     parameters = sum(p.numel() for p in model.parameters())
+    blocks = block_list(model)  # a decoder layer: the unit a sharded run gathers whole
+    unit = sum(p.numel() for p in blocks[0].parameters()) if blocks is not None else parameters
     if options.get("adapter", "none") != "lora":
         return {"parameters": parameters, "trainable": parameters,
-                "tensors": len(list(model.parameters()))}
+                "tensors": len(list(model.parameters())), "unit": unit, "unit_trainable": unit}
     rank = int(options.get("lora_rank", 8))
     chosen = options.get("lora_targets") or lm.DEFAULT_TARGETS
     # what PEFT wraps: modules named by a target (or ending in ".target") with a 2-D weight
@@ -110,8 +114,10 @@ def count(config: Any, options: Mapping[str, Any]) -> dict[str, int]:
              if any(n == t or n.endswith("." + t) for t in options.get("lora_modules_to_save")
                     or ()) for p in m.parameters()]
     copies = sum(p.numel() for p in saved)
+    layers = len(blocks) if blocks is not None else 1
     return {"parameters": parameters + trainable + copies, "trainable": trainable + copies,
-            "tensors": 2 * len(adapted) + len(saved)}
+            "tensors": 2 * len(adapted) + len(saved), "unit": unit + trainable // layers,
+            "unit_trainable": trainable // layers}
 
 
 def footprint(config: Any, run_config: Mapping[str, Any]) -> dict[str, int | None]:
@@ -135,6 +141,18 @@ def activation_bytes(measured: Mapping[str, Any], piloted: dict[str, int],
     return round(per_block * width * target["layers"] + outside * head)
 
 
+def strategy_facts(side: Mapping[str, Any]) -> dict[str, Any]:
+    """A footprint as the strategy sheet's state facts (campaign/pilot/strategies.py): each
+    state one tensor of a parameter's rows, so a rank's share is its bytes over W."""
+    rows = max(1, int(side["parameters"]))
+    return {"parameters": [[rows, side["weights_bytes"]]],
+            "gradients": [[rows, side["gradient_bytes"]]],
+            "optimizer": [[rows, side["optimizer_bytes"] or 0]],
+            "units": int(side.get("layers") or 2), "largest_unit_values": side["unit"],
+            "largest_unit_bytes": 4 * side["unit"],
+            "largest_unit_trainable_bytes": 4 * side["unit_trainable"]}
+
+
 def project(run_config: Mapping[str, Any], measured: Mapping[str, Any],
             overrides: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Rows of (item, piloted measured, piloted computed, target estimate)."""
@@ -145,6 +163,7 @@ def project(run_config: Mapping[str, Any], measured: Mapping[str, Any],
     piloted = lm.architecture_config(settings, vocab)
     target = target_config(piloted, overrides)
     mine, theirs = footprint(piloted, run_config), footprint(target, run_config)
+    theirs["layers"] = sizes(target)["layers"]
     measured_activations = int(measured["saved_bytes"])
     mine["activation_bytes"] = measured_activations
     theirs["activation_bytes"] = activation_bytes(measured, sizes(piloted), sizes(target))
@@ -161,6 +180,8 @@ def project(run_config: Mapping[str, Any], measured: Mapping[str, Any],
     rows.append({"item": "adapter_share", "piloted_measured": None,
                  "piloted": round(mine["trainable"] / mine["parameters"], 6),
                  "target_estimate": round(theirs["trainable"] / theirs["parameters"], 6)})
+    rows.append({"item": "strategy_facts", "piloted_measured": None, "piloted": None,
+                 "target_estimate": strategy_facts(theirs)})
     return rows
 
 
