@@ -4,7 +4,9 @@
 #   1. the `gpu`-marked tests (CUDA memory counters, bf16/fp16, CUDA RNG in checkpoints,
 #      CUDA_VISIBLE_DEVICES pinning),
 #   2. the loop-overhead benchmark on CUDA (our loop with full ledger recording against a
-#      bare PyTorch loop; ratios of medians).
+#      bare PyTorch loop; ratios of medians),
+#   3. with two CUDA devices or more: a sharded run (FSDP2 over NCCL) against a bare FSDP2
+#      script and against replicate (benchmarks/sharded.py).
 # Usage: benchmarks/gpu_check.sh   (from the repository root; creates .venv-gpu when missing)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,3 +27,9 @@ echo "== gpu-marked tests"
 timeout 300 "$VENV/bin/python" -m pytest -q -n 0 -m gpu tests/ --durations=10
 echo "== loop overhead on CUDA"
 timeout 150 "$VENV/bin/python" benchmarks/overhead.py --device cuda --steps 300 --rounds 3
+echo "== sharded runs (FSDP2, NCCL) against a bare FSDP2 script and replicate"
+if [ "$("$VENV/bin/python" -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then
+    timeout 300 "$VENV/bin/python" benchmarks/sharded.py --device cuda --ranks 2 --updates 40 --rounds 1
+else
+    echo "one CUDA device: a sharded run needs one per rank; skipped"
+fi
