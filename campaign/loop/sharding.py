@@ -108,6 +108,14 @@ def units_problem(task: Any, configs: Sequence[dict[str, Any]]) -> str | None:
     return None
 
 
+def block_list(model: torch.nn.Module) -> torch.nn.ModuleList | None:
+    """The model's largest ``ModuleList`` by parameters (a transformer's layers), or None."""
+    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m)]
+    if not lists:
+        return None
+    return max(lists, key=lambda m: sum(p.numel() for p in m.parameters()))
+
+
 def _no_split_classes(model: torch.nn.Module) -> list[str]:
     """Hugging Face's ``_no_split_modules`` of the model or of the model it wraps (PEFT)."""
     for module in model.modules():

@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from campaign.loop.sharding import block_list
+
 
 @contextmanager
 def saved_activations(model: torch.nn.Module) -> Iterator[dict[str, int]]:
@@ -53,14 +55,6 @@ def saved_activations(model: torch.nn.Module) -> Iterator[dict[str, int]]:
     finally:
         for handle in handles:
             handle.remove()
-
-
-def block_list(model: torch.nn.Module) -> torch.nn.ModuleList | None:
-    """The model's largest ``ModuleList`` by parameters (a transformer's layers), or None."""
-    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m)]
-    if not lists:
-        return None
-    return max(lists, key=lambda m: sum(p.numel() for p in m.parameters()))
 
 
 def positions(batch: Any) -> int:

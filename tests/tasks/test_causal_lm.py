@@ -305,6 +305,14 @@ def test_the_llm_demo_compares_full_and_lora_with_conclusions(tmp_path: Path) ->
     lora = next(c for c in projected["classes"] if c["adapter"] == "lora")
     share = next(r for r in lora["rows"] if r["item"] == "adapter_share")
     assert 0 < share["target_estimate"] < share["piloted"] < 1
+    full = next(c for c in projected["classes"] if c["adapter"] == "none")
+    rows = {(r["strategy"], r["ranks"]): r for r in full["strategies"]}  # both, W = 1..8
+    weights = next(r["target_estimate"] for r in full["rows"] if r["item"] == "weights_bytes")
+    assert rows[("replicate", 4)]["weights_bytes"] == rows[("fsdp", 1)]["weights_bytes"] == weights
+    assert rows[("fsdp", 4)]["weights_bytes"] == pytest.approx(weights / 4, rel=1e-6)
+    assert rows[("fsdp", 4)]["per_device_bytes"] < rows[("fsdp", 2)]["per_device_bytes"] < (
+        rows[("replicate", 2)]["per_device_bytes"])
+    assert set(full["rentals"]) == {"replicate", "fsdp"}
     wrong = CliRunner().invoke(main, ["--ledger", result.ledger_url, "size", "llm-lora",
                                       "--model-config", "hiden_size=256"])
     assert wrong.exit_code == 2 and "--model-config hiden_size: not a size" in wrong.output

@@ -89,7 +89,7 @@ def count(config: Any, options: Mapping[str, Any]) -> dict[str, int]:
     """Parameters, trainable parameters and trainable tensors, on the meta device."""
     from transformers import AutoModelForCausalLM
 
-    from campaign.pilot.activations import block_list
+    from campaign.loop.sharding import block_list
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
