@@ -158,5 +158,15 @@ def _on_engine(url: str, request: LaunchRequest, display: ProgressDisplay) -> tu
         time_min=request.slurm_time_min, max_requeues=request.max_requeues,
         gpus_per_task=gpus, cpus_per_task=request.options.threads or 1,
         signal_s=request.slurm_signal_s, grace_s=request.grace_s,
+        ranks=_most_ranks(url, request.options.campaign, request.options.ranks),
     )
     return launch_on_slurm(url, request.options, slurm_options, display)
+
+
+def _most_ranks(url: str, campaign: str, ranks: int | None) -> int:
+    """The most ranks a run of ``campaign`` can take (its largest ``loop.replicas``, or
+    ``--ranks``): the tasks each SLURM array task asks for."""
+    with Ledger.open(url) as ledger:
+        configs = ledger.runs(campaign)["config"]
+    most = max((int(c["loop"]["replicas"]) for c in configs if "loop" in c), default=1)
+    return max(most, ranks or 1)

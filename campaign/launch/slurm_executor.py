@@ -55,6 +55,10 @@ class SlurmOptions:
     cpus_per_task: int = 1
     signal_s: int = 120  # the preemption warning, this long before the time limit
     grace_s: float = 300.0
+    # Tasks per array task: the campaign's largest loop.replicas. A run of W ranks takes W
+    # of them, its ranks 1..W-1 a step of their own (campaign/launch/replicated.py), on
+    # whichever nodes SLURM gives the allocation.
+    ranks: int = 1
 
     def __post_init__(self) -> None:
         # A value goes into one #SBATCH line: a newline in it would add a line of its own.
@@ -78,23 +82,28 @@ def batch_script(options: WorkerOptions, slurm: SlurmOptions, cwd: str) -> str:
         f"#SBATCH --time={slurm.time_min}",
         f"#SBATCH --signal={PREEMPT_SIGNAL}@{slurm.signal_s}",
         "#SBATCH --requeue",
-        "#SBATCH --ntasks=1",
+        f"#SBATCH --ntasks={slurm.ranks}",
         f"#SBATCH --cpus-per-task={slurm.cpus_per_task}",
         "#SBATCH --open-mode=append",
         f"#SBATCH --output={shlex.quote(str(slurm.folder / '%A_%a.log'))}",
     ]
     if slurm.partition:
         lines.append(f"#SBATCH --partition={shlex.quote(slurm.partition)}")
-    if slurm.gpus_per_task:
-        lines.append(f"#SBATCH --gres=gpu:{slurm.gpus_per_task}")
+    if slurm.gpus_per_task:  # each rank its own device(s), wherever SLURM places it
+        lines.append(f"#SBATCH --gpus-per-task={slurm.gpus_per_task}" if slurm.ranks > 1
+                     else f"#SBATCH --gres=gpu:{slurm.gpus_per_task}")
     device = "cuda" if slurm.gpus_per_task else "cpu"
     command = worker_command(options, device, slurm.cpus_per_task, "--slurm",
                              "--max-requeues", str(slurm.max_requeues))
     lines += [
         f"cd {shlex.quote(cwd)} || exit 1",
+        f"export CAMPAIGN_SLURM_TASKS={slurm.ranks}  # a run's other ranks: a step of its own",
         # A step, so that SLURM's signals (scancel, the time-limit warning) reach the worker,
         # its task host and its run's process, as on any cluster.
-        "exec srun --ntasks=1 --unbuffered " + shlex.join(command),
+        # --exact: the worker's step (with a run's rank 0) holds one task's CPUs, leaving the
+        # allocation's others to its run's other ranks (a step of their own)
+        "exec srun --ntasks=1 " + ("--exact " if slurm.ranks > 1 else "") + "--unbuffered "
+        + shlex.join(command),
         "",
     ]
     return "\n".join(lines)

@@ -88,10 +88,13 @@ def agree(
 ) -> StopDecision | None:
     """Every rank takes the same decision after each update (one small all-reduce): a
     signal, a lost lease or a stop rule on any rank stops all of them."""
-    mine = [signals.received is not None, lease_lost.is_set(), stop is not None]
-    signalled, lost, stopping = dp.any_ranks(mine, device)
-    if signalled and signals.received is None:
-        signals.request(signal.SIGTERM)  # another rank was signalled
+    mine = [signals.received is not None, signals.preempted, lease_lost.is_set(),
+            stop is not None]
+    signalled, preempted, lost, stopping = dp.any_ranks(mine, device)
+    if signalled and signals.received is None:  # another rank was signalled: a scheduler's
+        # preemption (its step got the warning first) ends the run as preempted here too
+        signals.request(signals.preempt_signals[0] if preempted and signals.preempt_signals
+                        else signal.SIGTERM)
     if lost:
         lease_lost.set()
     if stopping and stop is None:  # e.g. the wall-time rule fired on another rank first

@@ -131,6 +131,7 @@ class RunLoop(RunEnd):
         """Take the run (unless a worker's claim already did), then build everything."""
         if not self.writes:  # a non-zero rank: rank 0 claimed the run and says where to start
             shared = dp.broadcast_json(None, self.replica, self._group_device)
+            self.segment_ordinal = int(shared.get("segment") or 0)  # its files' names
             self._prepare(shared["resume_from"])
             return
         if self.replay_in_subprocess:  # its fresh child imports the task while this one trains
@@ -155,7 +156,8 @@ class RunLoop(RunEnd):
             self._event("resume_fallback", str(point.event_detail()))
         self.heartbeat.start()  # from the claim on: building the model may take a while
         if self.replica.world > 1:
-            dp.broadcast_json({"resume_from": resume_from}, self.replica, self._group_device)
+            dp.broadcast_json({"resume_from": resume_from, "segment": self.segment_ordinal},
+                              self.replica, self._group_device)
         try:
             self._prepare(resume_from)
         except (Exception, SystemExit, KeyboardInterrupt) as error:  # it must end with a cause
