@@ -90,7 +90,8 @@ def batch_script(options: WorkerOptions, slurm: SlurmOptions, cwd: str) -> str:
     if slurm.partition:
         lines.append(f"#SBATCH --partition={shlex.quote(slurm.partition)}")
     if slurm.gpus_per_task:  # each rank its own device(s), wherever SLURM places it
-        lines.append(f"#SBATCH --gpus-per-task={slurm.gpus_per_task}" if slurm.ranks > 1
+        per_rank = -(-slurm.gpus_per_task // slurm.ranks)  # --gpus-per-run over its ranks
+        lines.append(f"#SBATCH --gpus-per-task={per_rank}" if slurm.ranks > 1
                      else f"#SBATCH --gres=gpu:{slurm.gpus_per_task}")
     device = "cuda" if slurm.gpus_per_task else "cpu"
     command = worker_command(options, device, slurm.cpus_per_task, "--slurm",

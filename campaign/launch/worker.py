@@ -108,7 +108,8 @@ def worker_name(device: str, name: str | None = None, pid: int | None = None) ->
 def refuse_unfit_stack(ledger: Ledger, campaign: str, device: str, *,
                        meanwhile: Callable[[], None] | None = None,
                        compare_as: str | None = None,
-                       on_warning: Callable[[str], None] | None = None) -> None:
+                       on_warning: Callable[[str], None] | None = None,
+                       ranks: int | None = None) -> None:
     """Raise :class:`StackRefused` naming what this stack misses, before any claim.
     ``meanwhile``: work done while the check's child of the task host runs (a worker's host
     imports the run's modules while that child imports the task's). ``compare_as`` (a
@@ -122,12 +123,12 @@ def refuse_unfit_stack(ledger: Ledger, campaign: str, device: str, *,
     task = ledger.campaign(campaign).task
     what = "checking the software stack and the device"
     if "torch" in sys.modules:  # this process can ask torch itself
-        found = stack_check(ledger, campaign, device, compare_as)
+        found = stack_check(ledger, campaign, device, compare_as, ranks)
         if meanwhile is not None:
             meanwhile()
     else:
         url = ledger.engine.url.render_as_string(hide_password=False)
-        checking = calls.begin(stack_check_at, url, campaign, device, compare_as, task=task,
+        checking = calls.begin(stack_check_at, url, campaign, device, compare_as, ranks, task=task,
                                what=what)
         try:
             if meanwhile is not None:
@@ -162,24 +163,26 @@ def refuse_unfit_run(ledger: Ledger, run_id: str, device: str,
 
 
 def stack_check(ledger: Ledger, campaign: str, device: str,
-                compare_as: str | None) -> dict[str, list[str]]:
+                compare_as: str | None, ranks: int | None = None) -> dict[str, list[str]]:
     """What :func:`refuse_unfit_stack` asks, where torch is: this stack's problems for the
     waiting runs' precisions, and (``compare_as``) its differences from the pilots'."""
     runs = ledger.runs(campaign)
     waiting = runs[runs["status"].isin(("planned", "interrupted", "lost"))]
     precisions = sorted({c["loop"]["precision"] for c in waiting["config"] if "loop" in c})
-    worlds = sorted({int(c["loop"]["replicas"]) for c in waiting["config"] if "loop" in c})
+    worlds = sorted({ranks if ranks and status != "planned" else int(c["loop"]["replicas"])
+                     for c, status in zip(waiting["config"], waiting["status"], strict=True)
+                     if "loop" in c})  # a resumed run takes --ranks when given
     problems = unfit_problems(ledger.campaign(campaign).task, device, precisions, worlds)
     warnings = [] if compare_as is None else list(
         stack_warnings(ledger, campaign, None, who=compare_as))
     return {"problems": problems, "warnings": warnings}
 
 
-def stack_check_at(url: str, campaign: str, device: str,
-                   compare_as: str | None) -> dict[str, list[str]]:
+def stack_check_at(url: str, campaign: str, device: str, compare_as: str | None,
+                   ranks: int | None = None) -> dict[str, list[str]]:
     """:func:`stack_check` on the ledger at ``url``, in a child of the task host."""
     with Ledger.open(url) as ledger:
-        return stack_check(ledger, campaign, device, compare_as)
+        return stack_check(ledger, campaign, device, compare_as, ranks)
 
 
 def run_worker(
@@ -201,7 +204,7 @@ def run_worker(
     try:
         refuse_unfit_stack(ledger, options.campaign, options.device,
                            meanwhile=lambda: warm_up(task), compare_as=options.compare_stack_as,
-                           on_warning=on_warning)
+                           on_warning=on_warning, ranks=options.ranks)
     except StackRefused as refused:  # recorded: a launcher that placed it says why
         ledger.add_event(options.campaign, "stack_refused", f"{report.worker}: {refused}")
         raise

@@ -52,7 +52,8 @@ def save(path: Path, tensors: dict[str, torch.Tensor], state: Mapping[str, Any])
     """Write atomically: temp file in the same directory, fsync, rename, fsync the directory."""
     path.parent.mkdir(parents=True, exist_ok=True)
     for leftover in path.parent.glob(".*.partial"):  # a killed writer's: never a checkpoint
-        if not _writer_alive(leftover):
+        # only this rank's kind of file: another node's rank writes beside it, its PID not ours
+        if _rank_of(leftover.name) == _rank_of(path.name) and not _writer_alive(leftover):
             leftover.unlink(missing_ok=True)
     temporary = path.with_name(f".{path.name}.{os.getpid()}.partial")
     unique, aliases = stored_once(tensors)
@@ -72,6 +73,12 @@ def save(path: Path, tensors: dict[str, torch.Tensor], state: Mapping[str, Any])
     finally:
         os.close(directory)
     return SavedCheckpoint(path, file_sha256(path), path.stat().st_size, int(state["step"]))
+
+
+def _rank_of(name: str) -> int:
+    """The rank whose file ``name`` is (``step-N.rank-R.safetensors``; rank 0's have none)."""
+    found = re.search(r"\.rank-(\d+)\.", name)
+    return int(found.group(1)) if found else 0
 
 
 def _writer_alive(partial: Path) -> bool:

@@ -85,9 +85,12 @@ def final_recorded(ledger: Ledger, campaign: str, run_id: str, step: int,
 def agree(
     stop: StopDecision | None, signals: SignalLatch, lease_lost: threading.Event,
     device: torch.device,
-) -> StopDecision | None:
+) -> tuple[StopDecision | None, bool]:
     """Every rank takes the same decision after each update (one small all-reduce): a
-    signal, a lost lease or a stop rule on any rank stops all of them."""
+    signal, a lost lease or a stop rule on any rank stops all of them. Returns the stop and
+    whether a signal stops the run now: every rank's answer is this one, so a signal that
+    arrives after the reduction waits for the next update (a rank alone would otherwise
+    start the checkpoint's collectives)."""
     mine = [signals.received is not None, signals.preempted, lease_lost.is_set(),
             stop is not None]
     signalled, preempted, lost, stopping = dp.any_ranks(mine, device)
@@ -99,4 +102,4 @@ def agree(
         lease_lost.set()
     if stopping and stop is None:  # e.g. the wall-time rule fired on another rank first
         stop = StopDecision("stopped", "wall_time", "stopped together with another replica")
-    return stop
+    return stop, signalled

@@ -39,10 +39,12 @@ def write_gathered(path: Path, model: torch.nn.Module, task: Any, metadata: Mapp
     """Every rank calls this; rank 0 writes ``path`` atomically (``metadata`` as safetensors
     string metadata, tied tensors stored once as the one-process artifact stores them)."""
     state = saved_state(model, task)
-    kept: dict[int, str] = {}
+    kept: dict[tuple[int, ...], str] = {}
     aliases: dict[str, str] = {}
-    for name in sorted(state):
-        identity = id(state[name])
+    for name in sorted(state):  # tied tensors: the same local storage (as stored_once finds)
+        local = state[name].to_local() if hasattr(state[name], "to_local") else state[name]
+        identity = (local.untyped_storage().data_ptr(), local.storage_offset(),
+                    tuple(state[name].shape)) if local.numel() else (id(state[name]),)
         if identity in kept:
             aliases[name] = kept[identity]
         else:

@@ -17,6 +17,7 @@ than its share.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -28,7 +29,13 @@ from safetensors import SafetensorError, safe_open
 from campaign.errors import CheckpointError
 from campaign.loop import checkpoint as ckpt
 from campaign.loop import replicas as dp
-from campaign.loop.checkpoint_file import SHARDS_KEY, file_sha256, rank_file_name
+from campaign.loop.checkpoint_file import (
+    ALIASES_KEY,
+    SHARDS_KEY,
+    STATE_KEY,
+    file_sha256,
+    rank_file_name,
+)
 from campaign.loop.sharding import is_sharded
 
 
@@ -119,7 +126,10 @@ class Resharded(Mapping[str, torch.Tensor]):
             return self.leader[key][low:high].clone()
         try:
             with safe_open(str(self.files[rank]), framework="pt") as handle:
-                return handle.get_slice(key)[low:high]
+                # a tied tensor's shard is stored once there, its other names aliases of it
+                aliases = json.loads((handle.metadata() or {}).get(STATE_KEY, "{}")).get(
+                    ALIASES_KEY, {})
+                return handle.get_slice(aliases.get(key, key))[low:high]
         except (SafetensorError, OSError) as error:
             raise CheckpointError(f"shard {self.files[rank]}: {key} unreadable ({error})"
                                   ) from None

@@ -14,9 +14,10 @@ forced to a plain sum (FSDP averages by default) and the gradients are divided b
 the whole effective batch. Every forward and backward is a collective (each unit's parameters
 are gathered), so every rank takes as many microbatches as the rank with the most; a rank
 short of one repeats a batch of its own in eval mode with its loss multiplied by zero (no
-gradient, no BatchNorm statistics, no dropout draw). Mixed precision: ``loop.precision =
-"bf16"`` is FSDP's policy (parameters gathered in bfloat16, gradients reduced in float32) under
-the same autocast as one process.
+gradient, no BatchNorm statistics, no dropout draw). Precision: FSDP's policy gathers float32
+parameters and reduces in float32; ``loop.precision = "bf16"`` is the loop's autocast, as in
+one process, so a bf16 run takes one process's bf16 series and its control outputs replay in
+a fresh process.
 """
 
 from __future__ import annotations
@@ -133,9 +134,10 @@ def shard(model: torch.nn.Module, task: Any, loop: dict[str, Any], device: torch
 
     units, how = find_units(model, task, loop.get("shard_modules"))
     mesh = init_device_mesh(device.type, (replica.world,))
-    bf16 = loop.get("precision") == "bf16"
-    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else None,
-                                  reduce_dtype=torch.float32 if bf16 else None)
+    # float32 parameters gathered and gradients reduced; bf16 is the loop's autocast, as in
+    # one process (a bfloat16 param_dtype would compute every op in bf16: another series,
+    # and control outputs a float32 replay could not reproduce)
+    policy = MixedPrecisionPolicy(param_dtype=None, reduce_dtype=torch.float32)
     for unit in units:
         fully_shard(unit, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)

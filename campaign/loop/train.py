@@ -280,12 +280,14 @@ class RunLoop(RunEnd):
             if self.step % checkpoint_every == 0:
                 self.save_checkpoint()
             stop = self.rules.after_update(self.step)
-            if self.replica.world > 1:
-                stop = agree(stop, self.signals, self.heartbeat.lease_lost, self._group_device)
+            signalled = self.signals.received is not None
+            if self.replica.world > 1:  # the ranks' one answer (a later signal: next update)
+                stop, signalled = agree(stop, self.signals, self.heartbeat.lease_lost,
+                                        self._group_device)
             self.heartbeat.check()
             if self.heartbeat.lease_lost.is_set():
                 raise LeaseLost(f"run {self.run_id}: {LEASE_GONE}")
-            if self.signals.received is not None:
+            if signalled:
                 return self.signals.decision()
             if decided is not None and decided.step == self.step:
                 stop = decided  # resumed from before the decided stop: it holds at its step

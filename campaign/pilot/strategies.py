@@ -11,8 +11,9 @@ for W ranks:
 - ``fsdp`` (FSDP2): each rank holds 1/W of the weights, gradients and optimizer state
   (``torch.chunk``'s split of every tensor's first dimension, so the share is computed tensor
   by tensor), plus the units gathered whole while they compute: two units at a time (the one
-  running and the one prefetched), in the compute precision (bf16: 2 bytes a value), and one
-  unit's unsharded gradient before its reduce-scatter; the activations are the same.
+  running and the one prefetched), in the parameters' own dtype (bf16 is autocast, as in one
+  process), and one unit's unsharded gradient before its reduce-scatter; the activations are
+  the same.
 
 Examples per update count the data-parallel ranks for both strategies (each rank takes its
 own microbatches), so a class's effective batch is ``microbatch x accumulation x W``. The time
@@ -31,7 +32,7 @@ RANKS = (1, 2, 4, 8)
 CARDS_GIB = (16, 24, 40, 48, 80, 96, 141, 192)  # memory per device of the usual rentals
 ASSUMPTIONS = (
     "per device: state counted from the piloted tensors (fsdp: each tensor's torch.chunk share "
-    "of its first dimension, plus two units gathered in the compute precision and one unit's "
+    "of its first dimension, plus two units gathered in the parameters' dtype and one unit's "
     "unsharded gradient), one microbatch's saved activations as measured; the CUDA context, "
     "allocator caches and communication buffers are not included; the time per update is a "
     "rank's share of the pilot's one-process update (collectives not counted)"
@@ -92,9 +93,7 @@ def per_device(facts: Mapping[str, Any], activations: int, strategy: str, world:
                  "gradient_bytes": total(facts["gradients"]),
                  "optimizer_bytes": total(facts["optimizer"]), "gathered_bytes": 0}
     else:
-        compute = 2 if precision == "bf16" else None
-        unit = (compute * int(facts["largest_unit_values"]) if compute
-                else int(facts["largest_unit_bytes"]))
+        unit = int(facts["largest_unit_bytes"])  # gathered in the parameters' own dtype
         parts = {"weights_bytes": share(facts["parameters"], world),
                  "gradient_bytes": share(facts["gradients"], world),
                  "optimizer_bytes": share(facts["optimizer"], world),

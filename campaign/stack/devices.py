@@ -6,6 +6,8 @@ imported when a device is asked about, never when this module loads.
 
 from __future__ import annotations
 
+import os
+
 from campaign.errors import DeviceUnavailable, LoopError
 
 
@@ -31,6 +33,8 @@ def ranks_problem(world: int, device: str, available: int | None = None) -> str 
     CPU. ``available``: the CUDA device count (asked of torch when not given)."""
     if world <= 1 or not device.startswith("cuda"):
         return None
+    if int(os.environ.get("CAMPAIGN_SLURM_TASKS") or 0) >= world:
+        return None  # its other ranks are a SLURM step, each with the devices SLURM gave it
     if available is None:
         import torch
 

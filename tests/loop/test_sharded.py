@@ -197,3 +197,55 @@ variants = [{{name = "blocks"}}, {{name = "typo", set = {{"loop.shard_modules" =
     assert done.stderr.strip().splitlines() == [
         f"campaign: {spec}: campaign.task: loop.shard_modules = 'layer' is not a module list "
         "of the model (name the list of repeated blocks, e.g. 'transformer.h')"]
+
+
+@pytest.mark.slow
+def test_a_sharded_model_with_tied_weights_reshards_and_writes_them_once(
+    sqlite_ledger: Ledger, sqlite_url: str, tmp_path: Path
+) -> None:
+    """nanoGPT's tie (the embedding is the output layer's weight): each rank's file stores
+    its shard once, the other name an alias; reading it back on another count of ranks
+    resolves the alias, and the full artifact stores the tie once, as one process does."""
+    from campaign.loop.replay import load_final_model
+
+    plan_loop(sqlite_ledger, "tied", task="tests.support.tasks.tied:build", seeds=[0],
+              hold={"loop.microbatch": 4, "loop.accumulation": 1, "loop.replicas": 2,
+                    "loop.strategy": "fsdp", "loop.shard_modules": "transformer.h",
+                    "budget.updates": 8, "loop.checkpoint_every": 4},
+              config={"optimizer.name": "adamw", "optimizer.lr": 1e-2},
+              validation={"every": 4, "metric": "val/accuracy"})
+    worker(sqlite_url, "tied", tmp_path / "a")
+    artifacts = sqlite_ledger.artifacts("tied")
+    last = artifacts.query("kind == 'checkpoint'").sort_values("step").iloc[-1]
+    tensors, state = shard_files.load(Path(last["path"]), last["sha256"], dp.Replica(0, 1))
+    saved = ckpt.join_state(state["model"], tensors)
+    assert torch.equal(saved["lm_head.weight"], saved["transformer.wte.weight"])
+    assert saved["lm_head.weight"].shape == (16, 16)
+    final = artifacts.query("kind == 'final'")["path"].iloc[0]
+    with safe_open(final, "pt") as handle:
+        stored = set(handle.keys())  # stored once (the first name), the other an alias
+        assert "lm_head.weight" in stored and "transformer.wte.weight" not in stored
+    _, model, _ = load_final_model(Path(final), "tests.support.tasks.tied:build")
+    assert model.lm_head.weight.data_ptr() == model.transformer["wte"].weight.data_ptr()
+    assert torch.equal(model.lm_head.weight, saved["transformer.wte.weight"])
+
+
+@pytest.mark.slow
+def test_a_bf16_sharded_runs_final_artifact_replays_identically_in_a_fresh_process(
+    sqlite_ledger: Ledger, sqlite_url: str, tmp_path: Path
+) -> None:
+    """bf16 is the loop's autocast under FSDP too (float32 parameters gathered): the control
+    outputs written at export are what a float32 replay in a fresh process computes."""
+    run_id = plan_arithmetic(sqlite_ledger, "bf16", 8, {"loop.accumulation": 1,
+                                                      "loop.replicas": 2,
+                                                      "loop.strategy": "fsdp",
+                                                      "loop.precision": "bf16"})
+    done = run(sqlite_url, "worker", "bf16", "--artifacts", str(tmp_path / "a"),
+               "--skip-pilot", "--reason", "bf16 replay")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sqlite_ledger.run(run_id).status == "completed"
+    replayed = run(sqlite_url, "replay", run_id)
+    assert replayed.returncode == 0, replayed.stderr
+    assert "control outputs identical after reload" in replayed.stderr
+    events = sqlite_ledger.events("bf16")
+    assert not events[events["kind"] == "replay"]["detail"].str.contains("DIFFER|failed").any()
