@@ -86,9 +86,9 @@ FAULTY = "tests.support.tasks.sharded_fault:build"
 
 def plan_faulty(ledger: Ledger, name: str, marker: Path, hold: dict[str, Any]) -> str:
     return plan_loop(ledger, name, task=FAULTY, seeds=[3],
-                     config={**SMALL, "task.fault": "sigterm", "task.at": 23,
+                     config={**SMALL, "task.fault": "sigterm", "task.at": 15,
                              "task.marker": str(marker)},
-                     hold={"loop.microbatch": 3, "budget.updates": 30, "loop.strategy": "fsdp",
+                     hold={"loop.microbatch": 3, "budget.updates": 20, "loop.strategy": "fsdp",
                            "loop.checkpoint_every": 4, **hold},
                      validation={"every": 10, "metric": "val/accuracy", "sample": 8})[0]
 
@@ -103,16 +103,16 @@ def test_a_sharded_run_resumes_bit_for_bit_on_its_ranks_and_resharded_on_fewer(
     reference = plan_faulty(ledger, "reference", never, hold)
     worker(sqlite_url, "reference", tmp_path / "a")
     expected = series(ledger, reference)
-    assert len(expected) == 30
+    assert len(expected) == 20
 
-    # Interrupted after update 11 (its 23rd microbatch on a rank), resumed on 2 ranks.
+    # Interrupted at update 8 (its 15th microbatch on a rank), resumed on 2 ranks.
     same = plan_faulty(ledger, "same", tmp_path / "m1", hold)
     worker(sqlite_url, "same", tmp_path / "a", exit_code=1)  # its run was interrupted
     assert ledger.run(same).status == "interrupted"
     step = ledger.run(same).stop_step
-    assert 0 < step < 30
+    assert 0 < step < 20
     worker(sqlite_url, "same", tmp_path / "a", "--resume-interrupted")
-    assert (ledger.run(same).status, ledger.run(same).stop_step) == ("completed", 30)
+    assert (ledger.run(same).status, ledger.run(same).stop_step) == ("completed", 20)
     pd.testing.assert_frame_equal(series(ledger, same), expected, check_exact=True)
     assert "resharded" not in set(ledger.events("same")["kind"])
 
@@ -128,7 +128,7 @@ def test_a_sharded_run_resumes_bit_for_bit_on_its_ranks_and_resharded_on_fewer(
     done = run(sqlite_url, "resume", fewer, "--ranks", "1", "--artifacts", str(tmp_path / "a"),
                "--no-replay-check")
     assert done.returncode == 0, done.stderr[-3000:]
-    assert (ledger.run(fewer).status, ledger.run(fewer).stop_step) == ("completed", 30)
+    assert (ledger.run(fewer).status, ledger.run(fewer).stop_step) == ("completed", 20)
     pd.testing.assert_frame_equal(series(ledger, fewer), expected, check_exact=False,
                                   rtol=1e-6, atol=0)
     events = ledger.events("fewer").set_index("kind")["detail"]
@@ -148,7 +148,7 @@ def test_a_sharded_run_resumes_bit_for_bit_on_its_ranks_and_resharded_on_fewer(
         f"{newest.stem}.rank-{r}.safetensors" for r in (1, 2, 3)]
     assert not oldest.exists() and not list(oldest.parent.glob(oldest.stem + ".rank-*"))
     worker(sqlite_url, "four", tmp_path / "a", "--resume-interrupted", "--ranks", "2")
-    assert (ledger.run(four).status, ledger.run(four).stop_step) == ("completed", 30)
+    assert (ledger.run(four).status, ledger.run(four).stop_step) == ("completed", 20)
     pd.testing.assert_frame_equal(series(ledger, four), expected, check_exact=False,
                                   rtol=1e-6, atol=0)
     events = ledger.events("four")
