@@ -32,13 +32,11 @@ import torch
 from campaign.ledger import Ledger
 from campaign.ledger.location import ENV_VAR
 from campaign.loop import replicas as dp
+from campaign.stack.devices import SLURM_TASKS
 
 ADDRESS = "127.0.0.1"
 RANK_OFFSET = "CAMPAIGN_RANK_OFFSET"  # a SLURM step's rank = its SLURM_PROCID + this
 FOLLOWER_EXIT_WAIT_S = 120.0
-
-
-SLURM_TASKS = "CAMPAIGN_SLURM_TASKS"  # the array task's tasks (a step sees only its own)
 
 
 def slurm_tasks() -> int:
@@ -69,14 +67,15 @@ def replica_group(
         followers.append(subprocess.Popen(command, env=env))
         print(f"campaign: run {run_id}: ranks 1..{world - 1} as a SLURM step of job "
               f"{os.environ.get('SLURM_JOB_ID')}, rendezvous at {address}:{port}", flush=True)
-    for rank in range(1, world) if not on_slurm else ():
-        replica = dp.Replica(rank, world)
-        env = {**os.environ, ENV_VAR: url, **dp.environment_for(replica, ADDRESS, port)}
-        command = [
-            sys.executable, "-m", "campaign.launch.follower", run_id,
-            "--device", dp.device_for(device, rank), "--artifacts", str(artifacts),
-        ]
-        followers.append(subprocess.Popen(command, env=env))
+    else:
+        for rank in range(1, world):
+            replica = dp.Replica(rank, world)
+            env = {**os.environ, ENV_VAR: url, **dp.environment_for(replica, ADDRESS, port)}
+            command = [
+                sys.executable, "-m", "campaign.launch.follower", run_id,
+                "--device", dp.device_for(device, rank), "--artifacts", str(artifacts),
+            ]
+            followers.append(subprocess.Popen(command, env=env))
     leader = dp.Replica(0, world)
     try:
         with dp.process_group(leader, address, port, torch.device(device)):

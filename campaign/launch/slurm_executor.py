@@ -39,6 +39,7 @@ from campaign.launch.worker_command import worker_command
 from campaign.ledger import Ledger
 from campaign.ledger.location import ENV_VAR
 from campaign.ledger.progress import Snapshot, take_snapshot
+from campaign.stack.devices import SLURM_TASKS
 
 PREEMPT_SIGNAL = "USR2"
 POLL_S = 2.0
@@ -98,7 +99,7 @@ def batch_script(options: WorkerOptions, slurm: SlurmOptions, cwd: str) -> str:
                              "--max-requeues", str(slurm.max_requeues))
     lines += [
         f"cd {shlex.quote(cwd)} || exit 1",
-        f"export CAMPAIGN_SLURM_TASKS={slurm.ranks}  # a run's other ranks: a step of its own",
+        f"export {SLURM_TASKS}={slurm.ranks}  # a run's other ranks: a step of its own",
         # A step, so that SLURM's signals (scancel, the time-limit warning) reach the worker,
         # its task host and its run's process, as on any cluster.
         # --exact: the worker's step (with a run's rank 0) holds one task's CPUs, leaving the

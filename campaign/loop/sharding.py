@@ -35,15 +35,12 @@ from campaign.loop import progress_page
 from campaign.loop.replicas import Replica
 from campaign.loop.task import Batch, TaskContract
 
-STRATEGIES = ("replicate", "fsdp")
-
 
 @dataclass(frozen=True)
 class Sharding:
-    """How a run's model was sharded: the mesh and, in words, the units and how they were
-    found (the ``sharding`` event's detail)."""
+    """How a run's model was sharded: its units and, in words, how they were found (the
+    ``sharding`` event's detail)."""
 
-    mesh: Any
     units: int
     how: str
 
@@ -145,7 +142,7 @@ def shard(model: torch.nn.Module, task: Any, loop: dict[str, Any], device: torch
         if isinstance(module, FSDPModule):  # a plain sum across ranks (gloo has no PREMUL_SUM)
             module.set_gradient_divide_factor(1.0)
             module.set_force_sum_reduction_for_comms(True)
-    return Sharding(mesh, max(1, len(units)), how)
+    return Sharding(max(1, len(units)), how)
 
 
 def accumulate_sharded(

@@ -27,13 +27,18 @@ def precision_problem(precision: str, device: str) -> str | None:
     return None
 
 
+# Set by a SLURM array task's batch script: its tasks (a step of it sees only its own count).
+# A run's ranks beyond rank 0 are then a step of their own, each with the devices SLURM gives.
+SLURM_TASKS = "CAMPAIGN_SLURM_TASKS"
+
+
 def ranks_problem(world: int, device: str, available: int | None = None) -> str | None:
     """Why ``world`` ranks of a run cannot each have their own device here (None: they can).
     On CUDA rank r takes the r-th device after ``device``'s own index; CPU ranks share the
     CPU. ``available``: the CUDA device count (asked of torch when not given)."""
     if world <= 1 or not device.startswith("cuda"):
         return None
-    if int(os.environ.get("CAMPAIGN_SLURM_TASKS") or 0) >= world:
+    if int(os.environ.get(SLURM_TASKS) or 0) >= world:
         return None  # its other ranks are a SLURM step, each with the devices SLURM gave it
     if available is None:
         import torch
