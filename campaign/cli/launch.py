@@ -318,6 +318,7 @@ def worker(source: LedgerSource, campaign: str, skip_pilot: bool, reason: str | 
 def _work(source: LedgerSource, campaign: str, options: Any, launched: bool,
           skip_pilot: bool, reason: str | None, slurm_task: bool) -> tuple[Any, bool]:
     """The worker's runs, and whether a SLURM task leaves work for a requeued self."""
+    from campaign.launch.slurm_task import work_for_a_requeued_task
     from campaign.launch.worker import run_worker
     from campaign.ledger.locality import check_single_host
 
@@ -339,15 +340,8 @@ def _work(source: LedgerSource, campaign: str, options: Any, launched: bool,
 
         report = run_worker(ledger, options, on_outcome=None if launched else tell,
                             on_warning=_say_stack_warning)
-        return report, bool(slurm_task and report.preempted and _work_left(ledger, campaign))
-
-
-def _work_left(ledger: Any, campaign: str) -> bool:
-    """Planned runs, or runs a preemption, a kill or an outage interrupted: a requeued task
-    would have work (it resumes those first)."""
-    runs = ledger.runs(campaign, status=["planned", "interrupted"])
-    resumable = runs["stop_cause"].isin(("preempted", "killed", "ledger_unreachable"))
-    return bool(((runs["status"] == "planned") | resumable).any())
+        return report, bool(slurm_task and report.preempted
+                            and work_for_a_requeued_task(ledger, campaign))
 
 
 def _requeue(max_requeues: int, why: str = "preempted") -> None:
@@ -359,18 +353,18 @@ def _requeue(max_requeues: int, why: str = "preempted") -> None:
     if task is None:
         click.echo("campaign: --slurm outside a SLURM job: nothing to requeue", err=True)
         return
-    try:
-        requeued = requeue(task, max_requeues)
-    except RequeueRefused as refused:
-        click.echo(f"campaign: {refused}; the run stays interrupted", err=True)
-        return
-    if requeued:
-        click.echo(f"campaign: {why}; SLURM task {task.name} requeued "
-                   f"({task.restarts + 1} of {max_requeues})", err=True)
-    else:
+    if task.restarts >= max_requeues:
         click.echo(f"campaign: {why}; SLURM task {task.name} used its {max_requeues} "
                    "requeue(s): the run stays interrupted (launch --resume-interrupted)",
                    err=True)
+        return
+    # Said first: SLURM ends this process as it requeues the task, before any later line.
+    click.echo(f"campaign: {why}; requeueing SLURM task {task.name} "
+               f"({task.restarts + 1} of {max_requeues})", err=True)
+    try:
+        requeue(task)
+    except RequeueRefused as refused:
+        click.echo(f"campaign: {refused}; the run stays interrupted", err=True)
 
 
 @click.command()

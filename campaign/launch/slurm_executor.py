@@ -34,6 +34,7 @@ from pathlib import Path
 
 from campaign.launch.live_table import ProgressDisplay
 from campaign.launch.placement import PlacementError, settle
+from campaign.launch.slurm_task import work_for_a_requeued_task
 from campaign.launch.worker import WorkerOptions
 from campaign.launch.worker_command import worker_command
 from campaign.ledger import Ledger
@@ -188,7 +189,7 @@ def submit(url: str, options: WorkerOptions, slurm: SlurmOptions) -> str:
 
 
 ENDED = ("COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL",
-         "BOOT_FAIL", "DEADLINE", "PREEMPTED", "COMPLETING")
+         "BOOT_FAIL", "DEADLINE", "PREEMPTED")
 
 
 def live_tasks(job_id: str) -> dict[str, str]:
@@ -196,7 +197,8 @@ def live_tasks(job_id: str) -> dict[str, str]:
 
     squeue forgets a job some minutes after it ended (MinJobAge): an absent task has
     ended, which is all the launcher needs (no accounting database required). A task
-    ``COMPLETING`` has no worker left: what its run became, the ledger says."""
+    ``COMPLETING`` is listed: it has no worker left, but it may be on its way back to the
+    queue (a requeue passes through COMPLETING), which :func:`_follow` tells apart."""
     done = _call("squeue", "-h", "-r", "-j", job_id, "-o", "%i|%T", tries=3)
     if done.returncode != 0:
         if "Invalid job id" in done.stderr:
@@ -247,8 +249,9 @@ def _follow(ledger: Ledger, job_id: str, options: WorkerOptions, slurm: SlurmOpt
         snapshot = take_snapshot(ledger, options.campaign, slurm.workers)
         display.show(snapshot)
         tasks = live_tasks(job_id)
-        if not tasks:
-            return
+        if not tasks or (set(tasks.values()) == {"COMPLETING"}
+                         and not work_for_a_requeued_task(ledger, options.campaign)):
+            return  # (a task ending with work left may be requeued: seen again as PENDING)
         if signals:
             if stopped_at is None:  # queued tasks never start; running ones checkpoint
                 stopped_at = time.monotonic()

@@ -24,6 +24,7 @@ import shutil
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -57,14 +58,13 @@ class RequeueRefused(RuntimeError):
     """``scontrol requeue`` failed (the cluster may forbid requeueing: JobRequeue=0)."""
 
 
-def requeue(task: ArrayTask, max_requeues: int) -> bool:
-    """Put this array task back in the queue after a preemption; False past ``max_requeues``.
+def requeue(task: ArrayTask) -> None:
+    """Put this array task back in the queue after a preemption (the caller has checked
+    ``task.restarts`` against ``max_requeues``).
 
     Called after the run ended and its checkpoint is recorded: SLURM ends this
     job's processes as it requeues it.
     """
-    if task.restarts >= max_requeues:
-        return False
     scontrol = shutil.which("scontrol") or "scontrol"
     # By ARRAYJOB_TASK, never SLURM_JOB_ID: one task's job id is the array's own, and
     # requeueing it requeued every task of the array, killing the runs of the others.
@@ -72,4 +72,13 @@ def requeue(task: ArrayTask, max_requeues: int) -> bool:
                           timeout=60, check=False)
     if done.returncode != 0:
         raise RequeueRefused(f"scontrol requeue {task.name}: {done.stderr.strip()}")
-    return True
+
+
+def work_for_a_requeued_task(ledger: Any, campaign: str) -> bool:
+    """Planned runs, or runs a preemption, a kill or an outage interrupted: a requeued task
+    would have work (it resumes those first). The task asks before it requeues itself; the
+    launcher asks before it takes a task that SLURM is ending for gone (a requeue passes
+    through COMPLETING on its way back to PENDING)."""
+    runs = ledger.runs(campaign, status=["planned", "interrupted"])
+    resumable = runs["stop_cause"].isin(("preempted", "killed", "ledger_unreachable"))
+    return bool(((runs["status"] == "planned") | resumable).any())

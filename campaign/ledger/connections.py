@@ -421,7 +421,10 @@ def translate_error(error: exc.DBAPIError, url: URL, what: str) -> LedgerError:
             f"ledger {where} stayed locked by another writer for over "
             f"{sqlite_busy_timeout_s():.0f} s while {what}"
         )
-    if error.connection_invalidated or isinstance(error, exc.OperationalError):
+    # An outage as the retries judged it (a psycopg connection confused by a pooler's restart
+    # is an InternalError, not an OperationalError): the same words once their patience ends.
+    if (error.connection_invalidated or isinstance(error, exc.OperationalError)
+            or is_outage(error, url.get_backend_name())):
         return LedgerUnreachable(f"ledger {where} unreachable while {what}: {message}")
     return LedgerError(f"ledger {where} error while {what}: {message}")
 

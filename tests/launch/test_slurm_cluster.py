@@ -315,7 +315,7 @@ def test_a_task_the_ledger_left_past_the_limit_is_requeued_and_its_run_resumed(
         private_cluster.ctl("stop", "-m", "fast")
         logs = sorted((art / "slurm").glob("*_0.log"))
         try:
-            wait_for(lambda: "requeued" in logs[0].read_text(), 120, "the task to requeue itself")
+            wait_for(lambda: "requeueing" in logs[0].read_text(), 120, "the task to requeue itself")
         except AssertionError as late:  # what the task said, and the queue: why it did not
             queue = subprocess.run(["squeue", "-a", "-r"], capture_output=True, text=True)
             raise AssertionError(f"{late}\n{logs[0].read_text()[-4000:]}\n{queue.stdout}"
@@ -325,7 +325,7 @@ def test_a_task_the_ledger_left_past_the_limit_is_requeued_and_its_run_resumed(
         _, stderr = launch.communicate(timeout=120)
         assert launch.returncode == 3, stderr[-3000:]
         private_cluster.ctl("start")
-        assert "the ledger is unreachable; SLURM task" in logs[0].read_text()
+        assert "the ledger is unreachable; requeueing SLURM task" in logs[0].read_text()
         wait_for(lambda: _release_requeued("outlived") or ledger.run(run_id).status == "completed",
                  400, "the requeued task to complete the run", every=2)
         assert losses(ledger, run_id).equals(losses(ledger, twin))
@@ -372,7 +372,8 @@ def test_a_sharded_runs_ranks_are_slurm_tasks_and_a_preemption_checkpoints_them_
         wait_for(lambda: _release_requeued("sl-ranks") or launch.poll() is not None, 400,
                  "the launcher's end", every=2)
         _, stderr = launch.communicate(timeout=60)
-        assert launch.returncode == 0, stderr[-3000:]
+        said = "".join(p.read_text() for p in (tmp_path / "art" / "slurm").glob("*.log"))
+        assert launch.returncode == 0, f"{stderr[-3000:]}\n--- the task's log:\n{said[-3000:]}"
         assert ledger.run(run_id).status == "completed"
         assert len(ledger.segments("sl-ranks")) == 2
         pd.testing.assert_series_equal(losses(ledger, run_id), losses(ledger, reference),

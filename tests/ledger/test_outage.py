@@ -264,18 +264,25 @@ def test_only_a_lost_or_absent_server_is_an_outage(postgresql_ledger: Ledger) ->
     assert is_outage(cut, "postgresql") and is_outage(nobody, "postgresql")
 
 
-
 def test_a_connection_whose_answers_stopped_matching_is_an_outage() -> None:
     """Behind PgBouncer, a session killed mid-COMMIT left psycopg with two results for one
     command (InternalError, no SQLSTATE): read as a statement's fault, it failed a training
     run for good in the SLURM gauntlet. It is a connection to drop and try again."""
-    from campaign.ledger.connections import wrapped_driver_error
+    from campaign.errors import LedgerUnreachable
+    from campaign.ledger.connections import translate_error, wrapped_driver_error
 
     engine = create_engine("postgresql+psycopg://postgres@127.0.0.1:1/x")
-    confused = psycopg.InternalError("received 2 results from command 'COMMIT'")
-    assert is_outage(wrapped_driver_error(engine, confused, "COMMIT"), "postgresql")
+    confused = psycopg.InternalError("received 2 results from command 'BEGIN'")
+    assert is_outage(wrapped_driver_error(engine, confused, "BEGIN"), "postgresql")
     wrong = psycopg.InternalError("cannot use a closed cursor")  # a fault of ours: not waited
     assert not is_outage(wrapped_driver_error(engine, wrong, "SELECT 1"), "postgresql")
+    # Past the patience, it ends the run as an outage does (a run `interrupted` with cause
+    # ledger_unreachable, resumed), not as a ledger error that fails it for good.
+    last = translate_error(wrapped_driver_error(engine, confused, "BEGIN"), engine.url, "x")
+    assert isinstance(last, LedgerUnreachable)
+    assert not isinstance(translate_error(wrapped_driver_error(engine, wrong, "SELECT 1"),
+                                          engine.url, "x"), LedgerUnreachable)
+
 
 def test_a_server_that_vanished_silently_is_noticed_within_a_minute(
         postgresql_ledger: Ledger) -> None:
