@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from campaign.host.processes import die_with_parent
 from campaign.launch.replicated import RANK_OFFSET
 from campaign.ledger import Ledger
 from campaign.loop import replicas as dp
@@ -29,7 +30,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slurm", action="store_true",
                         help="a task of a SLURM step: rank SLURM_PROCID + CAMPAIGN_RANK_OFFSET; "
                              "SIGUSR2 (the scheduler's warning) stops the run as on rank 0")
+    parser.add_argument("--die-with-parent", action="store_true",
+                        help="end with the process that started it (a Ray rank's task)")
     args = parser.parse_args(argv)
+    if args.die_with_parent and not die_with_parent():
+        return 1  # its starter is gone already
     if args.slurm:
         rank = int(os.environ["SLURM_PROCID"]) + int(os.environ.get(RANK_OFFSET, "1"))
         os.environ["RANK"] = os.environ["LOCAL_RANK"] = str(rank)

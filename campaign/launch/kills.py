@@ -87,19 +87,20 @@ def last_checkpoint(ledger: Ledger, claim: Claim) -> int | None:
     return None if mine.empty else int(mine["step"].max())
 
 
-def killed_end(ledger: Ledger, claim: Claim, how: str,
-               seen: progress_page.Progress) -> tuple[str, str]:
+def killed_end(ledger: Ledger, claim: Claim, how: str, seen: progress_page.Progress,
+               subject: str = "the run's process") -> tuple[str, str]:
     """Record this kill and say how the run ends: (status, detail). ``interrupted`` unless it
-    was killed at this update before."""
+    was killed at this update before. ``subject``: what ``how`` is said of (a run's other
+    rank: "the run's" + "rank 1 (pid 7) was killed by SIGKILL")."""
     before = [step for step in earlier_kills(ledger, claim) if step == seen.step]
     if "OOM killer" in how:  # what the run was measured to need, beside what killed it
         peak = pilot_host_peak(ledger, ledger.run(claim.run_id).campaign)
         how += (f" (its pilot's host-memory peak: {peak / 2**30:.2f} GiB)" if peak is not None
                 else " (no pilot measured its host memory)")
     ledger.add_event(ledger.run(claim.run_id).campaign, KILLED_EVENT,
-                     f"update {seen.step}: the run's process {how} in {seen.phase}",
+                     f"update {seen.step}: {subject} {how} in {seen.phase}",
                      run_id=claim.run_id, lease=claim.lease)
-    where = f"the run's process {how} in {seen.phase} after update {seen.step}"
+    where = f"{subject} {how} in {seen.phase} after update {seen.step}"
     if before:
         return "failed", (f"{where}, the second time at this update (its killed events): the "
                           "run itself is what dies here; relaunch it with less memory or look "

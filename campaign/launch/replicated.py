@@ -4,16 +4,22 @@ The worker that claimed the run keeps the claim, the lease and the
 heartbeat, and is the only process that writes. Followers get the ledger
 URL through the environment (never on a command line, where ``ps`` would
 show a password), join the process group, and train their share of every
-update. If the leader fails, the group's timeout ends the followers; if a
-follower dies, the leader's next collective fails and the run ends
-``failed`` with the error.
+update. If the leader fails, the group's timeout ends the followers. If a
+follower fails by itself, the leader's next collective fails and the run ends
+``failed`` with the error; if one was lost (killed by a signal nobody of ours
+sent, the OOM killer say, or its Ray worker or node gone), the run ends
+``interrupted``/``killed`` at its last checkpoint like a run whose own process
+was killed, and is resumed (docs/runs.md, faults).
 
-Where the followers run: on this machine (a free loopback port), or, inside a
+Where the followers run: on this machine (a free loopback port); inside a
 SLURM allocation of at least W tasks (an array task of a campaign with replicated
 runs asks for that many), as one step of W - 1 tasks on whichever nodes SLURM
-gave the allocation, the rendezvous at this node's name. A step's ranks learn
+gave the allocation, the rendezvous at this node's name (a step's ranks learn
 theirs from ``SLURM_PROCID`` and take the scheduler's preemption signal as rank 0
-does, so a preemption of any rank checkpoints the whole run.
+does, so a preemption of any rank checkpoints the whole run); or, in a Ray worker
+task that holds a placement group of W bundles, as Ray tasks in bundles 1..W-1
+on whichever nodes Ray placed them (:mod:`campaign.launch.ray_ranks`), the
+rendezvous at this node's address.
 """
 
 from __future__ import annotations
@@ -24,11 +30,16 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from campaign.host.processes import ended_how, killed_from_outside, signal_name
+from campaign.launch.ray_ranks import ray_group, read_verdict
 from campaign.ledger import Ledger
 from campaign.ledger.location import ENV_VAR
 from campaign.loop import replicas as dp
@@ -37,6 +48,7 @@ from campaign.stack.devices import SLURM_TASKS
 ADDRESS = "127.0.0.1"
 RANK_OFFSET = "CAMPAIGN_RANK_OFFSET"  # a SLURM step's rank = its SLURM_PROCID + this
 FOLLOWER_EXIT_WAIT_S = 120.0
+LOST_WAIT_S = 15.0  # after a failed collective, how long rank 0 looks for a rank lost
 
 
 def slurm_tasks() -> int:
@@ -46,17 +58,93 @@ def slurm_tasks() -> int:
     return int(os.environ.get(SLURM_TASKS) or 0)
 
 
+class RankLost(RuntimeError):
+    """A run's other ranks could not be placed (their Ray bundles had no node): the group
+    never formed. Not the run's fault: it ends ``interrupted``/``killed``, resumable."""
+
+
+@dataclass
+class Followers:
+    """The processes that hold a run's other ranks (each follower, a SLURM step's ``srun``,
+    or the Ray ranks' program), and how to tell that one of them was lost."""
+
+    processes: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
+    verdict: Path | None = None  # the Ray ranks' program's (campaign.launch.ray_ranks)
+    gone: bool = False
+
+    def lost(self, wait_s: float = LOST_WAIT_S) -> str | None:
+        """After a collective failed on rank 0: how another rank was lost (its process killed
+        by a signal nobody of ours sent, its Ray worker or node gone), or None (they live on,
+        or one ended by itself: the run's own error, which fails it). Waits up to ``wait_s``
+        for one to end: a peer's death reaches rank 0 as a broken connection at once."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            for label, process in self.processes:
+                code = process.poll()
+                if code is None:
+                    continue
+                said = read_verdict(self.verdict).get("lost") if self.verdict else None
+                if said or killed_from_outside(code):
+                    self.gone = True
+                    return said or f"{label} was killed by {signal_name(-code)}"
+            if all(p.poll() is not None for _, p in self.processes):
+                return None
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.2)
+
+    def wait_placed(self) -> None:
+        """Until the Ray ranks' bundles are placed (rank 0 joins the group only then); raise
+        :class:`RankLost` when the program gave up on them."""
+        if self.verdict is None:
+            return
+        (label, process), = self.processes
+        while not read_verdict(self.verdict).get("placed"):
+            if process.poll() is not None:
+                said = read_verdict(self.verdict).get("lost")
+                self.gone = True
+                raise RankLost(said or f"{label} ended before they were placed "
+                                       f"({ended_how(process.returncode)})")
+            time.sleep(0.2)
+
+    def end(self) -> None:
+        """Reap them: at once when one was lost (the others wait on a group that cannot
+        complete), else after they finish their part of the run's end."""
+        for _, process in self.processes:
+            try:
+                process.wait(timeout=0 if self.gone else FOLLOWER_EXIT_WAIT_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        if self.verdict is not None:
+            self.verdict.unlink(missing_ok=True)
+
+
 @contextlib.contextmanager
 def replica_group(
     ledger: Ledger, run_id: str, world: int, device: str, artifacts: Path
-) -> Iterator[dp.Replica]:
+) -> Iterator[Followers]:
     """Start the followers, join the group as rank 0, and reap the followers afterwards."""
     url = ledger.engine.url.render_as_string(hide_password=False)
-    on_slurm = world > 1 and slurm_tasks() >= world
-    address = socket.gethostname() if on_slurm else ADDRESS
+    held = ray_group()
+    on_ray = world > 1 and held is not None and int(held["bundles"]) >= world
+    on_slurm = not on_ray and world > 1 and slurm_tasks() >= world
+    address = (held["node"] if on_ray and held else socket.gethostname() if on_slurm
+               else ADDRESS)
     port = dp.free_port()
-    followers = []
-    if on_slurm:
+    followers = Followers()
+    if on_ray:
+        descriptor, name = tempfile.mkstemp(prefix=f"campaign-ranks-{run_id}-")
+        os.close(descriptor)
+        followers.verdict = Path(name)
+        command = [sys.executable, "-m", "campaign.launch.ray_ranks", run_id, "--world",
+                   str(world), "--address", address, "--port", str(port), "--device",
+                   "cuda" if device.startswith("cuda") else "cpu", "--artifacts",
+                   str(artifacts), "--verdict", name]
+        followers.processes.append((f"ranks 1..{world - 1} (Ray)", subprocess.Popen(command)))
+        print(f"campaign: run {run_id}: ranks 1..{world - 1} as Ray tasks in placement group "
+              f"{held['group']!r}, rendezvous at {address}:{port}", flush=True)
+    elif on_slurm:
         env = {**os.environ, ENV_VAR: url, **dp.environment_for(dp.Replica(1, world), address,
                                                                 port), RANK_OFFSET: "1"}
         env.pop("RANK")  # each task's is its SLURM_PROCID + 1
@@ -64,7 +152,8 @@ def replica_group(
                    "--kill-on-bad-exit=1",
                    "--export=ALL", sys.executable, "-m", "campaign.launch.follower", run_id,
                    "--device", device, "--artifacts", str(artifacts), "--slurm"]
-        followers.append(subprocess.Popen(command, env=env))
+        followers.processes.append((f"ranks 1..{world - 1} (SLURM step)",
+                                    subprocess.Popen(command, env=env)))
         print(f"campaign: run {run_id}: ranks 1..{world - 1} as a SLURM step of job "
               f"{os.environ.get('SLURM_JOB_ID')}, rendezvous at {address}:{port}", flush=True)
     else:
@@ -75,15 +164,12 @@ def replica_group(
                 sys.executable, "-m", "campaign.launch.follower", run_id,
                 "--device", dp.device_for(device, rank), "--artifacts", str(artifacts),
             ]
-            followers.append(subprocess.Popen(command, env=env))
+            process = subprocess.Popen(command, env=env)
+            followers.processes.append((f"rank {rank} (pid {process.pid})", process))
     leader = dp.Replica(0, world)
     try:
+        followers.wait_placed()
         with dp.process_group(leader, address, port, torch.device(device)):
-            yield leader
+            yield followers
     finally:
-        for follower in followers:
-            try:
-                follower.wait(timeout=FOLLOWER_EXIT_WAIT_S)
-            except subprocess.TimeoutExpired:
-                follower.kill()
-                follower.wait()
+        followers.end()

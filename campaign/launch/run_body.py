@@ -5,17 +5,21 @@ Only this side imports torch and the loop; the worker that placed the run does n
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from campaign.errors import LoopError, RunSetupFailed
-from campaign.launch.replicated import replica_group
+from campaign.launch.kills import killed_end
+from campaign.launch.replicated import Followers, RankLost, replica_group
 from campaign.launch.worker import WorkerOptions, options_from
 from campaign.ledger import Claim, Ledger, StopRecord
 from campaign.loop import replicas as dp
 from campaign.loop.outcome import RunOutcome
+from campaign.loop.progress_page import Progress
 from campaign.loop.resume import ResumePoint
 from campaign.loop.run_files import record_log
+from campaign.loop.stop import StopDecision
 from campaign.loop.train import RunLoop
 
 
@@ -65,17 +69,51 @@ def _execute_here(
         record_log(ledger, run_id, log, 0, lease=claim.lease)
         ledger.finish(run_id, "failed", stop, lease=claim.lease, training_s=0.0)
         return RunOutcome(run_id, "failed", "exception", 0, str(error))
-    with group:
-        try:
-            loop.setup()
-        except RunSetupFailed as error:  # the run's end is recorded already
-            loop.cleanup()
-            cause = "exception" if error.status == "failed" else "interrupted"
-            return RunOutcome(loop.run_id, error.status, cause, loop.step, str(error))
-        try:
-            return loop.train()
-        finally:
-            loop.cleanup()
+    try:
+        with group as followers:
+            if followers is not None:  # a rank lost mid-run: interrupted, as a kill is
+                loop.rank_fault = _rank_fault(ledger, claim, followers)
+            try:
+                loop.setup()
+            except RunSetupFailed as error:  # the run's end is recorded already
+                loop.cleanup()
+                cause = "exception" if error.status == "failed" else "interrupted"
+                return RunOutcome(loop.run_id, error.status, cause, loop.step, str(error))
+            try:
+                return loop.train()
+            finally:
+                loop.cleanup()
+    except RankLost as lost:  # the group never formed (raised only as it forms)
+        return _ranks_lost(ledger, claim, log, str(lost))
+
+
+def _rank_fault(ledger: Ledger, claim: Claim,
+                followers: Followers) -> Callable[[int, str], StopDecision | None]:
+    """How rank 0 ends a run whose collective failed: as a kill when another rank was lost
+    (launch/kills.py: ``interrupted``/``killed``, the second at one update ``failed``), else
+    None (the run's own error)."""
+
+    def fault(step: int, phase: str) -> StopDecision | None:
+        how = followers.lost()
+        if how is None:
+            return None
+        status, detail = killed_end(ledger, claim, how, Progress(0, step, phase),
+                                    subject="the run's")
+        return StopDecision(status, "killed", detail)
+
+    return fault
+
+
+def _ranks_lost(ledger: Ledger, claim: Claim, log: Path, how: str) -> RunOutcome:
+    """The end of a run whose other ranks could not be placed: a kill at the update it
+    resumed from (nothing was trained)."""
+    step = claim.start_step
+    status, detail = killed_end(ledger, claim, how, Progress(0, step, "setup"),
+                                subject="the run's")
+    record_log(ledger, claim.run_id, log, step, lease=claim.lease)
+    ledger.finish(claim.run_id, status, StopRecord("killed", step, "setup", detail),
+                  lease=claim.lease, training_s=0.0)
+    return RunOutcome(claim.run_id, status, "killed", step, detail)
 
 
 

@@ -57,8 +57,10 @@ class RunEnd:
                 step = self.step if stop.step is None else stop.step
                 record_stop(self.ledger, self.record.campaign, self.run_id,
                             replace(stop, phase=phase), step, self.lease)
-            # the loop may have saved this update already
-            if stop.status in ENDS_WITH_CHECKPOINT and self._checkpointed != self.step:
+            # the loop may have saved this update already; a kill (a rank lost) left the
+            # state mid-update, or the group without a rank: it resumes from the last one
+            if (stop.status in ENDS_WITH_CHECKPOINT and stop.cause != "killed"
+                    and self._checkpointed != self.step):
                 self.save_checkpoint()
             if stop.status in ENDS_WITH_ARTIFACT:
                 self._export()

@@ -104,6 +104,9 @@ class RunLoop(RunEnd):
         self._claim, self._resume = claim, resume  # resume: the checkpoint a supervisor verified
         self.artifacts = Path(artifacts)
         self.log = log  # the supervised process's output, recorded just before the end
+        # Rank 0 of several: after a failure, whether another rank was lost and how the run
+        # ends then (set by whoever started the ranks: launch/run_body.py).
+        self.rank_fault: Callable[[int, str], StopDecision | None] | None = None
         self.segment_id: int | None = None
         self.segment_ordinal = 0
         self.heartbeat = Heartbeat(lambda: self.ledger.heartbeat(self.run_id, lease=self.lease),
@@ -253,7 +256,8 @@ class RunLoop(RunEnd):
             stop = StopDecision("oom", "out_of_memory", oom_detail(error, self.phase,
                                                                    self.phase_inputs))
         except (Exception, SystemExit, KeyboardInterrupt) as error:  # task code may raise these
-            stop = failure_decision(error, self.phase, self.step, self.run_id)
+            lost = self.rank_fault(self.step, self.phase) if self.rank_fault else None
+            stop = lost or failure_decision(error, self.phase, self.step, self.run_id)
             traceback_artifact = self._save_traceback() if stop.status == "failed" else None
         return self._end(stop, traceback_artifact)
 

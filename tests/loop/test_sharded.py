@@ -84,9 +84,10 @@ def test_a_sharded_run_takes_one_process_updates_and_writes_the_full_model(
 FAULTY = "tests.support.tasks.sharded_fault:build"
 
 
-def plan_faulty(ledger: Ledger, name: str, marker: Path, hold: dict[str, Any]) -> str:
+def plan_faulty(ledger: Ledger, name: str, marker: Path, hold: dict[str, Any],
+                fault: str = "sigterm") -> str:
     return plan_loop(ledger, name, task=FAULTY, seeds=[3],
-                     config={**SMALL, "task.fault": "sigterm", "task.at": 15,
+                     config={**SMALL, "task.fault": fault, "task.at": 15,
                              "task.marker": str(marker)},
                      hold={"loop.microbatch": 3, "budget.updates": 20, "loop.strategy": "fsdp",
                            "loop.checkpoint_every": 4, **hold},
@@ -136,6 +137,24 @@ def test_a_sharded_run_resumes_bit_for_bit_on_its_ranks_and_resharded_on_fewer(
     assert (f"(step {saved['step'].iloc[-2]}); newer ones skipped: {newest} (step "
             f"{saved['step'].iloc[-1]}): its rank 1 shard {shard.name} does not match the "
             "index") in events["resume_fallback"]
+
+    # Rank 1's process killed outright (the OOM killer's way): not the run's fault. It ends
+    # interrupted at its last checkpoint, like a run whose own process was killed, and resumes
+    # bit for bit.
+    killed = plan_faulty(ledger, "killed", tmp_path / "m4", hold, fault="sigkill_rank1")
+    worker(sqlite_url, "killed", tmp_path / "a")  # a kill is the run's event: the worker goes on
+    record = ledger.run(killed)
+    assert (record.status, record.stop_cause) == ("interrupted", "killed"), record.stop_detail
+    assert "the run's rank 1 (pid " in record.stop_detail
+    assert "was killed by SIGKILL" in record.stop_detail
+    last = ledger.artifacts("killed").query("kind == 'checkpoint'")["step"].max()
+    assert f"its last checkpoint is at update {last}" in record.stop_detail
+    assert last < record.stop_step < 20  # the update it was in; the resume replays from last
+    kills = ledger.events("killed").query("kind == 'killed'")["detail"].tolist()
+    assert len(kills) == 1 and "rank 1 (pid" in kills[0], kills
+    worker(sqlite_url, "killed", tmp_path / "a", "--resume-interrupted")
+    assert (ledger.run(killed).status, ledger.run(killed).stop_step) == ("completed", 20)
+    pd.testing.assert_frame_equal(series(ledger, killed), expected, check_exact=True)
 
     # Four ranks interrupted, resumed on two (a lost node): the same effective batch of 12.
     four = plan_faulty(ledger, "four", tmp_path / "m3", {"loop.replicas": 4,
