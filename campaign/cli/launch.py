@@ -118,6 +118,14 @@ def _gate(ledger: Any, campaign: str, skip_pilot: bool, reason: str | None, who:
     help="ray/slurm: GPUs each worker task asks for (default: 1 with cuda devices, else 0).",
 )
 @click.option(
+    "--ray-placement",
+    type=click.Choice(("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"), case_sensitive=False),
+    default="PACK",
+    show_default=True,
+    help="ray: where a run's ranks go (a placement group of W bundles per worker, Ray's "
+    "strategies): PACK on as few nodes as fit, STRICT_SPREAD each rank on a node of its own.",
+)
+@click.option(
     "--schedule-timeout-s",
     type=seconds(1),
     default=600,
@@ -158,8 +166,9 @@ def _gate(ledger: Any, campaign: str, skip_pilot: bool, reason: str | None, who:
 @output_options
 @click.pass_obj
 def launch(source: LedgerSource, campaign: str, workers: int | None, devices: str, executor: str,
-           address: str | None, gpus_per_run: float | None, schedule_timeout_s: float,
-           slurm_folder: Path | None, slurm_partition: str | None, slurm_time_min: int,
+           address: str | None, gpus_per_run: float | None, ray_placement: str,
+           schedule_timeout_s: float, slurm_folder: Path | None, slurm_partition: str | None,
+           slurm_time_min: int,
            slurm_signal_s: int, max_requeues: int, grace_s: float, skip_pilot: bool,
            reason: str | None, artifacts: Path, output_format: str, **kw: Any) -> None:
     """Execute a campaign's planned runs on workers that claim them from the ledger.
@@ -182,7 +191,8 @@ def launch(source: LedgerSource, campaign: str, workers: int | None, devices: st
         options=_options(campaign, artifacts, **kw), executor=executor, workers=workers,
         devices=devices, skip_reason=skip_reason(skip_pilot, reason), address=address,
         gpus_per_run=gpus_per_run, schedule_timeout_s=schedule_timeout_s,
-        slurm_folder=slurm_folder, slurm_partition=slurm_partition,
+        ray_placement=ray_placement.upper(), slurm_folder=slurm_folder,
+        slurm_partition=slurm_partition,
         slurm_time_min=slurm_time_min, slurm_signal_s=slurm_signal_s, max_requeues=max_requeues,
         grace_s=grace_s,
     )

@@ -37,6 +37,7 @@ class LaunchRequest:
     address: str | None = None
     gpus_per_run: float | None = None
     schedule_timeout_s: float = 600
+    ray_placement: str = "PACK"
     slurm_folder: Path | None = None
     slurm_partition: str | None = None
     slurm_time_min: int = 60
@@ -145,7 +146,8 @@ def _on_engine(url: str, request: LaunchRequest, display: ProgressDisplay) -> tu
         ray_options = RayOptions(
             address=request.address, workers=request.workers, devices=request.devices,
             gpus_per_run=request.gpus_per_run, schedule_timeout_s=request.schedule_timeout_s,
-            grace_s=request.grace_s,
+            grace_s=request.grace_s, placement=request.ray_placement,
+            ranks=_most_ranks(url, request.options.campaign, request.options.ranks),
         )
         return launch_on_ray(url, request.options, ray_options, display)
     from campaign.launch.slurm_executor import SlurmOptions, launch_on_slurm
@@ -165,7 +167,8 @@ def _on_engine(url: str, request: LaunchRequest, display: ProgressDisplay) -> tu
 
 def _most_ranks(url: str, campaign: str, ranks: int | None) -> int:
     """The most ranks a run of ``campaign`` can take (its largest ``loop.replicas``, or
-    ``--ranks``): the tasks each SLURM array task asks for."""
+    ``--ranks``): the tasks each SLURM array task asks for, the bundles of each Ray worker
+    task's placement group."""
     with Ledger.open(url) as ledger:
         configs = ledger.runs(campaign)["config"]
     most = max((int(c["loop"]["replicas"]) for c in configs if "loop" in c), default=1)

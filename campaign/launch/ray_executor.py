@@ -47,6 +47,8 @@ from campaign.launch.placement import (
     options_from,
     settle,
 )
+from campaign.launch.ray_groups import refuse_unplaceable, worker_groups
+from campaign.launch.ray_ranks import GROUP_ENV, placed_at
 from campaign.launch.secret_file import handed_over, taken_back
 from campaign.launch.worker import WorkerOptions, run_worker
 from campaign.ledger import Ledger
@@ -66,12 +68,18 @@ class RayOptions:
     schedule_timeout_s: float = 600.0
     max_retries: int = MAX_TASK_RETRIES
     grace_s: float = 300.0
+    ranks: int = 1  # the most ranks a run takes: each worker task's placement group's bundles
+    placement: str = "PACK"  # Ray's placement group strategy (as Ray Train's ScalingConfig)
 
     @property
     def gpus(self) -> float:
+        """GPUs each rank asks for (a run's ``--gpus-per-run`` over its ranks)."""
         if self.gpus_per_run is not None:
-            return self.gpus_per_run
+            return self.gpus_per_run / self.ranks
         return 1.0 if self.devices.startswith("cuda") else 0.0
+
+
+PLACEMENTS = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 
 
 def cluster_address(address: str | None) -> str | None:
@@ -81,11 +89,28 @@ def cluster_address(address: str | None) -> str | None:
 
 
 def execute_worker_task(url: str, secret: str | None, document: dict[str, Any],
-                        cwd: str) -> dict[str, Any]:
-    """The body of one Ray task: a worker (module level, so Ray ships it by reference)."""
+                        cwd: str, group: str | None = None, bundles: int = 1,
+                        gpus: float = 0.0) -> dict[str, Any]:
+    """The body of one Ray task: a worker (module level, so Ray ships it by reference). In
+    bundle 0 of placement ``group`` (runs of several ranks), its runs' processes learn the
+    group from the environment and place ranks 1..W-1 in the other bundles."""
     enter(cwd)
-    with Ledger.open(taken_back(url, secret), ride_out=True) as ledger:
-        report = run_worker(ledger, options_from(document))
+    before = os.environ.get(GROUP_ENV)
+    if group is not None:  # this task's runs only: Ray reuses its worker processes
+        import ray
+
+        context = ray.get_runtime_context()
+        os.environ[GROUP_ENV] = placed_at(context.gcs_address, context.namespace, group,
+                                          bundles, gpus, ray.util.get_node_ip_address(), url,
+                                          secret, cwd)
+    try:
+        with Ledger.open(taken_back(url, secret), ride_out=True) as ledger:
+            report = run_worker(ledger, options_from(document))
+    finally:
+        if before is None:
+            os.environ.pop(GROUP_ENV, None)
+        else:
+            os.environ[GROUP_ENV] = before
     return {"worker": report.worker, "runs": [asdict(o) for o in report.outcomes],
             "stopped": report.stopped_by_signal}
 
@@ -143,7 +168,11 @@ def _connect(ray: Any, address: str | None, ray_options: RayOptions) -> None:
         _reachable(address)
     try:
         if address is None:
-            ray.init(num_cpus=ray_options.workers or os.cpu_count(), include_dashboard=False,
+            # Logical CPUs: one per rank of each worker asked for (else the machine's), and at
+            # least one run's ranks (a placement group of W bundles).
+            cpus = (ray_options.workers * ray_options.ranks if ray_options.workers
+                    else os.cpu_count() or 1)
+            ray.init(num_cpus=max(cpus, ray_options.ranks), include_dashboard=False,
                      log_to_driver=False, logging_level="ERROR")
         else:
             ray.init(address=address, log_to_driver=False, logging_level="ERROR")
@@ -217,17 +246,21 @@ def _follow(ray: Any, url: str, handed: tuple[str, str | None], options: WorkerO
             f"{resources.get('GPU', 0):g}: no run could ever be scheduled "
             "(use --devices cpu or --gpus-per-run 0)"
         )
-    with Ledger.open(url, ride_out=True) as ledger:  # the launcher follows through an outage
+    ranks = ray_options.ranks
+    refuse_unplaceable(ray, ranks, gpus, ray_options.placement)
+    with (Ledger.open(url, ride_out=True) as ledger,  # the launcher follows through an outage
+          worker_groups(ray, ranks, gpus, ray_options.placement) as groups):
         ledger.mark_lost(options.lease_s, options.campaign)  # swept before anything is listed
         waiting = len(ledger.runs(options.campaign, status=["planned", *options.resume]))
-        count = max(1, min(ray_options.workers or int(resources.get("CPU", 1)), waiting))
-        task = ray.remote(execute_worker_task).options(
-            num_cpus=1, num_gpus=gpus, max_retries=ray_options.max_retries,
-            retry_exceptions=False, name=f"campaign:{options.campaign}",
-        )
+        slots = max(1, int(resources.get("CPU", 1)) // ranks)  # a group of W CPUs each
+        count = max(1, min(ray_options.workers or slots, waiting))
         # Ray sets CUDA_VISIBLE_DEVICES to the task's GPUs: "cuda" is the first of them.
         payload = options_document(options, threads=1, device="cuda" if gpus else "cpu")
-        refs = [task.remote(*handed, payload, os.getcwd()) for _ in range(count)]
+        refs = [groups.task(execute_worker_task, index, num_cpus=1, num_gpus=gpus,
+                            max_retries=ray_options.max_retries, retry_exceptions=False,
+                            name=f"campaign:{options.campaign}"
+                            ).remote(*handed, payload, os.getcwd(), *groups.arguments(index))
+                for index in range(count)]
         began, cancelled_at = time.monotonic(), None
         ended_before, started = take_snapshot(ledger, options.campaign).done, False
         pending, failures = list(refs), []
@@ -252,7 +285,8 @@ def _follow(ray: Any, url: str, handed: tuple[str, str | None], options: WorkerO
                 raise PlacementError(
                     f"no run could start on the Ray cluster within "
                     f"{ray_options.schedule_timeout_s:g} s (resources: "
-                    f"{ray.cluster_resources()}; each worker asks for 1 CPU and {gpus:g} GPU)"
+                    f"{ray.cluster_resources()}; each worker asks for {ray_options.ranks} CPU and "
+                    f"{gpus * ray_options.ranks:g} GPU)"
                 )
         snapshot = settle(ledger, options, display)
         display.show(snapshot)

@@ -30,6 +30,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -118,27 +119,62 @@ def main(argv: list[str] | None = None) -> int:
     from ray.util.placement_group import get_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+    from campaign.launch import ray_ranks as this  # by reference, not as __main__'s copies
+
     ray.init(address=held["address"], namespace=held["namespace"], log_to_driver=False,
              logging_level="ERROR")
     group = get_placement_group(held["group"])
-    if not group.wait(timeout_seconds=PLACEMENT_WAIT_S):
-        lost = (f"placement group {held['group']!r} had bundles without a node for "
+
+    def in_bundle(rank: int) -> PlacementGroupSchedulingStrategy:
+        return PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=rank)
+
+    if not this.placed(ray, group, in_bundle, args.world):
+        lost = (f"placement group {held['group']!r} had bundles without a live node for "
                 f"{PLACEMENT_WAIT_S:.0f} s (a node lost and none with room since)")
         _say(args.verdict, lost=lost)
         print(f"campaign: run {args.run_id}: {lost}", file=sys.stderr, flush=True)
         return LOST_EXIT
     _say(args.verdict, placed=True)
-    body = ray.remote(run_rank)
+    body = ray.remote(this.run_rank)
     ranks = {}
     for rank in range(1, args.world):
-        strategy = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=rank)
         ref = body.options(num_cpus=1, num_gpus=held["gpus"], max_retries=0,
-                           scheduling_strategy=strategy, name=f"campaign:{args.run_id}:{rank}"
+                           scheduling_strategy=in_bundle(rank),
+                           name=f"campaign:{args.run_id}:{rank}"
                            ).remote(held["url"], held["secret"], args.run_id, rank, args.world,
                                     args.address, args.port, args.device, args.artifacts,
                                     held["cwd"])
         ranks[ref] = rank
     return _follow(ray, ranks, args.run_id, args.verdict)
+
+
+def node_address() -> str:
+    import ray
+
+    return str(ray.util.get_node_ip_address())
+
+
+def placed(ray: Any, group: Any, in_bundle: Any, world: int) -> bool:
+    """Whether bundles 1..W-1 are on live nodes, found by running a probe in each (retried:
+    just after a node loss, Ray may not know yet and still show the group placed there; the
+    probe fails once it knows, and runs again where Ray places the bundle next), within
+    ``PLACEMENT_WAIT_S``. A rank's own task is never retried: it would join a group that
+    went on without it."""
+    deadline = time.monotonic() + PLACEMENT_WAIT_S
+    probe = ray.remote(node_address)
+    while time.monotonic() < deadline:
+        if not group.wait(timeout_seconds=max(1.0, deadline - time.monotonic())):
+            return False
+        probes = [probe.options(num_cpus=1, max_retries=3, scheduling_strategy=in_bundle(r))
+                  .remote() for r in range(1, world)]
+        try:
+            ray.get(probes, timeout=max(1.0, deadline - time.monotonic()))
+            return True
+        except ray.exceptions.GetTimeoutError:
+            return False
+        except ray.exceptions.RayError:  # a node lost meanwhile: wait for the group again
+            time.sleep(1.0)
+    return False
 
 
 def _follow(ray: Any, ranks: dict[Any, int], run_id: str, verdict: Path) -> int:

@@ -49,6 +49,7 @@ ADDRESS = "127.0.0.1"
 RANK_OFFSET = "CAMPAIGN_RANK_OFFSET"  # a SLURM step's rank = its SLURM_PROCID + this
 FOLLOWER_EXIT_WAIT_S = 120.0
 LOST_WAIT_S = 15.0  # after a failed collective, how long rank 0 looks for a rank lost
+JOIN_TIMEOUT_S = 300.0  # the group's: for the ranks to join, and for any collective
 
 
 def slurm_tasks() -> int:
@@ -59,8 +60,8 @@ def slurm_tasks() -> int:
 
 
 class RankLost(RuntimeError):
-    """A run's other ranks could not be placed (their Ray bundles had no node): the group
-    never formed. Not the run's fault: it ends ``interrupted``/``killed``, resumable."""
+    """Another rank of a run was lost before the group formed (killed, or its Ray bundle left
+    without a node). Not the run's fault: it ends ``interrupted``/``killed``, resumable."""
 
 
 @dataclass
@@ -71,6 +72,7 @@ class Followers:
     processes: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
     verdict: Path | None = None  # the Ray ranks' program's (campaign.launch.ray_ranks)
     gone: bool = False
+    placed_at: float | None = None
 
     def lost(self, wait_s: float = LOST_WAIT_S) -> str | None:
         """After a collective failed on rank 0: how another rank was lost (its process killed
@@ -81,31 +83,43 @@ class Followers:
         while True:
             for label, process in self.processes:
                 code = process.poll()
-                if code is None:
-                    continue
-                said = read_verdict(self.verdict).get("lost") if self.verdict else None
-                if said or killed_from_outside(code):
+                if code is not None and (how := self._how_lost(label, code)):
                     self.gone = True
-                    return said or f"{label} was killed by {signal_name(-code)}"
+                    return how
             if all(p.poll() is not None for _, p in self.processes):
                 return None
             if time.monotonic() > deadline:
                 return None
             time.sleep(0.2)
 
-    def wait_placed(self) -> None:
-        """Until the Ray ranks' bundles are placed (rank 0 joins the group only then); raise
-        :class:`RankLost` when the program gave up on them."""
-        if self.verdict is None:
+    def _how_lost(self, label: str, code: int) -> str | None:
+        said = read_verdict(self.verdict).get("lost") if self.verdict else None
+        if said or killed_from_outside(code):
+            return said or f"{label} was killed by {signal_name(-code)}"
+        return None
+
+    def waiting(self) -> None:
+        """Rank 0's look while it waits for the other ranks at the rendezvous: raise when one
+        ended first (:class:`RankLost` when it was lost, RuntimeError when it failed by
+        itself), or when they were placed ``JOIN_TIMEOUT_S`` ago and have not all come (while
+        Ray places their bundles, after a node loss say, there is no deadline)."""
+        for label, process in self.processes:
+            code = process.poll()
+            if code is None:
+                continue
+            self.gone = True
+            how = self._how_lost(label, code)
+            if how is not None:
+                raise RankLost(how)
+            raise RuntimeError(f"{label} {ended_how(code)} before joining the run's group "
+                               "(its output: the run's log)")
+        if self.verdict is not None and not read_verdict(self.verdict).get("placed"):
             return
-        (label, process), = self.processes
-        while not read_verdict(self.verdict).get("placed"):
-            if process.poll() is not None:
-                said = read_verdict(self.verdict).get("lost")
-                self.gone = True
-                raise RankLost(said or f"{label} ended before they were placed "
-                                       f"({ended_how(process.returncode)})")
-            time.sleep(0.2)
+        self.placed_at = self.placed_at or time.monotonic()
+        if time.monotonic() - self.placed_at > JOIN_TIMEOUT_S:
+            self.gone = True
+            raise TimeoutError(f"the run's other ranks did not join within {JOIN_TIMEOUT_S:g} s "
+                               "of their start")
 
     def end(self) -> None:
         """Reap them: at once when one was lost (the others wait on a group that cannot
@@ -168,8 +182,8 @@ def replica_group(
             followers.processes.append((f"rank {rank} (pid {process.pid})", process))
     leader = dp.Replica(0, world)
     try:
-        followers.wait_placed()
-        with dp.process_group(leader, address, port, torch.device(device)):
+        with dp.process_group(leader, address, port, torch.device(device), JOIN_TIMEOUT_S,
+                              while_waiting=followers.waiting):
             yield followers
     finally:
         followers.end()

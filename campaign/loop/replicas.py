@@ -20,7 +20,8 @@ import contextlib
 import json
 import os
 import socket
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -60,18 +61,39 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+ARRIVED = "campaign/arrived"  # the rendezvous store's count of ranks > 0 that reached it
+
+
 @contextlib.contextmanager
 def process_group(
-    replica: Replica, address: str, port: int, device: torch.device, timeout_s: float = 300
+    replica: Replica, address: str, port: int, device: torch.device, timeout_s: float = 300,
+    while_waiting: Callable[[], None] | None = None,
 ) -> Iterator[Replica]:
-    """Join the run's process group (gloo on CPU, NCCL on CUDA); leave it afterwards."""
+    """Join the run's process group (gloo on CPU, NCCL on CUDA); leave it afterwards.
+
+    Rank 0 serves the rendezvous store and waits until every other rank has reached it,
+    calling ``while_waiting`` between looks: whoever started the other ranks raises there
+    when one of them ended first (rank 0 then does not wait out the group's timeout), and
+    decides how long it waits (with it, there is no deadline here)."""
     from datetime import timedelta
 
     backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(
-        backend, init_method=f"tcp://{address}:{port}", rank=replica.rank,
-        world_size=replica.world, timeout=timedelta(seconds=timeout_s),
-    )
+    store = dist.TCPStore(address, port, world_size=replica.world, is_master=replica.leader,
+                          timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
+    if replica.leader:
+        deadline = time.monotonic() + timeout_s
+        while store.add(ARRIVED, 0) < replica.world - 1:
+            if while_waiting is not None:
+                while_waiting()
+            elif time.monotonic() > deadline:
+                raise TimeoutError(f"{replica.world - 1 - store.add(ARRIVED, 0)} of the run's "
+                                   f"other ranks did not reach {address}:{port} within "
+                                   f"{timeout_s:g} s")
+            time.sleep(0.1)
+    else:
+        store.add(ARRIVED, 1)
+    dist.init_process_group(backend, store=store, rank=replica.rank, world_size=replica.world,
+                            timeout=timedelta(seconds=timeout_s))
     try:
         yield replica
     finally:

@@ -6,7 +6,6 @@ it must reach no file of the launch, no command line and no Ray record."""
 
 from __future__ import annotations
 
-import contextlib
 import ipaddress
 import json
 import os
@@ -15,7 +14,6 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -31,7 +29,7 @@ from tests.support.engine_helpers import (
     running_past,
     with_password,
 )
-from tests.support.launch_helpers import ROOT, event_counts, run, wait_for
+from tests.support.launch_helpers import event_counts, run, wait_for
 from tests.support.loop_helpers import plan_quick
 from tests.support.outages import (
     GAUNTLET_UPDATES,
@@ -40,26 +38,13 @@ from tests.support.outages import (
     gauntlet,
     ridden_out,
 )
+from tests.support.ray_cluster import SKIP, launch_on_ray, node_of, random_ports
 
 pytestmark = pytest.mark.engine
 
 require("ray", "ray")
 require("setproctitle", "ray")  # the launcher masks its command line for Ray's jobs API
-SKIP = ("--skip-pilot", "--reason", "ray test")
 SLOW = {"task": {"sleep_s": 0.02}, "hold": {"loop.checkpoint_every": 5}, "validation_every": 3}
-
-
-def _launch(url: str, campaign: str, tmp_path: Path, *extra: str,
-            env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    """`campaign launch --executor ray`, the URL (with its password) in the environment and
-    Ray's files in a folder of this test's (short: Ray's socket paths have a length limit)."""
-    environment = {**os.environ, "CAMPAIGN_LEDGER": with_password(url), "OMP_NUM_THREADS": "1",
-                   "CAMPAIGN_SECRETS_DIR": str(tmp_path / "secrets"), **(env or {})}
-    command = [sys.executable, "-m", "campaign", "launch", campaign, "--executor", "ray",
-               "--artifacts", str(tmp_path / "artifacts"), "--heartbeat-s", "0.5",
-               "--lease-s", "5", "--no-replay-check", *SKIP, *extra]
-    return subprocess.Popen(command, cwd=ROOT, env=environment, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
 @pytest.mark.slow
@@ -70,7 +55,7 @@ def test_ray_workers_run_a_campaign_and_a_killed_one_is_resumed_never_twice(
     try:
         with Ledger.open(postgresql_url, create=True) as ledger:
             run_ids = plan_quick(ledger, "on-ray", runs=6, updates=40, **SLOW)
-            launch = _launch(postgresql_url, "on-ray", tmp_path, "--workers", "2",
+            launch = launch_on_ray(postgresql_url, "on-ray", tmp_path, "--workers", "2",
                              "--resume-lost", env={"RAY_TMPDIR": str(ray_files)})
             found: list[tuple[str, str]] = []
             wait_for(lambda: bool(found.extend(running_past(ledger, "on-ray", 7)) or found),
@@ -144,73 +129,6 @@ print(json.dumps([job.get("Entrypoint", "") for job in state.jobs()]))
 """
 
 
-def _ray_start(*arguments: str) -> None:
-    ports = [str(p) for p in random_ports(4)]
-    command = ["ray", "start", "--disable-usage-stats", "--num-cpus", "2",
-               "--dashboard-agent-listen-port", ports[0],
-               "--dashboard-agent-grpc-port", ports[1], "--metrics-export-port", ports[2],
-               "--runtime-env-agent-port", ports[3], *arguments]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-
-
-def random_ports(count: int) -> list[int]:
-    import socket
-
-    sockets = [socket.socket() for _ in range(count)]
-    for sock in sockets:
-        sock.bind(("127.0.0.1", 0))
-    ports = [sock.getsockname()[1] for sock in sockets]
-    for sock in sockets:
-        sock.close()
-    return ports
-
-
-@pytest.fixture
-def ray_cluster() -> Iterator[tuple[str, Path]]:
-    """A real two-node Ray cluster on this machine: `ray start --head` on 127.0.0.1 and a second
-    node on 127.0.0.2, in a folder of its own; stopped by killing the processes of that folder
-    (`ray stop` would stop every Ray instance of the machine)."""
-    temp = Path(f"/tmp/rc-{secrets.token_hex(4)}")
-    (port, client_port) = random_ports(2)
-    address = f"127.0.0.1:{port}"
-    try:
-        _ray_start("--head", "--include-dashboard=false", "--node-ip-address", "127.0.0.1",
-                   "--port", str(port), "--ray-client-server-port", str(client_port),
-                   "--temp-dir", str(temp))
-        _ray_start("--address", address, "--node-ip-address", "127.0.0.2")
-        yield address, temp
-    finally:
-        mine = [p for p in psutil.process_iter() if _mentions(p, str(temp))]
-        for process in mine:
-            with contextlib.suppress(psutil.Error):
-                process.terminate()
-        psutil.wait_procs(mine, timeout=15)
-        for process in mine:
-            with contextlib.suppress(psutil.Error):
-                process.kill()
-        shutil.rmtree(temp, ignore_errors=True)
-
-
-def _mentions(process: psutil.Process, text: str) -> bool:
-    try:
-        return text in " ".join(process.cmdline())
-    except psutil.Error:
-        return False
-
-
-def _node_of(worker: str) -> str:
-    """The node IP of the raylet whose Ray worker process executes a run."""
-    process = psutil.Process(int(worker.split(":")[1]))
-    for parent in process.parents():
-        words = command_line(parent)
-        if words and Path(words[0]).name == "raylet":
-            (flag,) = [w for w in words if w.startswith("--node_ip_address=")]
-            return flag.split("=", 1)[1]
-    raise AssertionError(f"no raylet above the worker {worker}")
-
-
 @pytest.mark.slow
 def test_on_a_two_node_cluster_sigterm_to_the_launcher_checkpoints_every_run(
     postgresql_url: str, tmp_path: Path, ray_cluster: tuple[str, Path]
@@ -220,7 +138,7 @@ def test_on_a_two_node_cluster_sigterm_to_the_launcher_checkpoints_every_run(
         run_ids = plan_quick(ledger, "ray-stop", runs=4, updates=3000, **SLOW)
         # RAY_ADDRESS, as Ray's own tools read it; the URL with its password on the command
         # line, as a careless user gives it: Ray must record it masked.
-        launch = _launch(postgresql_url, "ray-stop", tmp_path, "--workers", "3", "--format",
+        launch = launch_on_ray(postgresql_url, "ray-stop", tmp_path, "--workers", "3", "--format",
                          "json", "--ledger", with_password(postgresql_url),
                          env={"RAY_ADDRESS": address})
         running: list[tuple[str, str]] = []
@@ -231,7 +149,7 @@ def test_on_a_two_node_cluster_sigterm_to_the_launcher_checkpoints_every_run(
 
         wait_for(three_running, 240, "three runs past update 4")
         # Runs on both nodes (Ray registers the head under this machine's own address).
-        nodes = {_node_of(worker) for _, worker in running}
+        nodes = {node_of(worker) for _, worker in running}
         assert len(nodes) == 2 and "127.0.0.2" in nodes, nodes
         entrypoints = subprocess.run(
             [sys.executable, "-c", ENTRYPOINTS, address], capture_output=True, text=True,
@@ -280,7 +198,7 @@ def test_a_cluster_address_nothing_answers_at_is_one_error_line(
     with Ledger.open(postgresql_url, create=True) as ledger:
         plan_quick(ledger, "no-cluster", runs=1)
     (closed,) = random_ports(1)
-    launch = _launch(postgresql_url, "no-cluster", tmp_path,
+    launch = launch_on_ray(postgresql_url, "no-cluster", tmp_path,
                      env={"RAY_ADDRESS": f"127.0.0.1:{closed}"})
     _, stderr = launch.communicate(timeout=120)
     assert launch.returncode == 2, stderr[-2000:]
