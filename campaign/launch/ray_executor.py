@@ -47,7 +47,7 @@ from campaign.launch.placement import (
     options_from,
     settle,
 )
-from campaign.launch.ray_groups import refuse_unplaceable, worker_groups
+from campaign.launch.ray_groups import refuse_shared_gpus, refuse_unplaceable, worker_groups
 from campaign.launch.ray_ranks import GROUP_ENV, placed_at
 from campaign.launch.secret_file import handed_over, taken_back
 from campaign.launch.worker import WorkerOptions, run_worker
@@ -77,9 +77,6 @@ class RayOptions:
         if self.gpus_per_run is not None:
             return self.gpus_per_run / self.ranks
         return 1.0 if self.devices.startswith("cuda") else 0.0
-
-
-PLACEMENTS = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 
 
 def cluster_address(address: str | None) -> str | None:
@@ -120,6 +117,7 @@ def launch_on_ray(
 ) -> tuple[Snapshot, bool]:
     """Start the worker tasks and follow the campaign to the end; (the last snapshot,
     interrupted)."""
+    refuse_shared_gpus(ray_options.ranks, ray_options.gpus)  # before any cluster is asked
     address = cluster_address(ray_options.address)
     if address is None:  # read by Ray at import: set before it
         os.environ.setdefault("RAY_AUTH_MODE", "token")
@@ -267,6 +265,8 @@ def _follow(ray: Any, url: str, handed: tuple[str, str | None], options: WorkerO
         while pending:
             done, pending = ray.wait(pending, num_returns=len(pending), timeout=1.0)
             failures += _failures(ray, done)
+            for ref in done:  # its placement group goes back to the cluster
+                groups.release(refs.index(ref))
             ledger.mark_lost(options.lease_s, options.campaign)
             snapshot = take_snapshot(ledger, options.campaign, count)
             display.show(snapshot)

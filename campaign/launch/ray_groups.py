@@ -28,7 +28,7 @@ class WorkerGroups:
         self.ray, self.ranks, self.gpus, self.strategy = ray, ranks, gpus, strategy
         self.token = secrets.token_hex(4)  # a launch's own names on a shared cluster
         self.names: dict[int, str] = {}
-        self.groups: list[Any] = []
+        self.groups: dict[int, Any] = {}
 
     def task(self, function: Any, index: int, **options: Any) -> Any:
         """``function`` as the ``index``-th worker task, in bundle 0 of a group of its own."""
@@ -42,7 +42,7 @@ class WorkerGroups:
         name = f"campaign:{self.token}:{index}"
         group = placement_group([dict(bundle) for _ in range(self.ranks)],
                                 strategy=self.strategy, name=name)
-        self.names[index], self.groups = name, [*self.groups, group]
+        self.names[index], self.groups[index] = name, group
         strategy = PlacementGroupSchedulingStrategy(
             group, placement_group_bundle_index=0, placement_group_capture_child_tasks=False)
         return remote.options(**options, scheduling_strategy=strategy)
@@ -53,21 +53,40 @@ class WorkerGroups:
             return ()
         return self.names[index], self.ranks, self.gpus
 
-    def remove(self) -> None:
-        from ray.util.placement_group import remove_placement_group
+    def release(self, index: int) -> None:
+        """Give back the ``index``-th worker's group once its task ended: on a shared cluster
+        its W CPUs and GPUs go back to the others while the launch follows the rest."""
+        group = self.groups.pop(index, None)
+        if group is not None:
+            from ray.util.placement_group import remove_placement_group
 
-        for group in self.groups:
-            with contextlib.suppress(Exception):  # the cluster may be going away with the launch
+            with contextlib.suppress(Exception):  # the cluster may be going away
                 remove_placement_group(group)
+
+    def remove(self) -> None:
+        """Give back every group left (the launch ends, however it ends)."""
+        for index in list(self.groups):
+            self.release(index)
 
 
 @contextmanager
 def worker_groups(ray: Any, ranks: int, gpus: float, strategy: str) -> Iterator[WorkerGroups]:
+    """The launch's worker groups, removed when it ends (nothing left reserved on a cluster)."""
     groups = WorkerGroups(ray, ranks, gpus, strategy)
     try:
         yield groups
     finally:
         groups.remove()
+
+
+def refuse_shared_gpus(ranks: int, gpus: float) -> None:
+    """Each rank of a run needs whole GPUs of its own: NCCL refuses two ranks on one device,
+    and Ray would hand out a fraction of one to each."""
+    if ranks > 1 and gpus and (gpus < 1 or gpus != int(gpus)):
+        raise PlacementError(f"--gpus-per-run {gpus * ranks:g} over a run's {ranks} ranks gives "
+                             f"{gpus:g} GPU per rank: each rank needs whole GPUs of its own "
+                             f"(NCCL refuses two ranks on one device); use a multiple of "
+                             f"{ranks}")
 
 
 def refuse_unplaceable(ray: Any, ranks: int, gpus: float, strategy: str) -> None:

@@ -40,6 +40,7 @@ GROUP_ENV = "CAMPAIGN_RAY_GROUP"  # the worker task's placement group, as JSON (
 LOST_EXIT = 75  # a rank's process, worker or node was lost: not the run's fault
 PLACEMENT_WAIT_S = float(os.environ.get("CAMPAIGN_RAY_PLACEMENT_WAIT_S", "240"))
 OUTPUT_TAIL = 4000
+SETTLE_S = 10.0  # after a rank ends badly, how long the others get to say how they ended
 
 
 def placed_at(address: str, namespace: str, group: str, bundles: int, gpus: float,
@@ -81,11 +82,6 @@ def run_rank(url: str, secret: str | None, run_id: str, rank: int, world: int, a
             "output": output[-OUTPUT_TAIL:]}
 
 
-def _say(verdict: Path, **what: Any) -> None:
-    with verdict.open("a") as handle:
-        handle.write(json.dumps(what) + "\n")
-
-
 def read_verdict(verdict: Path) -> dict[str, Any]:
     """What the program has said so far (later lines override earlier ones)."""
     said: dict[str, Any] = {}
@@ -98,6 +94,7 @@ def read_verdict(verdict: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Place and follow ranks 1..W-1 of a run; the exit code says how they ended."""
     parser = argparse.ArgumentParser(prog="python -m campaign.launch.ray_ranks")
     parser.add_argument("run_id")
     parser.add_argument("--world", type=int, required=True)
@@ -178,40 +175,50 @@ def placed(ray: Any, group: Any, in_bundle: Any, world: int) -> bool:
 
 
 def _follow(ray: Any, ranks: dict[Any, int], run_id: str, verdict: Path) -> int:
-    """Wait for the ranks; on the first lost or failed, cancel the rest and say which."""
+    """Wait for the ranks; on the first that ends badly, look at the others a moment longer
+    (with three ranks or more, a rank killed breaks its peers' collectives too, and they may
+    report first), cancel the rest and say the worst: a rank lost before a rank failed."""
     pending = list(ranks)
     while pending:
         done, pending = ray.wait(pending, num_returns=1)
-        for ref in done:
-            rank = ranks[ref]
-            try:
-                ended = ray.get(ref)
-            except ray.exceptions.RayTaskError as error:  # our own code raised in the task
-                return _stop(ray, pending, verdict, "failed", f"rank {rank}'s Ray task "
-                             f"failed: {_first_line(error)}", 1)
-            except Exception as error:  # its worker or node is gone (NodeDiedError, ...)
-                return _stop(ray, pending, verdict, "lost", f"rank {rank} was lost with its "
-                             f"Ray worker ({type(error).__name__}: {_first_line(error)})",
-                             LOST_EXIT)
-            code = int(ended["code"])
-            if code == 0:
-                continue
-            print(ended["output"], file=sys.stderr, end="", flush=True)  # the run's log
-            if killed_from_outside(code):
-                return _stop(ray, pending, verdict, "lost", f"rank {rank} (on node "
-                             f"{ended['node']}) was killed by {signal_name(-code)}", LOST_EXIT)
-            return _stop(ray, pending, verdict, "failed", f"rank {rank} (on node "
-                         f"{ended['node']}) exited with status {code}", 1)
+        ends = [_ending(ray, ranks[ref], ref) for ref in done]
+        if all(kind is None for kind, _ in ends):
+            continue
+        more, pending = ray.wait(pending, num_returns=len(pending), timeout=SETTLE_S)
+        ends += [_ending(ray, ranks[ref], ref) for ref in more]
+        for ref in pending:
+            ray.cancel(ref, force=True)
+        kind, what = next((e for e in ends if e[0] == "lost"), None) or next(
+            e for e in ends if e[0] is not None)
+        _say(verdict, **{str(kind): what})
+        print(f"campaign: {what}", file=sys.stderr, flush=True)
+        return LOST_EXIT if kind == "lost" else 1
     print(f"campaign: run {run_id}: its other ranks ended", file=sys.stderr, flush=True)
     return 0
 
 
-def _stop(ray: Any, pending: list[Any], verdict: Path, kind: str, what: str, code: int) -> int:
-    for ref in pending:
-        ray.cancel(ref, force=True)
-    _say(verdict, **{kind: what})
-    print(f"campaign: {what}", file=sys.stderr, flush=True)
-    return code
+def _ending(ray: Any, rank: int, ref: Any) -> tuple[str | None, str]:
+    """How one rank's task ended: (None, "") when well, else ("lost" or "failed", words)."""
+    try:
+        ended = ray.get(ref)
+    except ray.exceptions.RayTaskError as error:  # our own code raised in the task
+        return "failed", f"rank {rank}'s Ray task failed: {_first_line(error)}"
+    except Exception as error:  # its worker or node is gone (NodeDiedError, ...)
+        return "lost", (f"rank {rank} was lost with its Ray worker ({type(error).__name__}: "
+                        f"{_first_line(error)})")
+    code = int(ended["code"])
+    if code == 0:
+        return None, ""
+    print(ended["output"], file=sys.stderr, end="", flush=True)  # into the run's log
+    if killed_from_outside(code):
+        return "lost", f"rank {rank} (on node {ended['node']}) was killed by {signal_name(-code)}"
+    return "failed", f"rank {rank} (on node {ended['node']}) exited with status {code}"
+
+
+def _say(verdict: Path, **what: Any) -> None:
+    """One line of the verdict file rank 0 reads (campaign.launch.replicated.Followers)."""
+    with verdict.open("a") as handle:
+        handle.write(json.dumps(what) + "\n")
 
 
 def _first_line(error: BaseException) -> str:

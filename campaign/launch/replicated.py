@@ -42,13 +42,17 @@ from campaign.host.processes import ended_how, killed_from_outside, signal_name
 from campaign.launch.ray_ranks import ray_group, read_verdict
 from campaign.ledger import Ledger
 from campaign.ledger.location import ENV_VAR
+from campaign.loop import progress_page
 from campaign.loop import replicas as dp
 from campaign.stack.devices import SLURM_TASKS
 
 ADDRESS = "127.0.0.1"
 RANK_OFFSET = "CAMPAIGN_RANK_OFFSET"  # a SLURM step's rank = its SLURM_PROCID + this
 FOLLOWER_EXIT_WAIT_S = 120.0
-LOST_WAIT_S = 15.0  # after a failed collective, how long rank 0 looks for a rank lost
+# After a failed collective, how long rank 0 looks for a rank lost: a local follower's or a
+# SLURM step's end is seen at once; Ray may take half a minute to declare a node dead.
+LOST_WAIT_S = 15.0
+RAY_LOST_WAIT_S = 120.0
 JOIN_TIMEOUT_S = 300.0  # the group's: for the ranks to join, and for any collective
 
 
@@ -71,14 +75,17 @@ class Followers:
 
     processes: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
     verdict: Path | None = None  # the Ray ranks' program's (campaign.launch.ray_ranks)
+    srun: bool = False  # a SLURM step: srun exits 128 + N when a task was killed by signal N
     gone: bool = False
     placed_at: float | None = None
 
-    def lost(self, wait_s: float = LOST_WAIT_S) -> str | None:
+    def lost(self, wait_s: float | None = None) -> str | None:
         """After a collective failed on rank 0: how another rank was lost (its process killed
         by a signal nobody of ours sent, its Ray worker or node gone), or None (they live on,
         or one ended by itself: the run's own error, which fails it). Waits up to ``wait_s``
         for one to end: a peer's death reaches rank 0 as a broken connection at once."""
+        if wait_s is None:
+            wait_s = RAY_LOST_WAIT_S if self.verdict is not None else LOST_WAIT_S
         deadline = time.monotonic() + wait_s
         while True:
             for label, process in self.processes:
@@ -94,8 +101,12 @@ class Followers:
 
     def _how_lost(self, label: str, code: int) -> str | None:
         said = read_verdict(self.verdict).get("lost") if self.verdict else None
-        if said or killed_from_outside(code):
-            return said or f"{label} was killed by {signal_name(-code)}"
+        if said:
+            return str(said)
+        if self.srun and code > 128 and killed_from_outside(128 - code):
+            return f"{label}: a task was killed by {signal_name(code - 128)}"
+        if killed_from_outside(code):
+            return f"{label} was killed by {signal_name(-code)}"
         return None
 
     def waiting(self) -> None:
@@ -103,6 +114,7 @@ class Followers:
         ended first (:class:`RankLost` when it was lost, RuntimeError when it failed by
         itself), or when they were placed ``JOIN_TIMEOUT_S`` ago and have not all come (while
         Ray places their bundles, after a node loss say, there is no deadline)."""
+        progress_page.tick("rendezvous")  # waiting, not stalled (the supervisor's watch)
         for label, process in self.processes:
             code = process.poll()
             if code is None:
@@ -168,6 +180,7 @@ def replica_group(
                    "--device", device, "--artifacts", str(artifacts), "--slurm"]
         followers.processes.append((f"ranks 1..{world - 1} (SLURM step)",
                                     subprocess.Popen(command, env=env)))
+        followers.srun = True
         print(f"campaign: run {run_id}: ranks 1..{world - 1} as a SLURM step of job "
               f"{os.environ.get('SLURM_JOB_ID')}, rendezvous at {address}:{port}", flush=True)
     else:

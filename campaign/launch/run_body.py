@@ -105,17 +105,18 @@ def _rank_fault(ledger: Ledger, claim: Claim,
 
 
 def _ranks_lost(ledger: Ledger, claim: Claim, log: Path, how: str) -> RunOutcome:
-    """The end of a run whose other ranks could not be placed: a kill at the update it
-    resumed from (nothing was trained)."""
+    """The end of a run whose other ranks never joined (killed as they started, or their Ray
+    bundles left without a node): ``interrupted`` at the update it started from, nothing
+    trained. Not a kill of the run (none is counted): its worker stops rather than retry at
+    once, and a resume continues it once the cluster has room."""
     step = claim.start_step
-    status, detail = killed_end(ledger, claim, how, Progress(0, step, "setup"),
-                                subject="the run's")
+    detail = (f"the run's other ranks did not join: {how}; `campaign resume {claim.run_id}` "
+              "(or `campaign launch CAMPAIGN --resume-interrupted`) continues it from update "
+              f"{step}")
     record_log(ledger, claim.run_id, log, step, lease=claim.lease)
-    ledger.finish(claim.run_id, status, StopRecord("killed", step, "setup", detail),
+    ledger.finish(claim.run_id, "interrupted", StopRecord("interrupted", step, "setup", detail),
                   lease=claim.lease, training_s=0.0)
-    return RunOutcome(claim.run_id, status, "killed", step, detail)
-
-
+    return RunOutcome(claim.run_id, "interrupted", "interrupted", step, detail)
 
 
 def _loop_options(options: WorkerOptions, worker: str) -> dict[str, Any]:

@@ -136,3 +136,17 @@ def test_ranks_no_node_of_the_cluster_can_hold_apart_are_one_error_line(
     assert "Traceback" not in refused.stderr
     with Ledger.open(postgresql_url) as ledger:
         assert set(ledger.runs("rr-apart")["status"]) == {"planned"}
+
+
+def test_a_share_of_a_gpu_per_rank_is_refused_before_any_cluster_is_asked(
+    postgresql_url: str, tmp_path: Path
+) -> None:
+    with Ledger.open(postgresql_url, create=True) as ledger:
+        plan_quick(ledger, "rr-half", runs=1, hold=SHARDED)
+    refused = run(postgresql_url, "launch", "rr-half", "--executor", "ray", "--gpus-per-run",
+                  "1", "--artifacts", str(tmp_path), *SKIP, timeout=120)
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    assert refused.stderr.strip() == (
+        "campaign: --gpus-per-run 1 over a run's 2 ranks gives 0.5 GPU per rank: each rank "
+        "needs whole GPUs of its own (NCCL refuses two ranks on one device); use a multiple "
+        "of 2")

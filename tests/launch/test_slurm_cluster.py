@@ -384,3 +384,21 @@ def test_a_sharded_runs_ranks_are_slurm_tasks_and_a_preemption_checkpoints_them_
         checkpoint = Path(ledger.artifacts("sl-ranks").query("kind == 'checkpoint'")
                           .sort_values("step")["path"].iloc[-1])
         assert checkpoint.with_name(checkpoint.stem + ".rank-1.safetensors").is_file()
+
+
+def test_a_step_whose_rank_was_killed_is_a_lost_rank_and_one_that_failed_is_not() -> None:
+    """srun says a task killed by signal N as its exit status 128 + N: rank 0 reads that as a
+    rank lost (the run ends interrupted/killed), an exit of its own as the run's failure."""
+    from campaign.launch.replicated import Followers
+
+    def step(script: str) -> Followers:
+        process = subprocess.Popen(["srun", "--ntasks=1", "--job-name=campaign:sl-step",
+                                    "bash", "-c", script])
+        followers = Followers([("ranks 1..1 (SLURM step)", process)], srun=True)
+        process.wait(timeout=120)
+        return followers
+
+    killed = step("kill -9 $$").lost(wait_s=1)
+    assert killed == "ranks 1..1 (SLURM step): a task was killed by SIGKILL", killed
+    assert step("exit 3").lost(wait_s=1) is None
+    assert step("kill -SEGV $$").lost(wait_s=1) is None  # a crash of its own
