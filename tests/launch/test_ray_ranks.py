@@ -21,7 +21,14 @@ from tests.conftest import require
 from tests.support.engine_helpers import checkpoint_steps, command_line, running_past
 from tests.support.launch_helpers import losses, run, wait_for
 from tests.support.loop_helpers import plan_quick
-from tests.support.ray_cluster import SKIP, launch_on_ray, node_of, ray_start, started_cluster
+from tests.support.ray_cluster import (
+    SKIP,
+    launch_on_ray,
+    node_of,
+    node_of_process,
+    ray_start,
+    started_cluster,
+)
 
 pytestmark = pytest.mark.engine
 
@@ -39,15 +46,6 @@ def _rank_processes(run_id: str) -> list[psutil.Process]:
         if "campaign.launch.follower" in words and run_id in words:
             found.append(process)
     return found
-
-
-def _raylet_node(process: psutil.Process) -> str:
-    for parent in process.parents():
-        words = command_line(parent) or []
-        if words and Path(words[0]).name == "raylet":
-            (flag,) = [w for w in words if w.startswith("--node_ip_address=")]
-            return flag.split("=", 1)[1]
-    raise AssertionError(f"no raylet above process {process.pid}")
 
 
 def _lose_node(ip: str) -> None:
@@ -94,7 +92,7 @@ def test_a_runs_ranks_are_a_placement_group_across_nodes_and_a_lost_node_interru
                  or launch.poll() is not None, 240, "the run past update 7 on two nodes")
         assert found, launch.communicate()[1][-3000:]
         (rank1,) = _rank_processes(run_id)
-        first, second = node_of(found[0][1]), _raylet_node(rank1)
+        first, second = node_of(found[0][1]), node_of_process(rank1)
         assert {first, second} == {"127.0.0.2", "127.0.0.3"}, (first, second)
 
         _lose_node(second)

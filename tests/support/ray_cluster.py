@@ -87,13 +87,17 @@ def mentions(process: psutil.Process, text: str) -> bool:
 
 def node_of(worker: str) -> str:
     """The node IP of the raylet whose Ray worker process executes a run."""
-    process = psutil.Process(int(worker.split(":")[1]))
+    return node_of_process(psutil.Process(int(worker.split(":")[1])))
+
+
+def node_of_process(process: psutil.Process) -> str:
+    """The node IP of the raylet above ``process`` (a Ray worker, or what one started)."""
     for parent in process.parents():
         words = command_line(parent)
         if words and Path(words[0]).name == "raylet":
             (flag,) = [w for w in words if w.startswith("--node_ip_address=")]
             return flag.split("=", 1)[1]
-    raise AssertionError(f"no raylet above the worker {worker}")
+    raise AssertionError(f"no raylet above process {process.pid}")
 
 
 def launch_on_ray(url: str, campaign: str, tmp_path: Path, *extra: str,
