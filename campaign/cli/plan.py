@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import tomllib
 from typing import Any
 
 import click
@@ -17,12 +16,18 @@ from campaign.ledger.vocabulary import RUN_STATUSES
 @click.command()
 @click.argument("spec_path", metavar="SPEC", type=click.Path(dir_okay=False))
 @click.option("--dry-run", is_flag=True, help="Validate and print the plan; write nothing.")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+              help="Override a key of SPEC (TOML syntax, repeatable): a config key such as "
+              "optimizer.lr=3e-4 (held if [hold] holds it, else the control's [config]), or "
+              "SECTION.NAME such as grid.seeds=[0,1,2]; checked like the file's keys and "
+              "frozen with the spec.")
 @output_options
 @click.pass_obj
-def plan(source: LedgerSource, spec_path: str, dry_run: bool, output_format: str) -> None:
+def plan(source: LedgerSource, spec_path: str, dry_run: bool, sets: tuple[str, ...],
+         output_format: str) -> None:
     """Plan the campaign in SPEC: every (variant, seed) becomes a planned run.
 
-    Example: campaign plan lr-sweep.toml --dry-run
+    Example: campaign plan lr-sweep.toml --set optimizer.lr=3e-4 --set campaign.name=lr-b
     """
     from campaign.host import client
 
@@ -35,13 +40,18 @@ def plan(source: LedgerSource, spec_path: str, dry_run: bool, output_format: str
     from campaign.plan import grid as planning
     from campaign.plan.metric_names import metric_problem
     from campaign.plan.optimizer_check import raise_first
+    from campaign.plan.overrides import named
     from campaign.plan.spec import SpecError, load_spec
     from campaign.plan.task_facts import task_facts
     from campaign.plan.task_keys import origin
 
     # The optimizer checks (torch's own) wait for the task's child to be under way.
     optimizers: list[Any] = []
-    resolved = load_spec(spec_path, check_task=False, optimizers=optimizers)
+    resolved = load_spec(spec_path, check_task=False, optimizers=optimizers, sets=sets)
+
+    def refused(message: str) -> SpecError:  # naming the --set that put a key there
+        return SpecError(named(message, spec_path, resolved.origins))
+
     # What planning asks the task, in one guarded child (the user's module imported once),
     # started first: it imports the task on one core while the optimizer checks run on the
     # other.
@@ -52,22 +62,24 @@ def plan(source: LedgerSource, spec_path: str, dry_run: bool, output_format: str
     try:
         raise_first(optimizers)
         facts = pending.result()
+    except SpecError as error:
+        raise refused(str(error)) from None
     except TaskContractError as error:
-        raise SpecError(f"{spec_path}: campaign.task: {error}") from None
+        raise refused(f"{spec_path}: campaign.task: {error}") from None
     finally:
         pending.cancel()
     if facts["reference"] is not None:
-        raise SpecError(f"{spec_path}: campaign.task: {facts['reference']}")
+        raise refused(f"{spec_path}: campaign.task: {facts['reference']}")
     if facts.get("keys") is not None:
         key, message = facts["keys"]
-        raise SpecError(f"{spec_path}: {origin(resolved.document, key)}: {message}")
+        raise refused(f"{spec_path}: {origin(resolved.document, key)}: {message}")
     the_plan = planning.make_plan(resolved, sizes=facts["sizes"])
     if facts["contract"] is not None:  # before anything is written (a task without describe())
         raise LedgerInputError(f"{spec_path}: campaign.task: {facts['contract']}")
     if facts.get("metrics") is not None:  # a metric the task never produces: no value, ever
         problem = metric_problem(resolved.document, facts["metrics"])
         if problem is not None:
-            raise SpecError(f"{spec_path}: {problem}")
+            raise refused(f"{spec_path}: {problem}")
     warnings = [*the_plan.warnings, *([facts["batch_stats"]] if facts.get("batch_stats") else [])]
     for warning in warnings:
         click.echo(f"campaign: warning: {warning}", err=True)
@@ -79,6 +91,8 @@ def plan(source: LedgerSource, spec_path: str, dry_run: bool, output_format: str
             record, created = planning.record_plan(ledger, the_plan)
             if created and facts.get("layers"):  # what a relaunch is warned of (docs/runs.md)
                 ledger.add_event(resolved.name, "batch_statistics", json.dumps(facts["layers"]))
+            if created and sets:  # the frozen spec holds them merged; this says which they were
+                ledger.add_event(resolved.name, "overrides", json.dumps(list(sets)))
             # the same question with other [pilot] settings (recorded), or back to its own
             pilot_only = not created and before != planning.current_pilot_table(ledger,
                                                                                 record.name)
@@ -95,7 +109,8 @@ def plan(source: LedgerSource, spec_path: str, dry_run: bool, output_format: str
                 for rid, r in zip(run_ids, the_plan.runs, strict=True)]
     document = {
         "campaign": resolved.name, "question": resolved.question, "task": resolved.task,
-        "spec_sha256": resolved.sha256, "dry_run": dry_run, "created": created,
+        "spec_sha256": resolved.sha256, "sets": list(sets), "dry_run": dry_run,
+        "created": created,
         "control": resolved.control.name, "variants": grid, "accounting": accounting,
         "runs": [{**row, "config_sha256": r.config_sha256}
                  for row, r in zip(run_rows, the_plan.runs, strict=True)],
@@ -200,9 +215,10 @@ def relaunch(source: LedgerSource, run_id: str, sets: tuple[str, ...], reason: s
     from campaign.loop.batch_stats import relaunch_warning
     from campaign.plan import grid as planning
     from campaign.plan.config_keys import config_changes
+    from campaign.plan.overrides import parse_set
     from campaign.report.relaunches import defining_keys
 
-    parsed = [_parse_set(item) for item in sets]
+    parsed = [parse_set(item) for item in sets]
     sets_given = dict(parsed)
     if len(sets_given) < len(parsed):  # the same key twice: which one was meant?
         twice = next(k for k, _ in parsed if sum(key == k for key, _ in parsed) > 1)
@@ -285,25 +301,6 @@ def withdraw(source: LedgerSource, run_ids: tuple[str, ...], reason: str,
             ledger.withdraw(run_id, reason)
     for run_id in chosen:
         click.echo(f"campaign: run {run_id} withdrawn: {reason.strip()}", err=True)
-
-
-def _parse_set(item: str) -> tuple[str, Any]:
-    key, sep, text = item.partition("=")
-    if not sep or not key.strip():
-        raise LedgerInputError(f"--set {item!r}: expected KEY=VALUE, e.g. loop.microbatch=1")
-    if len(item) > 10_000:
-        raise LedgerInputError(f"--set {key.strip()[:40]!r}: the value is {len(item):,} "
-                               "characters long: not a setting")
-    try:
-        value = tomllib.loads(f"value = {text}")["value"]
-    except tomllib.TOMLDecodeError:
-        value = text  # a bare word such as adamw is a string
-    except RecursionError:
-        raise LedgerInputError(f"--set {key.strip()!r}: nested too deeply") from None
-    if isinstance(value, dict):
-        raise LedgerInputError(f"--set {item!r}: one value per dotted key, not a table "
-                               f"(e.g. --set {key.strip()}.NAME=VALUE)")
-    return key.strip(), value
 
 
 @click.command()

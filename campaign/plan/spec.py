@@ -14,7 +14,7 @@ import math
 import re
 import tomllib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ from campaign.errors import SpecError
 from campaign.ledger.canonical import canonical_json, sha256_text
 from campaign.plan.config_schema import RunConfig, widen_integers
 from campaign.plan.optimizer_check import raise_first
+from campaign.plan.overrides import apply_sets, named
 from campaign.plan.spec_sections import (
     CAMPAIGN_WIDE,
     DURATION_PATTERN,
@@ -58,6 +59,9 @@ class ResolvedSpec:
     hold: dict[str, Any]
     seeds: tuple[int, ...]
     variants: tuple[ResolvedVariant, ...]
+    # Key paths (as refusals name them) that a ``--set`` put there: the override to name.
+    origins: dict[str, str] = field(default_factory=dict)
+    sets: tuple[str, ...] = ()  # the ``--set KEY=VALUE`` items, as given
 
     @property
     def control(self) -> ResolvedVariant:
@@ -65,9 +69,10 @@ class ResolvedSpec:
 
 
 def load_spec(path: str | Path, *, check_task: bool = True,
-              optimizers: list[Any] | None = None) -> ResolvedSpec:
+              optimizers: list[Any] | None = None, sets: Sequence[str] = ()) -> ResolvedSpec:
     """Read, validate and resolve the spec at ``path`` (a regular file of at most 1 MiB: a
-    spec is a page of settings, and ``/dev/zero`` or a pipe must not be read for ever)."""
+    spec is a page of settings, and ``/dev/zero`` or a pipe must not be read for ever), with
+    ``sets`` (``KEY=VALUE``, :mod:`campaign.plan.overrides`) applied before it is checked."""
     where = str(path)
     try:
         if Path(path).exists() and not Path(path).is_file():
@@ -80,7 +85,18 @@ def load_spec(path: str | Path, *, check_task: bool = True,
             document = _json_spec(data, where)
         else:
             document = tomllib.loads(data.decode("utf-8"))
-        return resolve_spec(document, where, check_task=check_task, optimizers=optimizers)
+        if not sets:
+            return resolve_spec(document, where, check_task=check_task, optimizers=optimizers)
+        try:
+            document, origins = apply_sets(document, sets)
+        except SpecError as error:
+            raise SpecError(f"{where}: {error}") from None
+        try:
+            resolved = resolve_spec(document, where, check_task=check_task,
+                                    optimizers=optimizers)
+        except SpecError as error:
+            raise SpecError(named(str(error), where, origins)) from None
+        return replace(resolved, origins=origins, sets=tuple(sets))
     except FileNotFoundError:
         raise SpecError(f"{where}: no such spec file") from None
     except (OSError, UnicodeDecodeError) as error:

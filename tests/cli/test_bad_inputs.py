@@ -118,6 +118,16 @@ def _cases() -> list[Case]:
         Case("plan missing", lambda s: ["plan", s["tmp"] + "/no.toml"], 2, "no such spec"),
         Case("plan binary", lambda s: ["plan", s["binary"]], 2, "cannot read the spec"),
     ]
+    for item, words in [("optimizer.lrr=0.1", "--set optimizer.lrr"),
+                        ("loop.microbatch=0", "--set loop.microbatch"),
+                        ("loop.microbatch", "KEY=VALUE"),
+                        ("grid.variants=[]", "grid.variants is a list of tables"),
+                        ("grid.seeds=[-1]", "--set grid.seeds"),
+                        ("stop.wall_time=soon", "--set stop.wall_time"),
+                        ("optimizer.lr=inf", "finite"),
+                        ("9lives=1", "dotted names")]:
+        cases.append(Case(f"plan --set {item[:24]}",
+                          lambda s, i=item: ["plan", s["good"], "--set", i], 2, words))
     relaunch = ["relaunch", "{run}", "--reason", "why"]
     for item, words in [("optimizer.lr=inf", "finite"), ("optimizer.lr=nan", "finite"),
                         ("optimizer.lr", "KEY=VALUE"), ("loop={microbatch=1}", "not a table"),
@@ -200,9 +210,12 @@ def seeded(ledger_url: str, tmp_path: Path) -> dict:
     for name, (text, _) in SPECS.items():
         specs[name] = str(tmp_path / f"{name}.toml")
         Path(specs[name]).write_text(text, encoding="utf-8")
+    good = tmp_path / "good.toml"
+    good.write_text(_spec().replace('name = "', 'name = "set-', 1), encoding="utf-8")
     binary = tmp_path / "binary.bin"
     binary.write_bytes(bytes(range(256)) * 4)
     return {"url": ledger_url, "specs": specs, "tmp": str(tmp_path), "binary": str(binary),
+            "good": str(good),
             "run": planned, "planned": planned, "gone": gone, "swapped": swapped}
 
 
