@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from campaign.loop.task_base import Task
+    from campaign.loop.task_metrics import log_metric
     from campaign.notebook import NotebookLedger as Ledger
 
-__all__ = ["Ledger", "Task", "__version__"]
+__all__ = ["Ledger", "Task", "__version__", "log_metric"]
 __version__ = "0.1.0"
 
 
@@ -33,4 +34,8 @@ def __getattr__(name: str) -> Any:
         from campaign.loop.task_base import Task
 
         return Task
+    if name == "log_metric":  # a task not derived from Task logs with this (no torch import)
+        from campaign.loop.task_metrics import log_metric
+
+        return log_metric
     raise AttributeError(f"module 'campaign' has no attribute {name!r}")

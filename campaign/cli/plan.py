@@ -77,7 +77,7 @@ def plan(source: LedgerSource, spec_path: str, dry_run: bool, sets: tuple[str, .
     if facts["contract"] is not None:  # before anything is written (a task without describe())
         raise LedgerInputError(f"{spec_path}: campaign.task: {facts['contract']}")
     if facts.get("metrics") is not None:  # a metric the task never produces: no value, ever
-        problem = metric_problem(resolved.document, facts["metrics"])
+        problem = metric_problem(resolved.document, facts["metrics"], facts.get("logged") or [])
         if problem is not None:
             raise refused(f"{spec_path}: {problem}")
     warnings = [*the_plan.warnings, *([facts["batch_stats"]] if facts.get("batch_stats") else [])]

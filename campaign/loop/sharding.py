@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from campaign.errors import LoopError
-from campaign.loop import progress_page
+from campaign.loop import progress_page, task_metrics
 from campaign.loop.replicas import Replica
 from campaign.loop.task import Batch, TaskContract
 
@@ -169,7 +169,7 @@ def accumulate_sharded(
         if padding:
             model.eval()
         try:
-            with context:
+            with context, task_metrics.paused() if padding else contextlib.nullcontext():
                 loss_sum, count = task.loss(model, batch)
             progress_page.tick("backward")
             (loss_sum * 0.0 if padding else loss_sum).backward()

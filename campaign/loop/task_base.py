@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from campaign.loop import task_metrics
 from campaign.loop.task import Batch, Example
 
 SHOWN = 200  # characters of a field that describe() shows
@@ -66,6 +67,15 @@ class Task:
     def loss(self, model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, int]:
         raise NotImplementedError(
             f"{type(self).__name__}.loss() must return (sum of per-unit losses, units)")
+
+    # -- metrics of its own ----------------------------------------------------------------
+    logged_metrics: Sequence[str] = ()  # names it logs: plan checks validation.metric on them
+
+    def log(self, name: str, value: Any, weight: float = 1.0) -> None:
+        """Log a value of this update or validation from ``loss``/``predict`` (a batch's
+        accuracy, a count): ``train/NAME`` or ``val/NAME`` in the ledger, the weighted mean
+        over the update's microbatches (campaign/loop/task_metrics.py, docs/tasks.md)."""
+        task_metrics.log_metric(name, value, weight)
 
     # -- the defaults ----------------------------------------------------------------------
     def collate(self, examples: Sequence[Example]) -> Batch:

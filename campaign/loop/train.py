@@ -37,7 +37,7 @@ from campaign.errors import RESUME_REFUSED, LeaseLost, LoopError, RunSetupFailed
 from campaign.ledger import Claim, Ledger, StopRecord
 from campaign.ledger.spill import SPILL_NAME
 from campaign.loop import checkpoint as ckpt
-from campaign.loop import model_state, progress_page, shard_files
+from campaign.loop import model_state, progress_page, shard_files, task_metrics
 from campaign.loop import replicas as dp
 from campaign.loop.data import describe_inputs
 from campaign.loop.decisions import agree, stop_at_resume, validated_at
@@ -322,7 +322,8 @@ class RunLoop(RunEnd):
                 record.inputs = self.phase_inputs
         inputs = self.phase_inputs if measure else None
         self.phase = "forward"
-        with self.probe.phase("backward", inputs, measure=measure):
+        with (self.probe.phase("backward", inputs, measure=measure),
+              task_metrics.collecting("train") as logged):
             loss_sum, units = trainer.forward_backward(self._batches)
         loss = loss_sum / units
         stop = self.rules.after_loss(loss)
@@ -342,9 +343,17 @@ class RunLoop(RunEnd):
         values = {"train/loss": loss, "train/grad_norm": grad_norm, "train/units": float(units),
                   "train/data_wait_s": waited, "train/lr": used_lr,  # the rate it stepped with
                   "train/update_s": time.perf_counter() - began}
+        values |= self._logged_by_task(logged)
         self.metrics.log_dict(self.step, values, self.examples_seen)
         self._write_phases(every_rank=True)
         return None
+
+    def _logged_by_task(self, logged: task_metrics.Collected) -> dict[str, float]:
+        """What the task logged in this update: over every rank's microbatches."""
+        if self.replica.world == 1:
+            return logged.means()
+        parts = dp.gather_json(logged.sums, self.replica, self._group_device)
+        return task_metrics.combined(parts) if parts is not None else {}
 
     @property
     def phase_inputs(self) -> dict[str, Any]:
@@ -363,11 +372,16 @@ class RunLoop(RunEnd):
         measure = self._measured() or not self._validated
         size = trainer.val_batch
         inputs = {"examples": len(trainer.val_view), "batch": size}
-        with self.probe.phase("validation", inputs, measure=measure):
+        with (self.probe.phase("validation", inputs, measure=measure),
+              task_metrics.collecting("val") as logged):
             total, units, records = trainer.evaluate(trainer.val_view, size)
         self._validated = True
-        scores = {f"val/{k}": float(v) for k, v in trainer.task.score(records).items()}
-        scores |= {"val/loss": total / max(1, units), **trainer.train_estimate()}
+        with task_metrics.collecting("train_eval") as estimated:
+            estimate = trainer.train_estimate()
+        # Every rank validates on the whole set: rank 0's own values are the run's.
+        scores = {**logged.means(), **estimated.means()}
+        scores |= {f"val/{k}": float(v) for k, v in trainer.task.score(records).items()}
+        scores |= {"val/loss": total / max(1, units), **estimate}
         self.metrics.log_dict(self.step, scores, self.examples_seen)
         self.metrics.flush()  # a validation point is a natural sync point: bound what a crash loses
         if self.writes:

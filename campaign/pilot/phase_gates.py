@@ -28,6 +28,7 @@ from campaign.host.calls import FreshProcessFailed, run_module
 from campaign.ledger import Ledger
 from campaign.ledger.canonical import canonical_json
 from campaign.loop import checkpoint as ckpt
+from campaign.loop import task_metrics
 from campaign.loop.batch_stats import accumulation_warning, batch_stat_layers, coupled_layers
 from campaign.loop.data import describe_inputs, gate_view
 from campaign.loop.measure import PhaseRecord, Probe
@@ -295,7 +296,8 @@ class PilotRun:
             record.inputs["of"] = len(session.val_set)
         estimate: dict[str, float] = {}
         try:
-            total, units, records = session.evaluate(view, size)
+            with task_metrics.collecting("val") as logged:  # the task's own val/ metrics
+                total, units, records = session.evaluate(view, size)
             if session.train_view is not None:  # validation.train_sample: piloted, timed
                 started = time.perf_counter()
                 estimate = session.train_estimate()
@@ -314,10 +316,11 @@ class PilotRun:
         if sorted(map(str, ids)) != sorted(map(str, expected)):
             raise PhaseFailure(f"{len(ids)} predictions for {len(expected)} validation examples")
         scores = session.task.score(records)
-        record.inputs["metrics"] = produced(scores)  # what a run's validation will log
+        own = sorted(logged.sums)
+        record.inputs["metrics"] = [*produced(scores), *own]  # what a run's validation logs
         named = {"validation": {"metric": self.config["validation"]["metric"]},
                  "pilot": {"overfit_metric": self.options.overfit_metric}}
-        problem = metric_problem(named, scores)
+        problem = metric_problem(named, scores, own)
         if problem is not None:
             raise PhaseFailure(problem)
         return f"val/loss {total / max(1, units):.4g}; " + ", ".join(

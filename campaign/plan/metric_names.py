@@ -1,6 +1,7 @@
 """The metrics a spec names must be metrics the task produces.
 
-Validation logs ``val/loss`` and ``val/<name>`` for each name ``score()`` returns. A
+Validation logs ``val/loss``, ``val/<name>`` for each name ``score()`` returns and the
+``val/`` metrics the task logs itself (declared in ``logged_metrics``, or seen by the pilot). A
 ``validation.metric`` (which the stop rules' patience also reads) or a ``[pilot]
 overfit_metric`` that the task never produces would let every run train to its end and
 leave a report with no value at all; so it is refused: at ``plan`` when the task declares
@@ -26,11 +27,13 @@ def _unknown(name: str, known: list[str], key: str) -> str:
             f"it produces {', '.join(known)})")
 
 
-def metric_problem(spec: Mapping[str, Any], scores: Iterable[str]) -> str | None:
+def metric_problem(spec: Mapping[str, Any], scores: Iterable[str],
+                   own: Iterable[str] = ()) -> str | None:
     """The first metric ``spec`` names that validation does not produce, in one line with the
-    key path; None when every named metric exists."""
+    key path; None when every named metric exists. ``own``: the keys the task logs itself
+    (``self.log``; its ``val/`` ones are validation's too)."""
     names = list(scores)
-    logged = produced(names)
+    logged = [*produced(names), *(k for k in own if k.startswith("val/") and k != "val/loss")]
     metric = (spec.get("validation") or {}).get("metric")
     if metric is not None and metric not in logged:
         return _unknown(metric, logged, "validation.metric")

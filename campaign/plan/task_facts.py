@@ -26,6 +26,7 @@ def task_facts(task: str, control: dict[str, Any], configs: list[dict[str, Any]]
     from campaign.loop.batch_stats import accumulation_warning, layers_on_meta
     from campaign.loop.sharding import units_problem
     from campaign.loop.task import build_task, plan_problem, splits_problem
+    from campaign.loop.task_metrics import declared_names
     from campaign.plan.metric_names import declared_metrics
     from campaign.plan.task_keys import task_keys_problem
 
@@ -36,10 +37,11 @@ def task_facts(task: str, control: dict[str, Any], configs: list[dict[str, Any]]
     if keys is not None:  # a typo in a task key runs another experiment: before the rest
         return {"reference": None, "keys": keys}
     sizes = {canonical_json(c["task"]): train_size(task, c) for c in configs}
-    metrics, layers = None, None
+    metrics, layers, logged = None, None, []
     try:
         built = build_task(task, copy.deepcopy(control))
         metrics = declared_metrics(built)
+        logged = declared_names(built)  # the task's own metrics (self.log), as it declares
         layers = layers_on_meta(built)  # recorded: a relaunch's cut of an update is warned of
         contract = (splits_problem(built) or plan_problem(built)
                     or units_problem(built, configs))
@@ -55,7 +57,7 @@ def task_facts(task: str, control: dict[str, Any], configs: list[dict[str, Any]]
                     f"{type(error).__name__}: {error}")
     warning = accumulation_warning(layers or [], configs)
     return {"reference": None, "sizes": sizes, "contract": contract, "metrics": metrics,
-            "batch_stats": warning, "layers": layers or []}
+            "logged": logged, "batch_stats": warning, "layers": layers or []}
 
 
 def task_reference_problem(reference: str) -> str | None:

@@ -1,0 +1,137 @@
+"""Metrics a task logs itself: ``self.log(name, value)`` (or ``campaign.log_metric``) from its
+``loss`` and ``predict`` code, beside the loop's own keys (docs/tasks.md, "Metrics a task logs").
+
+The loop opens a collection around each update's forward-backward (phase ``train``),
+each validation (``val``) and the training-sample estimate (``train_eval``). A name
+already under one of those (``train/acc``, ``val/f1``, as Lightning users write them)
+is kept as it is; any other is put under the phase it was logged in. What an update
+or a validation logged is its weighted mean (``weight`` per call, 1 by default: a
+microbatch's accuracy weighted by its examples, say), over every rank's
+microbatches on a run of several ranks; the ledger gets one point per key per
+update or validation. Outside a collection (the pilot's gates, a replay, the
+task's own tests) a call does nothing, and a sharded rank's zero-weight filler
+microbatch logs nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from campaign.errors import LoopError
+
+PHASES = ("train", "val", "train_eval")
+# The loop's own keys: a task's value must not pass for one of them.
+LOOP_KEYS = frozenset({"train/loss", "train/grad_norm", "train/units", "train/data_wait_s",
+                       "train/lr", "train/update_s", "val/loss", "train_eval/loss"})
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-/]{0,99}")
+
+
+class Collected:
+    """What one update or validation logged: per key, (weighted sum, total weight)."""
+
+    def __init__(self, phase: str) -> None:
+        self.phase = phase
+        self.sums: dict[str, list[float]] = {}
+
+    def add(self, name: str, value: Any, weight: float) -> None:
+        key = key_for(name, self.phase)
+        number = _number(value, name)
+        if not (isinstance(weight, int | float) and math.isfinite(weight) and weight > 0):
+            raise LoopError(f"task metric {name!r}: weight must be a positive finite number, "
+                            f"got {weight!r}")
+        entry = self.sums.setdefault(key, [0.0, 0.0])
+        entry[0] += number * float(weight)
+        entry[1] += float(weight)
+
+    def means(self) -> dict[str, float]:
+        return combined([self.sums])
+
+
+_active: Collected | None = None
+_paused = 0
+
+
+def key_for(name: str, phase: str) -> str:
+    """The ledger key of ``name`` logged in ``phase``; one line naming it when it cannot be."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise LoopError(f"task metric {name!r}: a name is 1 to 100 letters, digits and _ . - /")
+    key = name if name.split("/", 1)[0] in PHASES and "/" in name else f"{phase}/{name}"
+    if key in LOOP_KEYS:
+        raise LoopError(f"task metric {name!r}: {key} is the loop's own (log it under another "
+                        "name)")
+    return key
+
+
+def _number(value: Any, name: str) -> float:
+    """A plain float of a Python number or a one-element tensor (``.item()``)."""
+    item = getattr(value, "item", None)
+    if callable(item):
+        try:
+            value = item()
+        except (RuntimeError, ValueError):
+            raise LoopError(f"task metric {name!r}: a tensor of one element, got shape "
+                            f"{tuple(getattr(value, 'shape', ()))}") from None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise LoopError(f"task metric {name!r}: a number, got {type(value).__name__}")
+    return float(value)  # NaN and inf kept: the ledger stores what the task saw
+
+
+def log_metric(name: str, value: Any, weight: float = 1.0) -> None:
+    """Log ``value`` under ``name`` for the current update or validation (see the module)."""
+    if _active is not None and not _paused:
+        _active.add(name, value, weight)
+
+
+@contextlib.contextmanager
+def collecting(phase: str) -> Iterator[Collected]:
+    """Collect what the task logs while the block runs (one update, one validation)."""
+    global _active
+    outer, _active = _active, Collected(phase)
+    try:
+        yield _active
+    finally:
+        _active = outer
+
+
+@contextlib.contextmanager
+def paused() -> Iterator[None]:
+    """Nothing logged counts while the block runs (a zero-weight filler microbatch)."""
+    global _paused
+    _paused += 1
+    try:
+        yield
+    finally:
+        _paused -= 1
+
+
+def combined(parts: Sequence[Mapping[str, Sequence[float]]]) -> dict[str, float]:
+    """The weighted means over several collections' sums (every rank's, in rank order)."""
+    totals: dict[str, list[float]] = {}
+    for part in parts:
+        for key, (weighted, weight) in part.items():
+            entry = totals.setdefault(key, [0.0, 0.0])
+            entry[0] += weighted
+            entry[1] += weight
+    return {key: weighted / weight for key, (weighted, weight) in sorted(totals.items())
+            if weight > 0}
+
+
+def declared_names(task: Any) -> list[str]:
+    """The keys a task declares it logs (``logged_metrics``: names as it logs them; a bare
+    name may be logged in training and in validation, so both keys are counted)."""
+    declared = getattr(task, "logged_metrics", None)
+    if not isinstance(declared, list | tuple):
+        return []
+    keys: list[str] = []
+    for name in declared:
+        if not isinstance(name, str):
+            continue
+        if "/" in name and name.split("/", 1)[0] in PHASES:
+            keys.append(name)
+        else:
+            keys += [f"train/{name}", f"val/{name}"]
+    return keys
