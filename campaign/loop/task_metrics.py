@@ -7,8 +7,9 @@ already under one of those (``train/acc``, ``val/f1``, as Lightning users write 
 is kept as it is; any other is put under the phase it was logged in. What an update
 or a validation logged is its weighted mean (``weight`` per call, 1 by default: a
 microbatch's accuracy weighted by its examples, say), over every rank's
-microbatches on a run of several ranks; the ledger gets one point per key per
-update or validation. Outside a collection (the pilot's gates, a replay, the
+microbatches on a run of several ranks (there, only the names the task declares in
+``logged_metrics``: every rank must gather the same set); the ledger gets one point
+per key per update or validation. Outside a collection (the pilot's gates, a replay, the
 task's own tests) a call does nothing, and a sharded rank's zero-weight filler
 microbatch logs nothing.
 """
@@ -33,12 +34,17 @@ _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-/]{0,99}")
 class Collected:
     """What one update or validation logged: per key, (weighted sum, total weight)."""
 
-    def __init__(self, phase: str) -> None:
+    def __init__(self, phase: str, declared: Sequence[str] | None = None) -> None:
         self.phase = phase
+        self.declared = None if declared is None else frozenset(declared)
         self.sums: dict[str, list[float]] = {}
 
     def add(self, name: str, value: Any, weight: float) -> None:
         key = key_for(name, self.phase)
+        if self.declared is not None and key not in self.declared:
+            raise LoopError(f"task metric {name!r}: a run of several ranks records the metrics "
+                            f"its task declares, gathered from every rank (add {name!r} to the "
+                            "task's logged_metrics)")
         number = _number(value, name)
         if not (isinstance(weight, int | float) and math.isfinite(weight) and weight > 0):
             raise LoopError(f"task metric {name!r}: weight must be a positive finite number, "
@@ -87,10 +93,12 @@ def log_metric(name: str, value: Any, weight: float = 1.0) -> None:
 
 
 @contextlib.contextmanager
-def collecting(phase: str) -> Iterator[Collected]:
-    """Collect what the task logs while the block runs (one update, one validation)."""
+def collecting(phase: str, declared: Sequence[str] | None = None) -> Iterator[Collected]:
+    """Collect what the task logs while the block runs (one update, one validation); with
+    ``declared``, only those keys (a run of several ranks gathers a fixed set, and only when
+    the task declares one: no collective per update for a task that logs nothing)."""
     global _active
-    outer, _active = _active, Collected(phase)
+    outer, _active = _active, Collected(phase, declared)
     try:
         yield _active
     finally:

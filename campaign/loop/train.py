@@ -323,7 +323,7 @@ class RunLoop(RunEnd):
         inputs = self.phase_inputs if measure else None
         self.phase = "forward"
         with (self.probe.phase("backward", inputs, measure=measure),
-              task_metrics.collecting("train") as logged):
+              task_metrics.collecting("train", self._gathered) as logged):
             loss_sum, units = trainer.forward_backward(self._batches)
         loss = loss_sum / units
         stop = self.rules.after_loss(loss)
@@ -348,10 +348,21 @@ class RunLoop(RunEnd):
         self._write_phases(every_rank=True)
         return None
 
+    @property
+    def _gathered(self) -> list[str] | None:
+        """On several ranks, the training keys the task declares (gathered every update);
+        None on one rank, where any name is kept."""
+        if self.replica.world == 1:
+            return None
+        return [k for k in task_metrics.declared_names(self._trainer.task)
+                if k.startswith("train/")]
+
     def _logged_by_task(self, logged: task_metrics.Collected) -> dict[str, float]:
         """What the task logged in this update: over every rank's microbatches."""
         if self.replica.world == 1:
             return logged.means()
+        if not logged.declared:  # declares none: nothing to gather, no collective
+            return {}
         parts = dp.gather_json(logged.sums, self.replica, self._group_device)
         return task_metrics.combined(parts) if parts is not None else {}
 

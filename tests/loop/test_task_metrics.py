@@ -89,6 +89,12 @@ def test_the_names_and_values_a_task_may_log() -> None:
             task_metrics.log_metric(name, value)
     with task_metrics.collecting("train"), pytest.raises(LoopError, match="positive finite"):
         task_metrics.log_metric("acc", 1.0, weight=0)
+    # On several ranks every rank gathers the same keys: the ones the task declares.
+    with task_metrics.collecting("train", ["train/acc"]) as declared:
+        task_metrics.log_metric("acc", 1.0)
+        with pytest.raises(LoopError, match="add 'rows' to the task's logged_metrics"):
+            task_metrics.log_metric("rows", 3)
+    assert declared.means() == {"train/acc": 1.0}
 
 
 def test_plan_checks_a_validation_metric_against_what_the_task_logs(sqlite_url: str,
