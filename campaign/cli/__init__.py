@@ -59,6 +59,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("campaign.cli.demo:demo", "The main job on the embedded SQLite ledger: plan, pilot, launch, report."),
     "serve": ("campaign.cli.serve:serve", "A read-only live dashboard over the ledger (127.0.0.1 by default)."),
     "tensorboard": ("campaign.cli.serve:tensorboard", "Write a campaign's curves as TensorBoard event files (--follow: live)."),
+    "mirror": ("campaign.cli.mirror:mirror", "Copy a campaign's runs to an MLflow server (adds what is new; never reads back)."),
     "campaigns": ("campaign.cli.ledger:campaigns", "List the campaigns in the ledger with their number of runs."),
     "db": ("campaign.cli.ledger:db", "Ledger schema: show the revision, upgrade an older ledger."),
 }

@@ -88,8 +88,14 @@ def test_a_runs_ranks_are_a_placement_group_across_nodes_and_a_lost_node_interru
                            env={"RAY_ADDRESS": address})
     with Ledger.open(postgresql_url) as ledger:
         found: list[tuple[str, str]] = []
-        wait_for(lambda: bool(found.extend(running_past(ledger, "rr", 7)) or found)
-                 or launch.poll() is not None, 240, "the run past update 7 on two nodes")
+        try:  # (19 s here alone; a loaded machine starts three Ray nodes slowly)
+            wait_for(lambda: bool(found.extend(running_past(ledger, "rr", 7)) or found)
+                     or launch.poll() is not None, 480, "the run past update 7 on two nodes")
+        except AssertionError as late:  # what the launcher and the run said: why not
+            launch.kill()
+            said = launch.communicate()[1][-3000:]
+            logs = "".join(p.read_text()[-3000:] for p in (tmp_path / "artifacts").rglob("*.log"))
+            raise AssertionError(f"{late}\n{said}\n{logs}") from None
         assert found, launch.communicate()[1][-3000:]
         (rank1,) = _rank_processes(run_id)
         first, second = node_of(found[0][1]), node_of_process(rank1)

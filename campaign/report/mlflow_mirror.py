@@ -1,0 +1,253 @@
+"""``campaign mirror CAMPAIGN --to mlflow --tracking-uri URI``: a campaign's runs where a team
+already looks, copied by MLflow's own client (extra ``mlflow``; docs/cli.md, "Mirrors").
+
+One MLflow experiment per campaign, named as the campaign. In it, a parent run named
+as the campaign holds the spec and the report (HTML); under it, one MLflow run per
+ledger run, found again by its ``campaign.run_id`` tag. Each run carries:
+
+- tags: variant, seed, control, status, stop cause and step, relaunch lineage, run id;
+- the resolved config as params (dotted keys), once;
+- every metric at its update step (the latest segment's value where a resume replayed
+  steps, as the ledger's readers see it), with its wall time;
+- its model card (Markdown) once it has a final artifact.
+
+A ledger status maps to MLflow's own status: planned SCHEDULED, running RUNNING,
+completed/stopped/diverged FINISHED, failed/oom FAILED, interrupted/lost/withdrawn
+KILLED (the tag keeps the ledger's exact word). Run again, the mirror adds what is new
+(runs, points, a changed status, a new report) and leaves what is there: metric
+points already mirrored are not sent twice, params never change. The ledger stays the
+truth: nothing is read back from MLflow into it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import math
+import os
+import socket
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import pandas as pd
+
+from campaign.errors import CampaignError, ExitCode
+from campaign.ledger.reads import LedgerReader
+from campaign.plan.config_keys import flatten
+
+RUN_TAG = "campaign.run_id"
+CAMPAIGN_TAG = "campaign.campaign"  # on the parent run
+REPORT_TAG = "campaign.report_sha256"
+CARD_TAG = "campaign.model_card"
+STATUSES = {"planned": "SCHEDULED", "running": "RUNNING", "completed": "FINISHED",
+            "stopped": "FINISHED", "diverged": "FINISHED", "failed": "FAILED", "oom": "FAILED",
+            "interrupted": "KILLED", "lost": "KILLED", "withdrawn": "KILLED"}
+BATCH = 1000  # MLflow's most metrics per log_batch call
+PARAMS_BATCH = 100  # and params
+MAX_PARAM_CHARS = 6000
+
+
+@dataclass
+class Mirrored:
+    """What one mirror call sent."""
+
+    runs: int = 0
+    new_runs: int = 0
+    points: int = 0
+    updated: int = 0  # runs whose tags or status changed
+
+
+class MirrorError(CampaignError):
+    """The tracking server refused or could not be reached (one line, the URI named)."""
+
+    exit_code = ExitCode.CHECK_FAILED
+
+
+def mirror_to_mlflow(reader: LedgerReader, campaign: str, tracking_uri: str) -> Mirrored:
+    """Copy what is new of ``campaign`` to the MLflow tracking server at ``tracking_uri``."""
+    _reachable(tracking_uri)
+    # MLflow's client retries a server that does not answer for minutes: a few tries, then
+    # one line (unless the user set their own).
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    try:  # MLflow prints a "View run" link as it ends each run: stdout is the command's own
+        with contextlib.redirect_stdout(io.StringIO()):
+            return _mirror(client, reader, campaign)
+    except MlflowException as error:
+        raise MirrorError(f"MLflow at {tracking_uri}: {_first_line(error)}") from None
+
+
+def _reachable(tracking_uri: str) -> None:
+    """An http(s) server that nothing answers at is one line at once."""
+    parsed = urlparse(tracking_uri)
+    if parsed.scheme not in ("http", "https"):
+        raise MirrorError(f"--tracking-uri {tracking_uri!r}: the address of an MLflow tracking "
+                          "server (http://HOST:PORT); a mirror goes to a server a team shares")
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        socket.create_connection((parsed.hostname or "", port), timeout=10).close()
+    except OSError as error:
+        raise MirrorError(f"no MLflow server answers at {tracking_uri}: {error}") from None
+
+
+def _mirror(client: Any, reader: LedgerReader, campaign: str) -> Mirrored:
+    record = reader.campaign(campaign)
+    experiment = client.get_experiment_by_name(campaign)
+    experiment_id = (experiment.experiment_id if experiment is not None else
+                     client.create_experiment(campaign, tags={
+                         "campaign.question": record.question,
+                         "campaign.spec_sha256": record.spec_sha256}))
+    existing = _mirrored_runs(client, experiment_id)
+    parent = existing.pop(f"campaign:{campaign}", None) or client.create_run(
+        experiment_id, run_name=campaign, tags={CAMPAIGN_TAG: campaign})
+    done = Mirrored()
+    runs = reader.runs(campaign)
+    points = reader.metrics(campaign)
+    for row in runs.to_dict("records"):
+        done.runs += 1
+        mirrored = existing.get(str(row["run_id"]))
+        new = mirrored is None
+        if mirrored is None:
+            mirrored = _create(client, experiment_id, parent.info.run_id, row)
+            done.new_runs += 1
+        changed = _update_tags(client, mirrored, row)
+        done.updated += changed and not new
+        mine = points[points["run_id"] == row["run_id"]]
+        done.points += _send_points(client, mirrored.info.run_id, mine)
+        _card(client, reader, mirrored, row)
+    _report(client, reader, campaign, parent, record.spec)
+    return done
+
+
+def _mirrored_runs(client: Any, experiment_id: str) -> dict[str, Any]:
+    """The experiment's runs by ledger run id (the parent under ``campaign:NAME``)."""
+    found: dict[str, Any] = {}
+    token = None
+    while True:
+        page = client.search_runs([experiment_id], max_results=1000, page_token=token)
+        for run in page:
+            tags = run.data.tags
+            if RUN_TAG in tags:
+                found[tags[RUN_TAG]] = run
+            elif CAMPAIGN_TAG in tags:
+                found[f"campaign:{tags[CAMPAIGN_TAG]}"] = run
+        token = page.token
+        if not token:
+            return found
+
+
+def _create(client: Any, experiment_id: str, parent_id: str, row: dict[str, Any]) -> Any:
+    from mlflow.entities import Param
+
+    started = _ms(row.get("started_at")) or _ms(row.get("created_at"))
+    run = client.create_run(experiment_id, start_time=started,
+                            run_name=f"{row['variant']} seed {row['seed']}",
+                            tags={RUN_TAG: str(row["run_id"]), "mlflow.parentRunId": parent_id})
+    params = [Param(key[:250], str(value)[:MAX_PARAM_CHARS])
+              for key, value in sorted(flatten(row["config"] or {}).items())]
+    for start in range(0, len(params), PARAMS_BATCH):
+        client.log_batch(run.info.run_id, params=params[start:start + PARAMS_BATCH])
+    return client.get_run(run.info.run_id)
+
+
+def _tags(row: dict[str, Any]) -> dict[str, str]:
+    def word(value: Any) -> str:
+        return "" if value is None or (isinstance(value, float) and math.isnan(value)) else str(
+            value)
+
+    return {"campaign.variant": word(row["variant"]), "campaign.seed": word(row["seed"]),
+            "campaign.control": "yes" if row.get("is_control") else "no",
+            "campaign.status": word(row["status"]), "campaign.stop_cause": word(row["stop_cause"]),
+            "campaign.stop_step": word(row["stop_step"]),
+            "campaign.relaunch_of": word(row["relaunch_of"]),
+            "campaign.relaunch_reason": word(row.get("relaunch_reason"))}
+
+
+def _update_tags(client: Any, mirrored: Any, row: dict[str, Any]) -> int:
+    """Tags and status as the ledger has them now; 1 when something changed."""
+    from mlflow.entities import RunTag
+
+    have = mirrored.data.tags
+    changed = [RunTag(k, v) for k, v in _tags(row).items() if have.get(k) != v]
+    if changed:
+        client.log_batch(mirrored.info.run_id, tags=changed)
+    status = STATUSES.get(str(row["status"]), "RUNNING")
+    if mirrored.info.status != status:
+        if status in ("FINISHED", "FAILED", "KILLED"):
+            client.set_terminated(mirrored.info.run_id, status=status,
+                                  end_time=_ms(row.get("ended_at")))
+        else:
+            client.update_run(mirrored.info.run_id, status=status)
+        return 1
+    return int(bool(changed))
+
+
+def _send_points(client: Any, run_id: str, points: pd.DataFrame) -> int:
+    """The points of ``run_id`` not mirrored yet (by key and step)."""
+    from mlflow.entities import Metric
+
+    new: list[Any] = []
+    for key, series in points.groupby("key"):
+        have = {m.step for m in client.get_metric_history(run_id, str(key))}
+        for point in series.itertuples():
+            if int(point.step) not in have:
+                new.append(Metric(str(key), float(point.value), _ms(point.wall_time) or 0,
+                                  int(point.step)))
+    for start in range(0, len(new), BATCH):
+        client.log_batch(run_id, metrics=new[start:start + BATCH])
+    return len(new)
+
+
+def _card(client: Any, reader: LedgerReader, mirrored: Any, row: dict[str, Any]) -> None:
+    """The run's model card, once it has a final artifact (what `campaign export` writes)."""
+    if mirrored.data.tags.get(CARD_TAG) or row["status"] not in ("completed", "stopped"):
+        return
+    from campaign.report.model_card import model_card
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "model_card.md"
+        path.write_text(model_card(reader, str(row["run_id"])), encoding="utf-8")
+        client.log_artifact(mirrored.info.run_id, str(path))
+    client.set_tag(mirrored.info.run_id, CARD_TAG, "model_card.md")
+
+
+def _report(client: Any, reader: LedgerReader, campaign: str, parent: Any, spec: str) -> None:
+    """The spec and the report (HTML) on the parent run, again only when the report changed."""
+    from campaign.report.balance import balance_sheet
+    from campaign.report.render import html
+
+    page = html(balance_sheet(reader, campaign))
+    digest = hashlib.sha256(page.encode()).hexdigest()
+    if parent.data.tags.get(REPORT_TAG) == digest:
+        return
+    with tempfile.TemporaryDirectory() as folder:
+        (Path(folder) / "report.html").write_text(page, encoding="utf-8")
+        (Path(folder) / "spec.json").write_text(spec, encoding="utf-8")
+        client.log_artifact(parent.info.run_id, str(Path(folder) / "report.html"))
+        client.log_artifact(parent.info.run_id, str(Path(folder) / "spec.json"))
+    client.set_tag(parent.info.run_id, REPORT_TAG, digest)
+
+
+def _ms(value: Any) -> int | None:
+    """Milliseconds since the epoch of a ledger timestamp (None when there is none)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    stamp = pd.Timestamp(value)
+    if pd.isna(stamp):
+        return None
+    if stamp.tzinfo is None:
+        stamp = stamp.tz_localize("UTC")
+    return int(stamp.timestamp() * 1000)
+
+
+def _first_line(error: BaseException) -> str:
+    lines = [line for line in str(error).strip().splitlines() if line.strip()]
+    return lines[0].strip() if lines else type(error).__name__
