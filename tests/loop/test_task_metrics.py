@@ -4,6 +4,8 @@ filler logs nothing), checked at plan like the task's scores."""
 
 from __future__ import annotations
 
+import copy
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -14,7 +16,7 @@ from campaign.ledger import Ledger
 from campaign.loop import task_metrics
 from campaign.loop.train import execute
 from tests.support.launch_helpers import run
-from tests.support.loop_helpers import plan_loop
+from tests.support.loop_helpers import BASE, plan_loop
 
 TASK = "tests.support.tasks.self_logging:build"
 KEYS = ["train/batch_accuracy", "train/rows", "val/margin", "val/rows", "val/batch_accuracy"]
@@ -103,24 +105,12 @@ def test_plan_checks_a_validation_metric_against_what_the_task_logs(sqlite_url: 
 
     from campaign.cli import main
 
-    spec = tmp_path / "spec.toml"
-    spec.write_text(f"""
-[campaign]
-name = "own"
-question = "does it log?"
-task = "{TASK}"
-[hold]
-"budget.updates" = 4
-[validation]
-every = 2
-metric = "val/margin"
-mode = "max"
-[grid]
-seeds = [0]
-control = "only"
-[[grid.variants]]
-name = "only"
-""")
+    document = copy.deepcopy(BASE)  # the loop tests' spec, as JSON (a spec's frozen form)
+    document["campaign"].update(name="own", task=TASK)
+    document["config"] = {"optimizer.name": "sgd", "optimizer.lr": 0.1}
+    document["validation"]["metric"] = "val/margin"
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(document))
     ok = CliRunner().invoke(main, ["--ledger", sqlite_url, "plan", str(spec), "--dry-run"])
     assert ok.exit_code == 0, ok.stderr
     typo = CliRunner().invoke(main, ["--ledger", sqlite_url, "plan", str(spec), "--dry-run",
