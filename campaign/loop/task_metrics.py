@@ -4,7 +4,8 @@
 The loop opens a collection around each update's forward-backward (phase ``train``),
 each validation (``val``) and the training-sample estimate (``train_eval``). A name
 already under one of those (``train/acc``, ``val/f1``, as Lightning users write them)
-is kept as it is; any other is put under the phase it was logged in. What an update
+is kept as it is in that phase and ignored in the others (validation calls ``loss()``
+too); any other is put under the phase it was logged in. What an update
 or a validation logged is its weighted mean (``weight`` per call, 1 by default: a
 microbatch's accuracy weighted by its examples, say), over every rank's
 microbatches on a run of several ranks (there, only the names the task declares in
@@ -39,21 +40,27 @@ class Collected:
         self.declared = None if declared is None else frozenset(declared)
         self.sums: dict[str, list[float]] = {}
 
-    def add(self, name: str, value: Any, weight: float) -> None:
+    def add(self, name: str, value: Any, weight: Any) -> None:
+        """Count one logged value (see the module for which name lands where)."""
         key = key_for(name, self.phase)
+        if key is None:  # another phase's name (validation calls loss() too): not this one's
+            return
         if self.declared is not None and key not in self.declared:
             raise LoopError(f"task metric {name!r}: a run of several ranks records the metrics "
                             f"its task declares, gathered from every rank (add {name!r} to the "
                             "task's logged_metrics)")
-        number = _number(value, name)
-        if not (isinstance(weight, int | float) and math.isfinite(weight) and weight > 0):
-            raise LoopError(f"task metric {name!r}: weight must be a positive finite number, "
-                            f"got {weight!r}")
+        number, share = _number(value, name), _number(weight, f"{name} (its weight)")
+        if not (math.isfinite(share) and share >= 0):
+            raise LoopError(f"task metric {name!r}: weight must be a finite number >= 0, "
+                            f"got {share!r}")
+        if share == 0:  # a microbatch with nothing to count (every token masked out)
+            return
         entry = self.sums.setdefault(key, [0.0, 0.0])
-        entry[0] += number * float(weight)
-        entry[1] += float(weight)
+        entry[0] += number * share
+        entry[1] += share
 
     def means(self) -> dict[str, float]:
+        """Each key's weighted mean over what was counted."""
         return combined([self.sums])
 
 
@@ -61,11 +68,16 @@ _active: Collected | None = None
 _paused = 0
 
 
-def key_for(name: str, phase: str) -> str:
-    """The ledger key of ``name`` logged in ``phase``; one line naming it when it cannot be."""
+def key_for(name: str, phase: str) -> str | None:
+    """The ledger key of ``name`` logged in ``phase``: None for a name under another phase
+    (``train/acc`` logged from ``loss()`` while validation calls it); one line naming it when
+    it cannot be a key."""
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise LoopError(f"task metric {name!r}: a name is 1 to 100 letters, digits and _ . - /")
-    key = name if name.split("/", 1)[0] in PHASES and "/" in name else f"{phase}/{name}"
+    prefix = name.split("/", 1)[0] if "/" in name else None
+    if prefix in PHASES and prefix != phase:
+        return None
+    key = name if prefix in PHASES else f"{phase}/{name}"
     if key in LOOP_KEYS:
         raise LoopError(f"task metric {name!r}: {key} is the loop's own (log it under another "
                         "name)")
@@ -73,7 +85,8 @@ def key_for(name: str, phase: str) -> str:
 
 
 def _number(value: Any, name: str) -> float:
-    """A plain float of a Python number or a one-element tensor (``.item()``)."""
+    """A plain float of a Python or NumPy number or a one-element tensor (``.item()``: on a
+    GPU, one device sync per call)."""
     item = getattr(value, "item", None)
     if callable(item):
         try:
@@ -132,6 +145,8 @@ def declared_names(task: Any) -> list[str]:
     """The keys a task declares it logs (``logged_metrics``: names as it logs them; a bare
     name may be logged in training and in validation, so both keys are counted)."""
     declared = getattr(task, "logged_metrics", None)
+    if isinstance(declared, str):  # one name, written without the tuple's comma
+        declared = (declared,)
     if not isinstance(declared, list | tuple):
         return []
     keys: list[str] = []

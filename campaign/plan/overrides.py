@@ -70,10 +70,11 @@ def apply_sets(document: dict[str, Any], items: Sequence[str]) -> tuple[dict[str
         if not _KEY.fullmatch(key):
             raise SpecError(f"--set {key!r}: a key is dotted names (letters, digits, _), "
                             "e.g. optimizer.lr or grid.seeds")
-        if key in seen:
-            raise SpecError(f"--set {key}: given more than once")
-        seen[key] = item
         path = _place(merged, key, value)
+        if path in seen:  # the same key twice, however spelt (optimizer.lr, config.optimizer.lr)
+            again = "" if seen[path] == key else f" (as --set {seen[path]})"
+            raise SpecError(f"--set {key}: given more than once{again}")
+        seen[path] = key
         origins[path] = f"--set {key}"
     return merged, origins
 
@@ -84,6 +85,8 @@ def _place(document: dict[str, Any], key: str, value: Any) -> str:
     if head in SECTIONS and rest:
         table = _table(document, head, key)
         if head in DOTTED_TABLES:
+            if head == "config":
+                _refuse_shadowed(document, rest, key)
             table[rest] = value
             return f'{head}."{rest}"'
         if head == "grid" and rest.split(".")[0] == "variants":
@@ -100,25 +103,28 @@ def _place(document: dict[str, Any], key: str, value: Any) -> str:
     if key in (document.get("hold") or {}):
         document["hold"][key] = value
         return f'hold."{key}"'
-    _refuse_shadowed(document, key)
+    _refuse_shadowed(document, key, key)
     _table(document, "config", key)[key] = value
     return f'config."{key}"'
 
 
-def _refuse_shadowed(document: dict[str, Any], key: str) -> None:
+def _refuse_shadowed(document: dict[str, Any], key: str, given: str) -> None:
     """A config key every variant sets itself: the control's ``[config]`` value would reach no
     run, and an override that changes nothing must not pass for one."""
     grid = document.get("grid") if isinstance(document.get("grid"), dict) else {}
     variants = [v for v in grid.get("variants") or [] if isinstance(v, dict)]
     if key in (grid.get("axes") or {}):
-        raise SpecError(f"--set {key}: grid.axes varies {key} across the variants; the "
+        raise SpecError(f"--set {given}: grid.axes varies {key} across the variants; the "
                         f"override would change no run (set grid.axes.{key}=[...] instead)")
     if variants and all(key in (v.get("set") or {}) for v in variants):
-        raise SpecError(f"--set {key}: every variant sets {key} itself (grid.variants[*].set); "
-                        "the override would change no run (edit the variants in the file)")
+        raise SpecError(f"--set {given}: every variant sets {key} itself "
+                        "(grid.variants[*].set); the override would change no run (edit the "
+                        "variants in the file)")
 
 
 def _table(parent: dict[str, Any], name: str, key: str) -> dict[str, Any]:
+    """``parent[name]``, a table (made when absent); one line when the spec has a value
+    there."""
     table = parent.setdefault(name, {})
     if not isinstance(table, dict):
         raise SpecError(f"--set {key}: {name} is not a table in the spec")

@@ -35,13 +35,14 @@ from urllib.parse import urlparse
 
 import pandas as pd
 
-from campaign.errors import CampaignError, ExitCode
+from campaign.errors import BadInput, CampaignError, ExitCode
 from campaign.ledger.reads import LedgerReader
 from campaign.plan.config_keys import flatten
 
 RUN_TAG = "campaign.run_id"
 CAMPAIGN_TAG = "campaign.campaign"  # on the parent run
 REPORT_TAG = "campaign.report_sha256"
+SPEC_TAG = "campaign.spec_sha256"  # on the experiment: which campaign it mirrors
 CARD_TAG = "campaign.model_card"
 STATUSES = {"planned": "SCHEDULED", "running": "RUNNING", "completed": "FINISHED",
             "stopped": "FINISHED", "diverged": "FINISHED", "failed": "FAILED", "oom": "FAILED",
@@ -49,6 +50,7 @@ STATUSES = {"planned": "SCHEDULED", "running": "RUNNING", "completed": "FINISHED
 BATCH = 1000  # MLflow's most metrics per log_batch call
 PARAMS_BATCH = 100  # and params
 MAX_PARAM_CHARS = 6000
+MAX_PARAM_KEY = 250
 
 
 @dataclass
@@ -86,12 +88,16 @@ def mirror_to_mlflow(reader: LedgerReader, campaign: str, tracking_uri: str) -> 
 
 
 def _reachable(tracking_uri: str) -> None:
-    """An http(s) server that nothing answers at is one line at once."""
-    parsed = urlparse(tracking_uri)
-    if parsed.scheme not in ("http", "https"):
-        raise MirrorError(f"--tracking-uri {tracking_uri!r}: the address of an MLflow tracking "
-                          "server (http://HOST:PORT); a mirror goes to a server a team shares")
-    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    """An http(s) server that nothing answers at is one line at once (exit 1); an address that
+    is not one is bad input (exit 2)."""
+    try:
+        parsed = urlparse(tracking_uri)
+        port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    except ValueError as error:
+        raise BadInput(f"--tracking-uri {tracking_uri!r}: not an address ({error})") from None
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise BadInput(f"--tracking-uri {tracking_uri!r}: the address of an MLflow tracking "
+                       "server (http://HOST:PORT); a mirror goes to a server a team shares")
     try:
         socket.create_connection((parsed.hostname or "", port), timeout=10).close()
     except OSError as error:
@@ -99,12 +105,21 @@ def _reachable(tracking_uri: str) -> None:
 
 
 def _mirror(client: Any, reader: LedgerReader, campaign: str) -> Mirrored:
+    """The experiment (made, or found and checked to be this campaign's), then each run."""
     record = reader.campaign(campaign)
     experiment = client.get_experiment_by_name(campaign)
-    experiment_id = (experiment.experiment_id if experiment is not None else
-                     client.create_experiment(campaign, tags={
-                         "campaign.question": record.question,
-                         "campaign.spec_sha256": record.spec_sha256}))
+    if experiment is None:
+        experiment_id = client.create_experiment(campaign, tags={
+            "campaign.question": record.question, SPEC_TAG: record.spec_sha256})
+    else:  # another ledger's campaign of that name, or a team's own experiment: not ours
+        theirs = experiment.tags.get(SPEC_TAG)
+        if theirs != record.spec_sha256:
+            whose = (f"a campaign with another spec (sha256 {theirs[:12]})" if theirs else
+                     "something other than a campaign mirror")
+            raise MirrorError(f"MLflow experiment {campaign!r} holds {whose}; this campaign's "
+                              f"spec is {record.spec_sha256[:12]}: nothing mirrored (rename "
+                              "or delete that experiment)")
+        experiment_id = experiment.experiment_id
     existing = _mirrored_runs(client, experiment_id)
     parent = existing.pop(f"campaign:{campaign}", None) or client.create_run(
         experiment_id, run_name=campaign, tags={CAMPAIGN_TAG: campaign})
@@ -118,12 +133,21 @@ def _mirror(client: Any, reader: LedgerReader, campaign: str) -> Mirrored:
         if mirrored is None:
             mirrored = _create(client, experiment_id, parent.info.run_id, row)
             done.new_runs += 1
+        if not new and row["config"] and not mirrored.data.params:  # a mirror cut short
+            _params(client, mirrored.info.run_id, row)
         changed = _update_tags(client, mirrored, row)
         done.updated += changed and not new
         mine = points[points["run_id"] == row["run_id"]]
         done.points += _send_points(client, mirrored.info.run_id, mine)
         _card(client, reader, mirrored, row)
     _report(client, reader, campaign, parent, record.spec)
+    live = set(runs["status"]) & {"planned", "running"}  # the campaign: done once its runs are
+    status = "RUNNING" if live or runs.empty else "FINISHED"
+    if parent.info.status != status:
+        if status == "FINISHED":
+            client.set_terminated(parent.info.run_id, status=status)
+        else:
+            client.update_run(parent.info.run_id, status=status)
     return done
 
 
@@ -145,20 +169,33 @@ def _mirrored_runs(client: Any, experiment_id: str) -> dict[str, Any]:
 
 
 def _create(client: Any, experiment_id: str, parent_id: str, row: dict[str, Any]) -> Any:
-    from mlflow.entities import Param
-
+    """A new MLflow run for a ledger run, under the campaign's parent, with its params."""
     started = _ms(row.get("started_at")) or _ms(row.get("created_at"))
     run = client.create_run(experiment_id, start_time=started,
                             run_name=f"{row['variant']} seed {row['seed']}",
                             tags={RUN_TAG: str(row["run_id"]), "mlflow.parentRunId": parent_id})
-    params = [Param(key[:250], str(value)[:MAX_PARAM_CHARS])
-              for key, value in sorted(flatten(row["config"] or {}).items())]
-    for start in range(0, len(params), PARAMS_BATCH):
-        client.log_batch(run.info.run_id, params=params[start:start + PARAMS_BATCH])
+    _params(client, run.info.run_id, row)
     return client.get_run(run.info.run_id)
 
 
+def _params(client: Any, run_id: str, row: dict[str, Any]) -> None:
+    """The run's config as params (a key past MLflow's 250 characters cut, kept unique)."""
+    from mlflow.entities import Param
+
+    def key_of(key: str) -> str:
+        if len(key) <= MAX_PARAM_KEY:
+            return key
+        return key[:MAX_PARAM_KEY - 13] + "~" + hashlib.sha256(key.encode()).hexdigest()[:12]
+
+    params = [Param(key_of(key), str(value)[:MAX_PARAM_CHARS])
+              for key, value in sorted(flatten(row["config"] or {}).items())]
+    for start in range(0, len(params), PARAMS_BATCH):
+        client.log_batch(run_id, params=params[start:start + PARAMS_BATCH])
+
+
 def _tags(row: dict[str, Any]) -> dict[str, str]:
+    """The ledger's words for a run, as MLflow tags (empty where the ledger has none)."""
+
     def word(value: Any) -> str:
         return "" if value is None or (isinstance(value, float) and math.isnan(value)) else str(
             value)

@@ -8,8 +8,10 @@ import copy
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from campaign.errors import LoopError
 from campaign.ledger import Ledger
@@ -19,14 +21,15 @@ from tests.support.launch_helpers import run
 from tests.support.loop_helpers import BASE, plan_loop
 
 TASK = "tests.support.tasks.self_logging:build"
-KEYS = ["train/batch_accuracy", "train/rows", "val/margin", "val/rows", "val/batch_accuracy"]
+KEYS = ["train/batch_accuracy", "train/rows", "train/examples", "val/margin", "val/rows",
+        "val/batch_accuracy", "train_eval/batch_accuracy"]
 
 
 def plan(ledger: Ledger, name: str, hold: dict, size: int = 72) -> str:
     return plan_loop(ledger, name, task=TASK, seeds=[1],
                      hold={"budget.updates": 6, "loop.microbatch": 3, **hold},
                      config={"optimizer.name": "sgd", "optimizer.lr": 0.1, "task.size": size},
-                     validation={"every": 3, "metric": "val/accuracy"})[0]
+                     validation={"every": 3, "metric": "val/accuracy", "train_sample": 8})[0]
 
 
 def logged(ledger: Ledger, run_id: str) -> pd.DataFrame:
@@ -43,6 +46,11 @@ def test_a_tasks_own_metrics_are_one_mean_per_update_on_any_number_of_ranks(
     execute(ledger, single, artifacts=tmp_path, replay_in_subprocess=False)
     expected = logged(ledger, single)
     assert list(expected.columns) == sorted(KEYS)
+    # A name under a phase is that phase's alone: validation and the training sample call
+    # loss() and predict() too, and neither writes train/examples or val/margin again.
+    others = set(ledger.metrics(runs=[single])["key"])
+    assert not others & {"val/examples", "train_eval/examples", "train_eval/margin"}
+    assert (expected["train/examples"] == 3.0).all()
     assert (expected["train/rows"].dropna() == 3.0).all() and len(expected) == 6
     assert expected["val/margin"].dropna().index.tolist() == [3, 6]
     # 16 validation rows in batches of 12 (microbatch x accumulation) and 4, weighted alike
@@ -78,10 +86,12 @@ def test_the_names_and_values_a_task_may_log() -> None:
     with task_metrics.collecting("train") as collected:
         task_metrics.log_metric("acc", 0.5, weight=2)
         task_metrics.log_metric("acc", 1.0)
-        task_metrics.log_metric("val/seen", 3)
+        task_metrics.log_metric("val/seen", 3)  # another phase's name: not this phase's
+        task_metrics.log_metric("train/seen", torch.tensor(4.0), weight=np.int64(2))
+        task_metrics.log_metric("train/seen", 100.0, weight=torch.tensor(0))  # nothing to count
         with task_metrics.paused():
             task_metrics.log_metric("acc", 100.0)
-    assert collected.means() == {"train/acc": 2.0 / 3.0, "val/seen": 3.0}
+    assert collected.means() == {"train/acc": 2.0 / 3.0, "train/seen": 4.0}
     task_metrics.log_metric("acc", 1.0)  # outside a run's update: nothing kept, no error
     refused = {("loss", 1.0): "train/loss is the loop's own",
                ("a b", 1.0): "a name is 1 to 100",
@@ -89,8 +99,8 @@ def test_the_names_and_values_a_task_may_log() -> None:
     for (name, value), words in refused.items():
         with task_metrics.collecting("train"), pytest.raises(LoopError, match=words):
             task_metrics.log_metric(name, value)
-    with task_metrics.collecting("train"), pytest.raises(LoopError, match="positive finite"):
-        task_metrics.log_metric("acc", 1.0, weight=0)
+    with task_metrics.collecting("train"), pytest.raises(LoopError, match="finite number >= 0"):
+        task_metrics.log_metric("acc", 1.0, weight=-1)
     # On several ranks every rank gathers the same keys: the ones the task declares.
     with task_metrics.collecting("train", ["train/acc"]) as declared:
         task_metrics.log_metric("acc", 1.0)

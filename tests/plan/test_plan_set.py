@@ -72,11 +72,16 @@ def test_a_refused_override_names_the_override_and_writes_nothing(sqlite_url: st
         "loop.accumulation=two": "--set loop.accumulation",
         "grid.control=lr-9": "grid.control",
         "campaign.nme=x": "--set campaign.nme",
+        "config.optimizer.lr=1": "--set config.optimizer.lr: every variant sets optimizer.lr",
     }
     for item, words in cases.items():
         result = cli(sqlite_url, "plan", str(SPEC), "--set", item)
         lines = result.stderr.strip().splitlines()
         assert result.exit_code == 2 and len(lines) == 1, (item, result.stderr)
         assert words in lines[0] and lines[0].startswith(f"campaign: {SPEC}: "), (item, lines)
+    twice = cli(sqlite_url, "plan", str(SPEC), "--set", "optimizer.weight_decay=0.1",
+                "--set", "config.optimizer.weight_decay=0.2")
+    assert twice.exit_code == 2 and ("--set config.optimizer.weight_decay: given more than once "
+                                     "(as --set optimizer.weight_decay)") in twice.stderr
     assert not Path(sqlite_url.removeprefix("sqlite:///")).exists() or not Ledger.open(
         sqlite_url).campaigns()

@@ -115,6 +115,7 @@ def test_a_campaign_mirrors_to_mlflow_and_a_second_mirror_adds_only_what_is_new(
     again = run(sqlite_url, "mirror", "mirrored", "--to", "mlflow", "--tracking-uri",
                 mlflow_server)
     assert again.returncode == 0 and "(0 new, 0 updated, 0 new points)" in again.stderr
+    assert client.get_run(parent.info.run_id).info.status == "RUNNING"  # one run planned
 
     # The third run trains and the first is relaunched: one run more, one updated.
     with Ledger.open(sqlite_url) as ledger:
@@ -130,6 +131,18 @@ def test_a_campaign_mirrors_to_mlflow_and_a_second_mirror_adds_only_what_is_new(
     assert children[relaunched].data.tags["campaign.relaunch_of"] == first
     assert children[third].info.status == "FINISHED"
     assert len(client.search_runs([experiment.experiment_id])) == 5  # 4 runs and the parent
+    # The campaign's parent run is running while a run is planned (the relaunch) or running.
+    assert client.get_run(parent.info.run_id).info.status == "RUNNING"
+
+    # Another ledger's campaign of the same name (another spec) is not mixed into it.
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    with Ledger.open(other, create=True) as ledger:
+        plan_quick(ledger, "mirrored", runs=1, updates=8)
+    clash = run(other, "mirror", "mirrored", "--to", "mlflow", "--tracking-uri", mlflow_server)
+    lines = clash.stderr.strip().splitlines()
+    assert clash.returncode == 1 and len(lines) == 1, clash.stderr
+    assert "MLflow experiment 'mirrored' holds a campaign with another spec" in lines[0]
+    assert len(client.search_runs([experiment.experiment_id])) == 5
 
 
 def test_a_mirror_to_nowhere_or_of_nothing_is_one_line(sqlite_url: str) -> None:
@@ -138,7 +151,8 @@ def test_a_mirror_to_nowhere_or_of_nothing_is_one_line(sqlite_url: str) -> None:
     (closed,) = random_ports(1)
     cases = [(["alone", "--tracking-uri", f"http://127.0.0.1:{closed}"], 1,
               f"no MLflow server answers at http://127.0.0.1:{closed}"),
-             (["alone", "--tracking-uri", "./mlruns"], 1, "the address of an MLflow tracking"),
+             (["alone", "--tracking-uri", "./mlruns"], 2, "the address of an MLflow tracking"),
+             (["alone", "--tracking-uri", "http://127.0.0.1:port"], 2, "not an address"),
              (["nosuch", "--tracking-uri", f"http://127.0.0.1:{closed}"], 2, "nosuch")]
     for arguments, code, words in cases:
         done = run(sqlite_url, "mirror", arguments[0], "--to", "mlflow", *arguments[1:])
