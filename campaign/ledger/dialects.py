@@ -89,7 +89,7 @@ def insert_metric_rows(dialect_name: str, cursor: Any, rows: list[tuple[Any, ...
     cursor.executemany(metric_insert_sql(dialect_name), rows)
 
 
-def metric_transaction_prelude(dialect_name: str) -> tuple[str, ...]:
+def metric_transaction_prelude(dialect_name: str, durable: bool = False) -> tuple[str, ...]:
     """Statements that open a metric batch's transaction on the driver connection.
 
     SQLite: take the write lock at BEGIN, so the batch queues on the busy
@@ -98,9 +98,15 @@ def metric_transaction_prelude(dialect_name: str) -> tuple[str, ...]:
     transaction only): a server crash may lose the last fraction of a second
     of points, never corrupt, the same trade as SQLite's ``synchronous =
     NORMAL`` in WAL mode; run lifecycle writes stay fully durable.
+
+    ``durable`` (a writer's last transaction): a synchronous COMMIT that waits for the log to
+    be on disk past every earlier batch; the transaction takes an id so that it has a commit
+    to wait for even when it inserts nothing.
     """
     if dialect_name == "sqlite":
         return ("BEGIN IMMEDIATE",)
+    if durable:
+        return ("SET LOCAL synchronous_commit = on", "SELECT txid_current()")
     return ("SET LOCAL synchronous_commit = off",)
 
 

@@ -85,6 +85,7 @@ class MetricWriter(Closing):
         self._sql = metric_insert_sql(engine.dialect.name)
         self._dialect = engine.dialect.name
         self._prelude = metric_transaction_prelude(engine.dialect.name)
+        self._durable_prelude = metric_transaction_prelude(engine.dialect.name, durable=True)
         mark = placeholder(engine.dialect.name)
         self._segment_check = f"SELECT 1 FROM segments WHERE id = {mark} AND run_id = {mark}"
         self._lease_check = (
@@ -170,8 +171,11 @@ class MetricWriter(Closing):
 
     def write_spilled(self) -> int:
         """Write the spill file's points now, riding out an outage (a supervisor, before the
-        end it writes for a run whose process could not: its segment is still open)."""
-        return self._send_spilled(None)
+        end it writes for a run whose process could not: its segment is still open); then
+        make every batch written so far durable (:meth:`_send`, ``durable``)."""
+        written = self._send_spilled(None)
+        self._send([], None, keep=True, durable=True)
+        return written
 
     def adopt_spilled(self, up_to_step: int) -> None:
         """A resumed segment takes over the points an ended segment left in the spill file
@@ -223,17 +227,21 @@ class MetricWriter(Closing):
         return written
 
     def _send(self, rows: list[MetricRow], outage_s: float | None = None,
-              keep: bool = False) -> int:
+              keep: bool = False, durable: bool = False) -> int:
         """One transaction of ``rows``; ``outage_s``: how long to ride out an outage (None:
-        the engine's patience). Clears the buffer unless ``keep``."""
-        if not rows:
+        the engine's patience). Clears the buffer unless ``keep``. ``durable`` (the writer's
+        last write, before its run's end is recorded): a synchronous COMMIT, even of no rows,
+        so every batch acknowledged earlier is on disk, or written again if the server
+        restarted meanwhile; no later flush is left to find them lost (unconfirmed.py)."""
+        if not rows and not (durable and self._unconfirmed is not None
+                             and self._unconfirmed.rows()):
             return 0
         retries = Retries(self._engine)
         if outage_s is not None:
             retries.outage.budget_s = outage_s
         while True:
             try:
-                self._write(rows)
+                self._write(rows, durable)
                 break
             except Exception as error:
                 self._drop_connection()
@@ -263,7 +271,7 @@ class MetricWriter(Closing):
         left = max(0.0, outage_s() - self.away_s())
         try:
             self._send_spilled(left)
-            self._send(self._buffer, left)
+            self._send(self._buffer, left, durable=True)
         except LeaseLost:
             raise  # another segment owns the run now: nothing of this one is kept
         except LedgerError:
@@ -272,11 +280,11 @@ class MetricWriter(Closing):
                 self._buffer = []
             raise
 
-    def _write(self, rows: list[MetricRow]) -> None:
+    def _write(self, rows: list[MetricRow], durable: bool = False) -> None:
         raw = self._connection()
         cursor = raw.cursor()
         try:
-            for statement in self._prelude:
+            for statement in (self._durable_prelude if durable else self._prelude):
                 cursor.execute(statement)
             if self.lease is not None:
                 cursor.execute(self._lease_check, (self.segment_id, self.run_id, self.lease))
@@ -293,10 +301,11 @@ class MetricWriter(Closing):
                     f"is not a segment of run {self.run_id}"
                 )
             again = [] if self._unconfirmed is None else self._unconfirmed.before_insert(cursor)
-            insert_metric_rows(self._dialect, cursor, again + rows)
+            if again or rows:
+                insert_metric_rows(self._dialect, cursor, again + rows)
             raw.commit()
             if self._unconfirmed is not None:
-                self._unconfirmed.committed(rows)
+                self._unconfirmed.committed(rows, durable)
         except BaseException:
             with contextlib.suppress(Exception):  # a lost connection cannot roll back: the
                 raw.rollback()  # error that lost it is the one to report
@@ -323,7 +332,8 @@ class MetricWriter(Closing):
         file (its supervisor writes them before the run's end) and raises."""
         try:
             if self._spill is None:
-                self.flush()
+                self._last_flush = time.time()
+                self._send(self._buffer, durable=True)
             else:
                 self._close_kept()
         finally:

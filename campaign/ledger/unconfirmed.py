@@ -56,8 +56,12 @@ class UnconfirmedBatches:
         self._again = []
         return []
 
-    def committed(self, rows: list[Any]) -> None:
-        """The flush's transaction committed ``rows`` (and what it wrote again)."""
+    def committed(self, rows: list[Any], durable: bool = False) -> None:
+        """The flush's transaction committed ``rows`` (and what it wrote again); ``durable``:
+        synchronously, so the log is on disk past every batch kept."""
         del self._batches[: self._confirmed]
-        self._batches.append((self._again + rows, None))
+        if durable:
+            self._batches = []
+        else:
+            self._batches.append((self._again + rows, None))
         self._confirmed, self._again, self.uncertain = 0, [], False
