@@ -48,7 +48,7 @@ from campaign.launch.placement import (
     settle,
 )
 from campaign.launch.ray_groups import refuse_shared_gpus, refuse_unplaceable, worker_groups
-from campaign.launch.ray_ranks import GROUP_ENV, placed_at
+from campaign.launch.ray_ranks import GROUP_ENV, last_line, placed_at
 from campaign.launch.secret_file import handed_over, taken_back
 from campaign.launch.worker import WorkerOptions, run_worker
 from campaign.ledger import Ledger
@@ -304,6 +304,5 @@ def _failures(ray: Any, done: list[Any]) -> list[str]:
         try:
             ray.get(ref)
         except Exception as error:  # past its retries (or cancelled): the ledger says the rest
-            lines = str(error).strip().splitlines()
-            failures.append(lines[-1] if lines else type(error).__name__)
+            failures.append(last_line(error))
     return failures

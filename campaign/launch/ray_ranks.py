@@ -202,10 +202,10 @@ def _ending(ray: Any, rank: int, ref: Any) -> tuple[str | None, str]:
     try:
         ended = ray.get(ref)
     except ray.exceptions.RayTaskError as error:  # our own code raised in the task
-        return "failed", f"rank {rank}'s Ray task failed: {_first_line(error)}"
+        return "failed", f"rank {rank}'s Ray task failed: {last_line(error)}"
     except Exception as error:  # its worker or node is gone (NodeDiedError, ...)
         return "lost", (f"rank {rank} was lost with its Ray worker ({type(error).__name__}: "
-                        f"{_first_line(error)})")
+                        f"{last_line(error)})")
     code = int(ended["code"])
     if code == 0:
         return None, ""
@@ -221,10 +221,11 @@ def _say(verdict: Path, **what: Any) -> None:
         handle.write(json.dumps(what) + "\n")
 
 
-def _first_line(error: BaseException) -> str:
+def last_line(error: BaseException) -> str:
+    """The last line of a Ray error's message: Ray puts the cause there, below its own
+    traceback of the remote call."""
     lines = [line for line in str(error).strip().splitlines() if line.strip()]
     return lines[-1].strip() if lines else type(error).__name__
-
 
 if __name__ == "__main__":
     code = main()

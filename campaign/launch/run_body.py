@@ -65,10 +65,7 @@ def _execute_here(
         loop = RunLoop(ledger, run_id, claim=claim, replica=replica, resume=point, log=log,
                        **loop_options)
     except LoopError as error:  # refused before any work: a claimed run must still end
-        stop = StopRecord("exception", 0, "setup", str(error))
-        record_log(ledger, run_id, log, 0, lease=claim.lease)
-        ledger.finish(run_id, "failed", stop, lease=claim.lease, training_s=0.0)
-        return RunOutcome(run_id, "failed", "exception", 0, str(error))
+        return _ended_untrained(ledger, claim, log, "failed", "exception", str(error), 0)
     try:
         with group as followers:
             if followers is not None:  # a rank lost mid-run: interrupted, as a kill is
@@ -109,14 +106,21 @@ def _ranks_lost(ledger: Ledger, claim: Claim, log: Path, how: str) -> RunOutcome
     bundles left without a node): ``interrupted`` at the update it started from, nothing
     trained. Not a kill of the run (none is counted): its worker stops rather than retry at
     once, and a resume continues it once the cluster has room."""
-    step = claim.start_step
     detail = (f"the run's other ranks did not join: {how}; `campaign resume {claim.run_id}` "
               "(or `campaign launch CAMPAIGN --resume-interrupted`) continues it from update "
-              f"{step}")
+              f"{claim.start_step}")
+    return _ended_untrained(ledger, claim, log, "interrupted", "interrupted", detail,
+                            claim.start_step)
+
+
+def _ended_untrained(ledger: Ledger, claim: Claim, log: Path, status: str, cause: str,
+                     detail: str, step: int) -> RunOutcome:
+    """Record the end of a claimed run that stopped before its loop trained (a claimed run
+    must still end): its log, then the end, in the setup phase."""
     record_log(ledger, claim.run_id, log, step, lease=claim.lease)
-    ledger.finish(claim.run_id, "interrupted", StopRecord("interrupted", step, "setup", detail),
+    ledger.finish(claim.run_id, status, StopRecord(cause, step, "setup", detail),
                   lease=claim.lease, training_s=0.0)
-    return RunOutcome(claim.run_id, "interrupted", "interrupted", step, detail)
+    return RunOutcome(claim.run_id, status, cause, step, detail)
 
 
 def _loop_options(options: WorkerOptions, worker: str) -> dict[str, Any]:

@@ -35,7 +35,7 @@ from urllib.parse import urlparse
 
 import pandas as pd
 
-from campaign.errors import BadInput, CampaignError, ExitCode
+from campaign.errors import BadInput, CampaignError, ExitCode, first_line
 from campaign.ledger.reads import LedgerReader
 from campaign.plan.config_keys import flatten
 
@@ -84,7 +84,7 @@ def mirror_to_mlflow(reader: LedgerReader, campaign: str, tracking_uri: str) -> 
         with contextlib.redirect_stdout(io.StringIO()):
             return _mirror(client, reader, campaign)
     except MlflowException as error:
-        raise MirrorError(f"MLflow at {tracking_uri}: {_first_line(error)}") from None
+        raise MirrorError(f"MLflow at {tracking_uri}: {first_line(error)}") from None
 
 
 def _reachable(tracking_uri: str) -> None:
@@ -283,8 +283,3 @@ def _ms(value: Any) -> int | None:
     if stamp.tzinfo is None:
         stamp = stamp.tz_localize("UTC")
     return int(stamp.timestamp() * 1000)
-
-
-def _first_line(error: BaseException) -> str:
-    lines = [line for line in str(error).strip().splitlines() if line.strip()]
-    return lines[0].strip() if lines else type(error).__name__

@@ -27,6 +27,7 @@ from tests.support.outages import (
     Bouncer,
     Cluster,
     assert_twin,
+    crash_writer,
     points_through_a_crash,
     ridden_out,
     stopped_for,
@@ -66,14 +67,8 @@ def test_the_last_batch_survives_a_crash_right_after_the_writer_closed(
     It commits synchronously instead: a crash just after it loses nothing (the ledger gauntlet
     lost updates 31..80 of a completed run here once, on a loaded machine)."""
     url = private_cluster.url if via == "server" else private_bouncer.url
-    private_cluster.admin("ALTER SYSTEM SET wal_writer_delay = '10s'", "SELECT pg_reload_conf()")
-    with Ledger.open(url, create=True) as plain:
-        (run_id,) = plan_quick(plain, "crash", runs=1, updates=3)
-    with Ledger.open(url, ride_out=True) as ledger:
-        claim = ledger.claim_next("crash", "w")
-        assert claim is not None
-        writer = ledger.metric_writer(run_id, claim.segment_id, lease=claim.lease,
-                                      spill=tmp_path / "metrics-spill.jsonl")  # as a run's
+    spill = tmp_path / "metrics-spill.jsonl"  # as a run's process opens its writer
+    with crash_writer(private_cluster, url, spill) as (ledger, run_id, writer):
         for step in range(1, 31):
             writer.log("train/loss", step, 1.0 / step)
         assert writer.flush() == 30

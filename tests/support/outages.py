@@ -178,17 +178,26 @@ def stopped_for(seconds: float, stop: Callable[[], None], go: Callable[[], None]
     go()
 
 
-def points_through_a_crash(cluster: Cluster, url: str) -> list[int]:
+@contextlib.contextmanager
+def crash_writer(cluster: Cluster, url: str,
+                 spill: Path | None = None) -> Iterator[tuple[Ledger, str, Any]]:
     """On ``url`` (the cluster, or a pooler in front of it), told to flush its log only every
-    10 s: 100 points acknowledged, the server crashed at once (`-m immediate`), 50 more; the
-    steps the ledger holds afterwards."""
+    10 s: a planned run claimed, and its metric writer (``spill``: as a run's process opens
+    it); (the ledger riding out outages, the run id, the writer)."""
     cluster.admin("ALTER SYSTEM SET wal_writer_delay = '10s'", "SELECT pg_reload_conf()")
     with Ledger.open(url, create=True) as plain:
         (run_id,) = plan_quick(plain, "crash", runs=1, updates=3)
     with Ledger.open(url, ride_out=True) as ledger:
         claim = ledger.claim_next("crash", "w")
         assert claim is not None
-        writer = ledger.metric_writer(run_id, claim.segment_id, lease=claim.lease)
+        yield ledger, run_id, ledger.metric_writer(run_id, claim.segment_id, lease=claim.lease,
+                                                   spill=spill)
+
+
+def points_through_a_crash(cluster: Cluster, url: str) -> list[int]:
+    """100 points acknowledged, the server crashed at once (`-m immediate`), 50 more; the
+    steps the ledger holds afterwards (:func:`crash_writer`)."""
+    with crash_writer(cluster, url) as (ledger, run_id, writer):
         for step in range(1, 101):
             writer.log("train/loss", step, 1.0 / step)
         assert writer.flush() == 100  # acknowledged, in the server's memory only
@@ -198,7 +207,6 @@ def points_through_a_crash(cluster: Cluster, url: str) -> list[int]:
         writer.close()
         points = ledger.metrics(runs=[run_id], keys=["train/loss"], all_segments=True)
     return sorted(points["step"])
-
 
 
 GAUNTLET_UPDATES = 80  # the run outlasts the four faults (it trains on through each)
