@@ -56,8 +56,9 @@ def plan(source: LedgerSource, spec_path: str, dry_run: bool, sets: tuple[str, .
     # started first: it imports the task on one core while the optimizer checks run on the
     # other.
     pending = calls.begin(task_facts, resolved.task, resolved.control.config,
-                          [v.config for v in resolved.variants],
-                          [v.name for v in resolved.variants], task=resolved.task,
+                          [v.config for v in resolved.variants] + [c for _, c in resolved.probes],
+                          [v.name for v in resolved.variants] + [o for o, _ in resolved.probes],
+                          task=resolved.task,
                           what="importing and building the task")
     try:
         raise_first(optimizers)

@@ -36,6 +36,7 @@ from campaign.errors import (
 from campaign.gates.launch_gate import stack_warnings
 from campaign.gates.stack_gate import unfit_problems
 from campaign.host import calls
+from campaign.launch import search_work
 from campaign.launch.defaults import DEFAULT_HEARTBEAT_S, DEFAULT_LEASE_S, RUN_PRELOAD
 from campaign.launch.pending_ends import settle_pending_ends
 from campaign.launch.supervisor import Supervision, supervise
@@ -209,6 +210,7 @@ def run_worker(
         ledger.add_event(options.campaign, "stack_refused", f"{report.worker}: {refused}")
         raise
     gated: set[str] = set()  # planned runs whose gate was checked (by the launch, then here)
+    searching = search_work.is_search(ledger, options.campaign)
     with _stop_on_signals(options.preempt_signals) as stopping:
         while not stopping.is_set():
             if options.max_runs is not None and len(report.outcomes) >= options.max_runs:
@@ -217,10 +219,15 @@ def run_worker(
             report.lost_marked += [
                 lost.run_id for lost in ledger.mark_lost(options.lease_s, options.campaign)
             ]
-            taken = _next_run(ledger, options, report.worker, gated, set(report.not_resumed))
+            outlook = search_work.look(ledger, options.campaign) if searching else None
+            taken = _next_run(ledger, options, report.worker, gated, set(report.not_resumed),
+                              outlook)
             if taken is None:
                 if _may_be_lost(ledger, options) and not stopping.wait(options.heartbeat_s):
                     continue  # a run still running may yet be lost: this worker resumes it
+                if (outlook is not None and not outlook["finished"] and _others_running(
+                        ledger, options.campaign) and not stopping.wait(SEARCH_POLL_S)):
+                    continue  # the search's next step waits on runs other workers run
                 break
             try:
                 outcome = _execute(ledger, options, report.worker, *taken, stopping)
@@ -235,7 +242,8 @@ def run_worker(
             if outcome.status == "interrupted" and RESUME_REFUSED in outcome.detail:
                 report.not_resumed[taken[0]] = outcome.detail  # it waits; the others go on
             elif outcome.status == "interrupted" and outcome.cause not in (
-                    "killed", "ledger_unreachable"):
+                    "killed", "ledger_unreachable") and not search_work.is_paused(
+                        {"stop_detail": outcome.detail}):  # a search's rung: the worker goes on
                 stopping.set()  # a signal, a full volume, an outage: the next run would meet it
             # A run killed from outside (the OOM killer) is that run's event: the worker goes on
             # (docs/runs.md, faults), and may resume it like a preempted run.
@@ -286,8 +294,16 @@ def options_from(document: dict[str, Any], **overrides: Any) -> WorkerOptions:
     return WorkerOptions(**values)
 
 
+def _others_running(ledger: Ledger, campaign: str) -> bool:
+    return bool(ledger.run_rows(campaign, status=["running"]))
+
+
+SEARCH_POLL_S = 1.0  # how often an idle worker of a search looks for its next step
+
+
 def _next_run(
-    ledger: Ledger, options: WorkerOptions, worker: str, gated: set[str], refused: set[str]
+    ledger: Ledger, options: WorkerOptions, worker: str, gated: set[str], refused: set[str],
+    outlook: dict[str, Any] | None = None,
 ) -> tuple[str, Claim | None] | None:
     """The next run this worker should execute (with its claim when it is already taken),
     or None when none is left.
@@ -301,25 +317,34 @@ def _next_run(
     if options.resume_preempted:  # (status, stop cause) to look for, in this order
         resumable[:0] = [("interrupted", "preempted"), ("interrupted", "killed"),
                          ("interrupted", "ledger_unreachable")]
+    for run_id in (outlook or {}).get("continuing", []):  # kept at a search's rung
+        if run_id not in refused:
+            return run_id, None
     for status, cause in resumable:
         for run_id in _candidates(ledger, options, (status,), cause):
             if run_id not in refused:
                 return run_id, None
-    _refuse_ungated_newcomers(ledger, options.campaign, gated)
+    _refuse_ungated_newcomers(ledger, options, gated, outlook is not None)
     claim = ledger.claim_next(options.campaign, worker)
     return None if claim is None else (claim.run_id, claim)
 
 
-def _refuse_ungated_newcomers(ledger: Ledger, campaign: str, gated: set[str]) -> None:
+def _refuse_ungated_newcomers(ledger: Ledger, options: WorkerOptions, gated: set[str],
+                              searching: bool = False) -> None:
     """A run planned while workers run (a relaunch with a wider model) is gated like the rest:
     before a claim, the planned runs this worker has not seen pass their class's gate, or the
-    worker stops (:class:`~campaign.gates.launch_gate.GateClosed`, naming the class)."""
+    worker stops (:class:`~campaign.gates.launch_gate.GateClosed`, naming the class). A
+    search's proposals bring their own classes: those are piloted here first."""
     from campaign.gates.launch_gate import open_gate
 
+    campaign = options.campaign
     _, rows = ledger.progress_rows(campaign)  # plain rows: a cheap query before each claim
     planned = {row["id"] for row in rows if row["status"] == "planned"}
     newcomers = sorted(planned - gated)
-    if gated and newcomers:  # the first look was the launch's (or the worker's own) gate
+    if searching and newcomers:
+        search_work.pilot_new_classes(ledger, campaign, str(options.artifacts.absolute()),
+                                      options.device, newcomers)
+    elif gated and newcomers:  # the first look was the launch's (or the worker's own) gate
         open_gate(ledger, campaign, run_ids=newcomers, check_stack=False)
     gated |= planned
 
@@ -331,7 +356,7 @@ def _candidates(
     a worker that looks for runs to resume (a SLURM array task always does) imports no pandas
     until it finds one."""
     for row in ledger.run_rows(options.campaign, status=list(statuses)):
-        if cause is None or row["stop_cause"] == cause:
+        if (cause is None or row["stop_cause"] == cause) and not search_work.is_paused(row):
             yield str(row["run_id"])
 
 

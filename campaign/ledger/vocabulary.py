@@ -47,6 +47,7 @@ STOP_CAUSES: Final = (
     "stalled",
     "killed",
     "ledger_unreachable",
+    "pruned",
 )
 
 # Which stop causes make sense for which end status. The database only checks
@@ -54,7 +55,8 @@ STOP_CAUSES: Final = (
 # that a balance sheet never shows "completed / out_of_memory".
 CAUSES_BY_STATUS: Final[dict[str, frozenset[str]]] = {
     "completed": frozenset({"budget_reached", "early_stop"}),
-    "stopped": frozenset({"early_stop", "wall_time"}),
+    # pruned: a search's recorded decision at a rung (campaign/search/), the run paused there
+    "stopped": frozenset({"early_stop", "wall_time", "pruned"}),
     "diverged": frozenset({"non_finite_loss", "non_finite_grad", "loss_explosion"}),
     "oom": frozenset({"out_of_memory"}),
     # killed: a signal nobody of ours sent; the second kill at one update is a verdict
@@ -66,7 +68,8 @@ CAUSES_BY_STATUS: Final[dict[str, frozenset[str]]] = {
 TRANSITIONS: Final[dict[str, frozenset[str]]] = {
     "planned": frozenset({"running", "withdrawn"}),
     "running": ENDED_STATUSES,
-    "interrupted": frozenset({"running"}),
+    # interrupted -> stopped: only a run paused at a search's rung, pruned there (0009)
+    "interrupted": frozenset({"running", "stopped"}),
     "lost": frozenset({"running"}),
 }
 

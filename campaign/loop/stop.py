@@ -54,6 +54,8 @@ class StopRules:
         self.wall_time = parse_duration(stop.get("wall_time"))
         self.mode = validation.get("mode", "max")
         self.started = time.monotonic() if started is None else started
+        # A search's rung where the run pauses for the rung's decision (campaign/search/).
+        self.pause_at: int | None = None
         self.first_loss: float | None = None
         self.best: float | None = None
         self.since_best = 0
@@ -90,6 +92,10 @@ class StopRules:
             return StopDecision(
                 "completed", "budget_reached", f"{step} of {self.updates} updates done"
             )
+        if self.pause_at is not None and step >= self.pause_at:
+            from campaign.search.pause import pause_detail
+
+            return StopDecision("interrupted", "preempted", pause_detail(self.pause_at))
         if self.wall_time is not None and time.monotonic() - self.started > self.wall_time:
             elapsed = time.monotonic() - self.started
             return StopDecision(

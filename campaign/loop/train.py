@@ -52,6 +52,7 @@ from campaign.loop.run_end import RunEnd
 from campaign.loop.run_files import record_log, save_traceback, write_predictions
 from campaign.loop.signals import SignalLatch
 from campaign.loop.stop import StopDecision, StopRules, failure_decision, oom_detail
+from campaign.search.pause import rung_pause
 from campaign.loop.task import Batch, build_task
 from campaign.loop.trainer import Trainer, seed_everything
 from campaign.stack.software import run_environment
@@ -204,6 +205,7 @@ class RunLoop(RunEnd):
             self._event("sharding", self.trainer.sharding.describe(self.replica.world))
         progress_page.tick()
         self.rules = StopRules(self.config)  # the wall-time clock starts once the run is built
+        self.rules.pause_at = rung_pause(self.ledger, self.record)  # a search's next rung
         if resume_from:
             self._restore(resume_from)
         self.metrics = (self.ledger.metric_writer(self.run_id, self.segment_id, lease=self.lease,

@@ -21,6 +21,7 @@ from campaign.errors import RefusedWrite
 from campaign.ledger import CampaignRecord, Ledger, LedgerInputError, NewRun, NewVariant, NotFound
 from campaign.ledger.canonical import canonical_json, sha256_text
 from campaign.plan.config_keys import held_deviations
+from campaign.plan.search_spec import check_rungs, search_plan
 from campaign.plan.spec import ResolvedSpec, SpecError, resolve_config
 from campaign.plan.task_facts import train_size
 
@@ -185,6 +186,10 @@ def make_plan(spec: ResolvedSpec, *, where: str | None = None,
         config = with_accounting(variant.config, accounting[variant.name])
         for seed in spec.seeds:
             runs.append(PlannedRun(variant.name, seed, {**config, "seed": seed}))
+    search = search_plan(spec.document)
+    control = spec.control
+    check_rungs(search, accounting[control.name].updates,
+                int(control.config["validation"]["every"]), where or spec.path)
     return Plan(spec, accounting, tuple(runs))
 
 

@@ -29,6 +29,7 @@ from campaign.ledger.canonical import canonical_json, sha256_text
 from campaign.plan.config_schema import RunConfig, widen_integers
 from campaign.plan.optimizer_check import raise_first
 from campaign.plan.overrides import apply_sets, named
+from campaign.plan.search_spec import check_search, probe_configs
 from campaign.plan.spec_sections import (
     CAMPAIGN_WIDE,
     DURATION_PATTERN,
@@ -62,6 +63,9 @@ class ResolvedSpec:
     # Key paths (as refusals name them) that a ``--set`` put there: the override to name.
     origins: dict[str, str] = field(default_factory=dict)
     sets: tuple[str, ...] = ()  # the ``--set KEY=VALUE`` items, as given
+    # A search's space at its ends, resolved on the control (campaign/plan/search_spec.py):
+    # (where the spec sets it, full config); plan asks the task about each.
+    probes: tuple[tuple[str, dict[str, Any]], ...] = ()
 
     @property
     def control(self) -> ResolvedVariant:
@@ -138,7 +142,13 @@ def resolve_spec(
     if check_task:
         check_task_reference(spec.campaign.task, where)
     variants = _variants(spec, where)
+    check_search(spec.search, spec.grid.seeds, spec.hold, variants, where)
     resolved = tuple(_resolve_variant(spec, v, where, optimizers) for v in variants)
+    control = next(v for v in variants if v[0] == spec.grid.control)
+    probes = tuple(
+        (origin, _resolve_variant(spec, (control[0], "search.space", {**control[2], **sets}),
+                                  where, optimizers).config)
+        for origin, sets in probe_configs(spec.search.space if spec.search else {}))
     return ResolvedSpec(
         path=where,
         document=document,
@@ -149,6 +159,7 @@ def resolve_spec(
         hold=dict(spec.hold),
         seeds=tuple(spec.grid.seeds),
         variants=resolved,
+        probes=probes,
     )
 
 

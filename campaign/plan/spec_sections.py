@@ -17,6 +17,7 @@ from pydantic import (
 )
 
 from campaign.plan.metric_names import metric_mode
+from campaign.plan.search_spec import SearchSection
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
 TASK_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
@@ -108,5 +109,6 @@ class SpecDocument(_Section):
     stop: StopSection = StopSection()
     pilot: PilotSection = PilotSection()
     grid: GridSection
+    search: SearchSection | None = None
 
 

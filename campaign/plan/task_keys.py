@@ -87,4 +87,7 @@ def origin(document: Mapping[str, Any], key: str) -> str:
     for name in grid.get("axes") or {}:
         if name.split(".")[:2] == head:
             return f'grid.axes."{name}"'
+    for name in (document.get("search") or {}).get("space") or {}:
+        if name.split(".")[:2] == head:
+            return f'search.space."{name}"'
     return f'"{dotted}"'

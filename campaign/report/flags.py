@@ -16,7 +16,8 @@ value; the flag says why the value may not mean what it seems:
 - ``stack_differs``: the run's software stack is not the passing pilot's;
 - ``held_deviation``: the run's config changes a held key;
 - ``changes_variant_key``: a relaunch changes a key that defines the variants;
-- ``budget_not_reached``: the run ended normally before its planned updates;
+- ``budget_not_reached``: the run ended normally before its planned updates (a search's
+  pruned run is not flagged: its decision is recorded);
 - ``budget_exceeded``: the run did more updates than planned (a resume past its budget,
   before the loop refused it): its value is not counted, the seed counts as without one;
 - ``base_differs``: an adapter run trained on another frozen base or tokenizer than its
@@ -62,7 +63,8 @@ def integrity_flags(
             detail = f"{key} is {config_value(row.config, key)!r}, held at {hold[key]!r}"
             found.append(_flag(row.run_id, "held_deviation", detail + " by the spec"))
         if (row.status in ("completed", "stopped") and row.updates_planned
-                and row.updates_done < row.updates_planned):
+                and row.updates_done < row.updates_planned
+                and row.stop_cause != "pruned"):  # a search's recorded decision: no surprise
             found.append(_flag(row.run_id, "budget_not_reached",
                                f"{row.status} at update {row.updates_done} of "
                                f"{row.updates_planned} ({row.stop_cause})"))
