@@ -43,8 +43,8 @@ def pilot_new_classes(ledger: Ledger, campaign: str, artifacts: str, device: str
     """Pilot each gate class of ``run_ids`` without a passing pilot (a proposal with another
     width, say); the planned runs of a class whose pilot fails are withdrawn, naming the
     pilot, and the search goes on without them (they keep their line)."""
-    from campaign.gates.launch_gate import open_gate
     from campaign.errors import GateClosed
+    from campaign.gates.launch_gate import open_gate
     from campaign.pilot.by_class import pilot_documents
 
     try:

@@ -52,9 +52,9 @@ from campaign.loop.run_end import RunEnd
 from campaign.loop.run_files import record_log, save_traceback, write_predictions
 from campaign.loop.signals import SignalLatch
 from campaign.loop.stop import StopDecision, StopRules, failure_decision, oom_detail
-from campaign.search.pause import rung_pause
 from campaign.loop.task import Batch, build_task
 from campaign.loop.trainer import Trainer, seed_everything
+from campaign.search.pause import rung_pause
 from campaign.stack.software import run_environment
 
 LEASE_GONE = (

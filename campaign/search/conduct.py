@@ -87,7 +87,7 @@ def due_step(state: SearchState) -> SearchStep | None:
             step = rung_step(state, cohort)
             if step is not None:
                 return step
-    if (plan.confirm and f"confirmation" not in state.steps
+    if (plan.confirm and "confirmation" not in state.steps
             and (not plan.proposes or len(proposed) == plan.cohorts)
             and all(state.ended(s) for s in state.search_runs()["status"])):
         return confirmation_step(state)
