@@ -28,7 +28,14 @@ from campaign.report.conclusions import (
 )
 from campaign.report.flags import exceeds_budget, integrity_flags
 from campaign.report.relaunches import defining_keys, lineage, relaunch_table
+from campaign.report.search_section import (
+    confirmed_words,
+    holm_verdicts,
+    search_section,
+    unconfirmed,
+)
 from campaign.report.timing import projected_seconds, run_times
+from campaign.search.state import read_state
 
 COUNTED = ("completed", "diverged", "failed")
 RUN_COLUMNS = (
@@ -58,6 +65,7 @@ class BalanceSheet:
     phases: pd.DataFrame
     notes: pd.DataFrame
     curves: pd.DataFrame = field(repr=False)
+    search: dict[str, Any] | None = None  # a search's section (report/search_section.py)
 
     def frames(self) -> dict[str, pd.DataFrame]:
         return {"runs": self.runs, "variants": self.variants, "deltas": self.deltas,
@@ -102,23 +110,35 @@ def balance_sheet(ledger: LedgerReader, campaign: str) -> BalanceSheet:
     kinds = flags.groupby("run_id")["kind"].agg(lambda k: ", ".join(dict.fromkeys(k)))
     table["flags"] = table["run_id"].map(kinds)
     table = table[list(RUN_COLUMNS)]
-    originals = table[table["original"] & (table["status"] != "withdrawn")]
-    variants = _variant_table(table)
+    state = read_state(ledger, campaign)  # a search: its conclusion from confirmation alone
+    counted = table if state is None else table[table["seed"].isin(state.plan.confirm_seeds)]
+    originals = counted[counted["original"] & (counted["status"] != "withdrawn")]
+    variants = _variant_table(counted)
     deltas = _deltas(originals)
     verdicts = conclusions(variants, deltas, originals, mode)
+    search, no_value = None, None
+    if state is not None:
+        verdicts, tests = holm_verdicts(verdicts, deltas, mode)
+        search = search_section(state, verdicts, tests)
+        no_value = unconfirmed(state, originals)
     control = variants[variants["is_control"]]["variant"]
-    unfinished = int(originals["status"].isin(("planned", "running", "interrupted", "lost")).sum())
+    everything = table[table["original"]]
+    unfinished = int(everything["status"].isin(("planned", "running", "interrupted",
+                                                "lost")).sum())
+    conclusion = campaign_conclusion(
+        record.question, control.iloc[0] if len(control) else None, verdicts, metric, mode,
+        unfinished, int(flags["run_id"].isin(originals["run_id"]).sum()),
+        no_value or no_value_reason(variants[variants["is_control"]], originals, metric,
+                                    ledger.metric_keys(campaign) if len(originals) else []),
+    )
+    if search is not None and no_value is None:
+        conclusion += confirmed_words(search)
     return BalanceSheet(
         campaign={"name": record.name, "question": record.question, "task": record.task,
                   "spec_sha256": record.spec_sha256, "created_at": record.created_at},
         metric=metric,
         mode=mode,
-        conclusion=campaign_conclusion(
-            record.question, control.iloc[0] if len(control) else None, verdicts, metric, mode,
-            unfinished, int(flags["run_id"].isin(originals["run_id"]).sum()),
-            no_value_reason(variants[variants["is_control"]], originals, metric,
-                            ledger.metric_keys(campaign) if len(originals) else []),
-        ),
+        conclusion=conclusion,
         runs=table,
         variants=variants,
         deltas=deltas,
@@ -128,6 +148,7 @@ def balance_sheet(ledger: LedgerReader, campaign: str) -> BalanceSheet:
         phases=_pilot_phases(pilots, phases),
         notes=ledger.notes(campaign),
         curves=curves,
+        search=search,
     )
 
 

@@ -79,7 +79,45 @@ def html(sheet: BalanceSheet) -> str:
     return template.from_string(TEMPLATE).render(
         **sheet_context(sheet), generated=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         charts=charts, memory=_b64(memory), memory_why=memory_why,
+        search=search_context(sheet),
     )
+
+
+def search_context(sheet: BalanceSheet) -> dict[str, Any] | None:
+    """A search's section for people (campaign/report/search_section.py holds the numbers)."""
+    search = sheet.search
+    if search is None:
+        return None
+    from campaign.report.search_plots import space_chart
+
+    audit = search["audit"]
+    if audit["judged"]:
+        low, high = audit["interval"]
+        audit_words = (f"{audit['audited']} of {audit['pruned']} pruned variants were audited "
+                       f"(continued to the full budget, out of every conclusion); "
+                       f"{audit['wrong']} of {audit['judged']} would have survived to the end: "
+                       f"wrong-prune rate {audit['rate']:.0%}, 95% interval "
+                       f"[{low:.0%}, {high:.0%}] ({audit['method']}).")
+    else:
+        audit_words = (f"No audited variant has ended yet ({audit['pruned']} pruned, "
+                       f"{audit['audited']} audited; search.audit = {search['audit_share']}).")
+    rungs = ", ".join(map(str, search["rungs"])) or "none"
+    summary = (f"method {search['method']}" + (f", sampler {search['sampler']}"
+                                               if search["sampler"] else "")
+               + (f", rule {search['rule']}, rungs {rungs}, keep {search['keep']}"
+                  if search["rule"] else "")
+               + f"; search seeds {search['search_seeds']}, confirmation seeds "
+               f"{search['confirm_seeds']}; {len(search['variants'])} variants searched.")
+    explored = pd.DataFrame([{**{k: v for k, v in r.items() if k != "params"},
+                              **r["params"]} for r in search["variants"]])
+    chart = space_chart(search, sheet.metric)
+    return {"summary": summary, "audit": audit_words, "chart": _b64(chart),
+            "confirmation": table_rows(pd.DataFrame(search["confirmation"]["rows"])),
+            "variants": table_rows(explored),
+            "decisions": table_rows(pd.DataFrame([
+                {**d, "interval": "" if not d["interval"] else
+                 f"[{d['interval'][0]:+.3g}, {d['interval'][1]:+.3g}]"}
+                for d in search["decisions"]]))}
 
 
 def sheet_context(sheet: BalanceSheet) -> dict[str, Any]:
@@ -155,4 +193,5 @@ def document(sheet: BalanceSheet) -> dict[str, Any]:
                      for k, v in sheet.campaign.items()},
         "metric": sheet.metric, "mode": sheet.mode, "conclusion": sheet.conclusion,
         **{name: records(frame) for name, frame in sheet.frames().items()},
+        **({"search": sheet.search} if sheet.search is not None else {}),
     }

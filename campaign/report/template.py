@@ -53,6 +53,22 @@ generated {{ generated }}</p>
 <p class="meta">95% interval: paired Student t over the seeds where both the variant and the
 control have a value; fewer than 3 pairs: not estimable.</p>
 {% endif %}
+{% if search %}
+<h2 id="search">Search</h2>
+<p class="meta">{{ search.summary }}</p>
+<h3>Confirmation on fresh seeds</h3>
+<p class="meta">The search's estimate of each chosen variant beside the confirmation's: the
+difference (selection) is how much of the search's gain came from picking the best of many
+noisy values.</p>
+{{ table(search.confirmation) }}
+<h3>Audit of pruning</h3>
+<p>{{ search.audit }}</p>
+<h3>Space explored</h3>
+{% if search.chart %}<img alt="the searched keys against {{ sheet.metric }}" src="data:image/png;base64,{{ search.chart }}">{% else %}<p class="why">nothing to draw yet</p>{% endif %}
+{{ table(search.variants) }}
+<h3>Rung decisions</h3>
+{{ table(search.decisions) }}
+{% endif %}
 <h2 id="flags">Integrity flags</h2>
 {% if flags.rows %}
 <p class="flagged">{{ flags.rows|length }} flag{{ "s" if flags.rows|length > 1 }}:

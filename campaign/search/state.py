@@ -42,6 +42,7 @@ class SearchState:
     proposals: list[dict[str, Any]] = field(default_factory=list)
     confirmation: dict[str, Any] | None = None
     steps: set[str] = field(default_factory=set)
+    spec: dict[str, Any] = field(default_factory=dict)  # the frozen spec document
 
     # -- roles ----------------------------------------------------------------------
 
@@ -125,7 +126,8 @@ def read_state(ledger: LedgerReader, campaign: str) -> SearchState | None:
     values = {(str(r.run_id), int(r.step)): float(r.value)
               for r in points.itertuples() if pd.notna(r.value)}
     state = SearchState(record.name, plan, metric, spec["validation"]["mode"], control,
-                        dict(spec.get("hold") or {}), runs.reset_index(drop=True), values)
+                        dict(spec.get("hold") or {}), runs.reset_index(drop=True), values,
+                        spec=spec)
     events = ledger.events(campaign)
     for row in events[events["run_id"].isna()].itertuples():
         if row.kind == STEP:
