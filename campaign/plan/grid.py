@@ -265,11 +265,24 @@ def _same_plan(existing: CampaignRecord, plan: Plan, ledger: Ledger) -> Campaign
         if table != current_pilot_table(ledger, existing.name):
             ledger.add_event(existing.name, "pilot_settings", canonical_json(table))
         return existing
+    changed = first_difference(stored, mine)
     raise LedgerInputError(
         f"campaign {plan.spec.name!r} is already planned with a different spec "
-        f"(sha256 {existing.spec_sha256[:12]} vs {plan.spec.sha256[:12]}): "
+        f"({changed} changed; sha256 {existing.spec_sha256[:12]} vs {plan.spec.sha256[:12]}): "
         "a new question gets a new name"
     )
+
+
+def first_difference(old: Any, new: Any, path: str = "") -> str:
+    """The first key path where two spec documents differ (``search.space."optimizer.lr"``):
+    what a refused re-plan names, a search's changed space included."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        for key in sorted(set(old) | set(new)):
+            if canonical_json(old.get(key)) != canonical_json(new.get(key)):
+                name = f'"{key}"' if "." in key else key
+                return first_difference(old.get(key), new.get(key),
+                                        f"{path}.{name}" if path else name)
+    return path or "the spec"
 
 
 def _existing(ledger: Ledger, name: str) -> CampaignRecord | None:

@@ -59,6 +59,14 @@ def _deep_array(depth: int) -> str:
     return _spec(**{"config": '"task.deep" = ' + "[" * depth + "1" + "]" * depth})
 
 
+def _search(lr: str = "{ log_uniform = [1e-3, 1e-1] }", keep: str = "0.5",
+            rungs: str = "[4]", confirm_seeds: str = "[5, 6, 7]") -> str:
+    """A halving search over the quick task's learning rate (8 updates: a rung at 4)."""
+    return _spec().replace('"budget.updates" = 4', '"budget.updates" = 8') + (f'\n[search]\nmethod = "halving"\ntrials = 4\nrungs = {rungs}\n'
+                         f"keep = {keep}\nconfirm_seeds = {confirm_seeds}\n"
+                         f'[search.space]\n"optimizer.lr" = {lr}\n')
+
+
 def _axes(body: str, control: str) -> str:
     return _spec(grid=f"[grid.axes]\n{body}\n", control=control)
 
@@ -96,6 +104,20 @@ SPECS: dict[str, tuple[str, str]] = {  # name -> (spec text, expected words)
     "held-changed": (_spec(grid=ONE + '[[grid.variants]]\nname = "b"\n'
                                       'set = { "budget.updates" = 8 }\n'), "budget.updates"),
     "not-toml": ("[campaign\nname = ", "not valid TOML"),
+    "search-inverted": (_search(lr="{ log_uniform = [1e-1, 1e-3] }"), "empty or inverted"),
+    "search-empty-range": (_search(lr="{ uniform = [0.1, 0.1] }"), "empty or inverted"),
+    "search-two-forms": (_search(lr="{ uniform = [0.1, 0.2], int = [1, 2] }"),
+                         "exactly one of"),
+    "search-unknown-key": (_search(lr="{ uniform = [0.1, 0.2] }").replace(
+        '"optimizer.lr" = {', '"optimizer.lrr" = {'), 'search.space."optimizer.lrr"'),
+    "search-out-of-range": (_search(lr="{ uniform = [0.1, 2.0] }").replace(
+        '"optimizer.lr" = {', '"optimizer.momentum" = {'), 'search.space."optimizer.momentum"'),
+    "search-keep": (_search(keep="1.0"), "search.keep"),
+    "search-rung-budget": (_search(rungs="[8]"), "search.rungs[0]"),
+    "search-rung-step": (_search(rungs="[2]"), "not a validation step"),
+    "search-confirm-overlap": (_search(confirm_seeds="[0, 5, 6]"), "search.confirm_seeds[0]"),
+    "search-method": (_search().replace('method = "halving"', 'method = "bayes"'),
+                      "search.method"),
 }
 
 

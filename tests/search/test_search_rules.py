@@ -1,0 +1,94 @@
+"""The search's rules without training: a rung's decision under both rules, the seeded audit,
+Holm's correction, and a re-plan whose space changed named by its key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from campaign.ledger import Ledger
+from campaign.report.search_section import holm
+from campaign.search.rungs import decide, kept_count
+from tests.search.specs import write_spec
+from tests.support.launch_helpers import invoke
+
+SEEDS = (0, 1, 2)
+
+
+def _values(means: dict[str, float], noise: float = 0.01) -> dict[str, dict[int, float]]:
+    return {v: {s: m + noise * (s - 1) for s in SEEDS} for v, m in means.items()}
+
+
+def test_rank_rule_keeps_the_best_share_and_prunes_the_rest() -> None:
+    values = _values({"a": 0.9, "b": 0.5, "c": 0.7, "d": 0.1})
+    decided = {d.variant: d for d in decide(values, SEEDS, keep=0.5, rule="rank", mode="max",
+                                            audit=0.0, audit_seed=1)}
+    assert {v: d.outcome for v, d in decided.items()} == {
+        "a": "kept", "b": "pruned", "c": "kept", "d": "pruned"}
+    assert decided["a"].rank == 1 and decided["d"].rank == 4
+    assert decided["b"].deltas == pytest.approx({"0": -0.4, "1": -0.4, "2": -0.4})
+    # Lower is better with mode min: the order turns round.
+    low = {d.variant: d.outcome for d in decide(values, SEEDS, keep=0.5, rule="rank",
+                                                mode="min", audit=0.0, audit_seed=1)}
+    assert low == {"a": "pruned", "b": "kept", "c": "pruned", "d": "kept"}
+    assert kept_count(9, 1 / 3) == 3 and kept_count(2, 0.34) == 1
+
+
+def test_evidence_rule_prunes_only_what_its_interval_says_is_worse() -> None:
+    values = {"best": {0: 0.80, 1: 0.90, 2: 0.85},
+              "close": {0: 0.86, 1: 0.79, 2: 0.84},  # no evidence: its deltas change sign
+              "far": {0: 0.30, 1: 0.41, 2: 0.33}}
+    decided = {d.variant: d for d in decide(values, SEEDS, keep=0.34, rule="evidence",
+                                            mode="max", audit=0.0, audit_seed=1)}
+    assert decided["best"].outcome == "kept"
+    assert decided["close"].outcome == "kept" and "includes zero" in decided["close"].reason
+    assert decided["far"].outcome == "pruned" and "excludes zero" in decided["far"].reason
+    low, high = decided["far"].interval
+    assert high < 0
+    rank = {d.variant: d.outcome for d in decide(values, SEEDS, keep=0.34, rule="rank",
+                                                 mode="max", audit=0.0, audit_seed=1)}
+    assert rank["close"] == "pruned"  # what the rank rule would have done
+
+
+def test_a_variant_without_a_value_is_pruned_and_never_audited() -> None:
+    values = _values({"a": 0.9, "b": 0.5, "c": 0.4})
+    values["b"][1] = None  # type: ignore[assignment]
+    decided = {d.variant: d for d in decide(values, SEEDS, keep=0.34, rule="rank", mode="max",
+                                            audit=0.99, audit_seed=3)}
+    assert decided["b"].outcome == "pruned" and decided["b"].rank is None
+    assert "no value at the rung for seed 1" in decided["b"].reason
+    assert decided["c"].outcome == "audit"  # the only pruned variant with values
+
+
+def test_the_audit_is_seeded_and_takes_its_share_rounded_up() -> None:
+    values = _values({f"v{i}": i / 10 for i in range(10)})
+    first = decide(values, SEEDS, keep=0.2, rule="rank", mode="max", audit=0.25, audit_seed=7)
+    again = decide(values, SEEDS, keep=0.2, rule="rank", mode="max", audit=0.25, audit_seed=7)
+    assert first == again
+    audited = [d.variant for d in first if d.outcome == "audit"]
+    assert len(audited) == 2  # 25% of 8 pruned
+    others = {tuple(d.variant for d in decide(values, SEEDS, keep=0.2, rule="rank", mode="max",
+                                              audit=0.25, audit_seed=seed)
+                    if d.outcome == "audit") for seed in range(20)}
+    assert len(others) > 1 and {len(o) for o in others} == {2}  # the seed picks which
+
+
+def test_holm_adjusts_step_down_and_never_decreases() -> None:
+    adjusted = holm({"a": 0.01, "b": 0.04, "c": 0.03})
+    assert adjusted == pytest.approx({"a": 0.03, "c": 0.06, "b": 0.06})
+    assert holm({"a": 0.6, "b": 0.7}) == pytest.approx({"a": 1.0, "b": 1.0})
+
+
+def test_a_search_replanned_with_another_space_is_refused_naming_the_key(
+    sqlite_ledger: Ledger, sqlite_url: str, tmp_path: Path
+) -> None:
+    spec = write_spec(tmp_path, "space-changed")
+    assert invoke(sqlite_url, "plan", str(spec)).returncode == 0
+    before = len(sqlite_ledger.runs("space-changed"))
+    changed = write_spec(tmp_path, "space-changed", **{"3e-2": "1e-2"})
+    done = invoke(sqlite_url, "plan", str(changed))
+    assert done.returncode != 0
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and 'search.space."optimizer.lr".log_uniform changed' in lines[0], done.stderr
+    assert len(sqlite_ledger.runs("space-changed")) == before
