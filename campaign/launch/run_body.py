@@ -21,6 +21,7 @@ from campaign.loop.resume import ResumePoint
 from campaign.loop.run_files import record_log
 from campaign.loop.stop import StopDecision
 from campaign.loop.train import RunLoop
+from campaign.search.pause import rung_pause
 
 
 def supervised_body(
@@ -63,7 +64,7 @@ def _execute_here(
     loop_options = {**_loop_options(options, worker), "heartbeat_s": None}
     try:
         loop = RunLoop(ledger, run_id, claim=claim, replica=replica, resume=point, log=log,
-                       **loop_options)
+                       pause_at=rung_pause(ledger, ledger.run(run_id)), **loop_options)
     except LoopError as error:  # refused before any work: a claimed run must still end
         return _ended_untrained(ledger, claim, log, "failed", "exception", str(error), 0)
     try:

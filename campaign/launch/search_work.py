@@ -32,7 +32,7 @@ def look(ledger: Ledger, campaign: str) -> dict[str, Any]:
 
 def is_paused(row: dict[str, Any]) -> bool:
     """A run paused at a rung: only the rung's decision continues it (never a plain resume)."""
-    from campaign.search.state import PAUSED
+    from campaign.loop.stop import PAUSED
 
     detail = row.get("stop_detail")
     return isinstance(detail, str) and detail.startswith(PAUSED)

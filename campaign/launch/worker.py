@@ -324,26 +324,27 @@ def _next_run(
         for run_id in _candidates(ledger, options, (status,), cause):
             if run_id not in refused:
                 return run_id, None
-    _refuse_ungated_newcomers(ledger, options, gated, outlook is not None)
+    _refuse_ungated_newcomers(ledger, options.campaign, gated, None if outlook is None else (
+        lambda ids: search_work.pilot_new_classes(ledger, options.campaign,
+                                                  str(options.artifacts.absolute()),
+                                                  options.device, ids)))
     claim = ledger.claim_next(options.campaign, worker)
     return None if claim is None else (claim.run_id, claim)
 
 
-def _refuse_ungated_newcomers(ledger: Ledger, options: WorkerOptions, gated: set[str],
-                              searching: bool = False) -> None:
+def _refuse_ungated_newcomers(ledger: Ledger, campaign: str, gated: set[str],
+                              pilot: Callable[[list[str]], None] | None = None) -> None:
     """A run planned while workers run (a relaunch with a wider model) is gated like the rest:
     before a claim, the planned runs this worker has not seen pass their class's gate, or the
     worker stops (:class:`~campaign.gates.launch_gate.GateClosed`, naming the class). A
-    search's proposals bring their own classes: those are piloted here first."""
+    search's proposals bring their own classes: ``pilot`` pilots those first."""
     from campaign.gates.launch_gate import open_gate
 
-    campaign = options.campaign
     _, rows = ledger.progress_rows(campaign)  # plain rows: a cheap query before each claim
     planned = {row["id"] for row in rows if row["status"] == "planned"}
     newcomers = sorted(planned - gated)
-    if searching and newcomers:
-        search_work.pilot_new_classes(ledger, campaign, str(options.artifacts.absolute()),
-                                      options.device, newcomers)
+    if pilot is not None and newcomers:
+        pilot(newcomers)
     elif gated and newcomers:  # the first look was the launch's (or the worker's own) gate
         open_gate(ledger, campaign, run_ids=newcomers, check_stack=False)
     gated |= planned

@@ -32,6 +32,16 @@ class StopDecision:
     step: int | None = None  # the update it happened in, when not the last one completed
 
 
+PAUSED = "search: paused at rung"  # how a run's stop detail says it waits for a decision
+
+
+def pause_detail(rung: int) -> str:
+    """A search's run paused at its rung (campaign/search/): the scheduler takes the slot back
+    until every variant of the rung has reported (docs/search.md)."""
+    return (f"{PAUSED} {rung} until every variant of the rung reports; the search's decision "
+            "continues or prunes it")
+
+
 def parse_duration(text: str | None) -> float | None:
     """``"30m"`` -> 1800.0 seconds; None stays None."""
     if text is None:
@@ -93,8 +103,6 @@ class StopRules:
                 "completed", "budget_reached", f"{step} of {self.updates} updates done"
             )
         if self.pause_at is not None and step >= self.pause_at:
-            from campaign.search.pause import pause_detail
-
             return StopDecision("interrupted", "preempted", pause_detail(self.pause_at))
         if self.wall_time is not None and time.monotonic() - self.started > self.wall_time:
             elapsed = time.monotonic() - self.started

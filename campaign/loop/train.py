@@ -54,7 +54,6 @@ from campaign.loop.signals import SignalLatch
 from campaign.loop.stop import StopDecision, StopRules, failure_decision, oom_detail
 from campaign.loop.task import Batch, build_task
 from campaign.loop.trainer import Trainer, seed_everything
-from campaign.search.pause import rung_pause
 from campaign.stack.software import run_environment
 
 LEASE_GONE = (
@@ -82,8 +81,10 @@ class RunLoop(RunEnd):
         replica: dp.Replica | None = None,
         resume: ResumePoint | None = None,
         log: Path | None = None,
+        pause_at: int | None = None,
     ) -> None:
         self.ledger, self.run_id = ledger, run_id
+        self.pause_at = pause_at  # a search's rung where the run waits for its decision
         self.record = ledger.run(run_id)
         self.task_reference = ledger.campaign(self.record.campaign).task  # read once per run
         self.config = self.record.config_document
@@ -205,7 +206,7 @@ class RunLoop(RunEnd):
             self._event("sharding", self.trainer.sharding.describe(self.replica.world))
         progress_page.tick()
         self.rules = StopRules(self.config)  # the wall-time clock starts once the run is built
-        self.rules.pause_at = rung_pause(self.ledger, self.record)  # a search's next rung
+        self.rules.pause_at = self.pause_at  # a search's next rung, if it has one
         if resume_from:
             self._restore(resume_from)
         self.metrics = (self.ledger.metric_writer(self.run_id, self.segment_id, lease=self.lease,

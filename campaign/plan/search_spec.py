@@ -27,11 +27,11 @@ Number = StrictInt | StrictFloat
 Choice = StrictInt | StrictFloat | StrictStr | bool
 
 
-class _Strict(BaseModel):
+class _SearchTable(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
-class Distribution(_Strict):
+class Distribution(_SearchTable):
     """One key's distribution: exactly one of the four forms."""
 
     log_uniform: list[Number] | None = None
@@ -49,7 +49,7 @@ class Distribution(_Strict):
         return list(getattr(self, self.kind))
 
 
-class SearchSection(_Strict):
+class SearchSection(_SearchTable):
     method: Literal["grid", "random", "tpe", "halving"] = "grid"
     sampler: Literal["random", "tpe"] | None = None
     trials: int | None = Field(None, ge=1, le=MAX_TRIALS)

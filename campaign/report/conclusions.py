@@ -18,28 +18,16 @@ best" included.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import pandas as pd
 
+from campaign.stats import MIN_PAIRS, paired_interval
+
 METHOD = "paired Student t"
-MIN_PAIRS = 3
 COLUMNS = ("variant", "pairs", "mean_delta", "ci_low", "ci_high", "better", "worse", "verdict",
            "reason")
 VALUED = ("completed", "stopped")  # statuses whose final metric is a result
-
-
-def paired_interval(deltas: list[float]) -> tuple[float, float] | None:
-    """The 95% paired-t interval of the mean of ``deltas``; None under 3 pairs."""
-    if len(deltas) < MIN_PAIRS:
-        return None
-    from scipy import stats  # only when a report is built
-
-    mean = sum(deltas) / len(deltas)
-    spread = float(pd.Series(deltas).std(ddof=1))
-    half = float(stats.t.ppf(0.975, len(deltas) - 1)) * spread / math.sqrt(len(deltas))
-    return mean - half, mean + half
 
 
 def status_summary(runs: pd.DataFrame) -> str:

@@ -15,32 +15,11 @@ from typing import Any
 
 import pandas as pd
 
-from campaign.report.conclusions import MIN_PAIRS
 from campaign.search.state import SearchState
+from campaign.stats import holm, paired_p
 
 ALPHA = 0.05
 HOLM = "Holm-adjusted paired Student t"
-
-
-def paired_p(deltas: list[float]) -> float | None:
-    """Two-sided p of the paired t test that the mean delta is zero (None under 3 pairs)."""
-    if len(deltas) < MIN_PAIRS:
-        return None
-    from scipy import stats
-
-    if all(d == deltas[0] for d in deltas):  # no spread: the test is undefined
-        return 0.0 if deltas[0] != 0 else 1.0
-    return float(stats.ttest_1samp(deltas, 0.0).pvalue)
-
-
-def holm(p_values: dict[str, float]) -> dict[str, float]:
-    """Holm's step-down adjusted p-values (each at most 1, never below an earlier one)."""
-    ordered = sorted(p_values, key=lambda k: p_values[k])
-    adjusted, running = {}, 0.0
-    for i, key in enumerate(ordered):
-        running = max(running, min(1.0, (len(ordered) - i) * p_values[key]))
-        adjusted[key] = running
-    return adjusted
 
 
 def holm_verdicts(verdicts: pd.DataFrame, deltas: pd.DataFrame,

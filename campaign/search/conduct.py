@@ -26,12 +26,12 @@ from typing import Any
 
 from campaign.ledger import Ledger
 from campaign.ledger.search_steps import Pruning, SearchStep, record_step
+from campaign.loop.stop import PAUSED
 from campaign.search import rungs as decide_rung
 from campaign.search.proposals import propose
 from campaign.search.state import (
     CONFIRMATION,
     DECISION,
-    PAUSED,
     PROPOSAL,
     SearchState,
     read_state,

@@ -1,4 +1,5 @@
-"""Where a search's run pauses: its loop asks once per segment (campaign/loop/train.py).
+"""Where a search's run pauses: the worker asks once per segment and gives the loop the
+step (``RunLoop(pause_at=...)``, campaign/launch/run_body.py).
 
 At the rung, after its validation, the run checkpoints and ends ``interrupted`` with the
 cause ``preempted`` (the search's scheduler takes its slot back) and a detail that starts
@@ -13,7 +14,7 @@ import json
 from campaign.ledger import LedgerReader
 from campaign.ledger.records import RunRecord
 from campaign.plan.search_spec import search_plan
-from campaign.search.state import DECISION, PAUSED, pause_step
+from campaign.search.state import DECISION, pause_step
 
 
 def rung_pause(ledger: LedgerReader, record: RunRecord) -> int | None:
@@ -30,8 +31,3 @@ def rung_pause(ledger: LedgerReader, record: RunRecord) -> int | None:
     runs = ledger.runs(record.campaign)
     is_control = bool(runs[runs["run_id"] == record.id]["is_control"].iloc[0])
     return pause_step(plan, mine, is_control, int(record.seed))
-
-
-def pause_detail(rung: int) -> str:
-    return (f"{PAUSED} {rung} until every variant of the rung reports; the search's decision "
-            "continues or prunes it")

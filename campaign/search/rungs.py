@@ -4,9 +4,12 @@
 ``evidence``: of those the rank rule would prune, only a variant whose paired-seed interval
 against the rung's best variant excludes zero in the bad direction is pruned; the others
 continue. A variant with a seed without a value at the rung (diverged, failed) is pruned and
-never audited (it cannot reach the end). Of the pruned variants with values, a seeded share
-(``audit``, rounded up) continues to the full budget as audit runs: its outcome is
-``audit``, it is left out of every conclusion, and it measures how often pruning was wrong.
+never audited (it cannot reach the end). Each pruned variant with values is audited with
+probability ``audit`` (a seeded draw): it continues to the full budget as audit runs, its
+outcome ``audit``, left out of every conclusion. The same chance at every rung makes the
+audited an equal-probability sample of the pruned, so their wrong-prune rate estimates the
+whole's without weighting (a share rounded up per rung would over-sample the late rungs,
+whose prunes are more often wrong).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from campaign.report.conclusions import paired_interval
+from campaign.stats import paired_interval
 
 
 @dataclass(frozen=True)
@@ -78,9 +81,9 @@ def decide(values: Mapping[str, Mapping[int, float | None]], seeds: Sequence[int
                 variant, "pruned", None, None, best, {}, None,
                 f"no value at the rung for seed{'s' * (len(missing) > 1)} {', '.join(missing)}")
     prunable = sorted(v for v, d in decisions.items() if d.outcome == "pruned" and d.rank)
-    if audit > 0 and prunable:
-        chosen = random.Random(audit_seed).sample(prunable, math.ceil(audit * len(prunable)))
-        for variant in chosen:
+    draws = random.Random(audit_seed)
+    for variant in prunable:
+        if draws.random() < audit:
             d = decisions[variant]
             decisions[variant] = RungDecision(
                 d.variant, "audit", d.rank, d.mean, d.against, d.deltas, d.interval,

@@ -19,13 +19,13 @@ import pandas as pd
 
 from campaign.ledger import LedgerReader
 from campaign.ledger.vocabulary import TERMINAL_STATUSES
+from campaign.loop.stop import PAUSED
 from campaign.plan.search_spec import SearchPlan, search_plan
 
 DECISION = "search_decision"
 PROPOSAL = "search_proposal"
 CONFIRMATION = "search_confirmation"
 STEP = "search_step"
-PAUSED = "search: paused at rung"  # how a run's stop detail says it waits for a decision
 
 
 @dataclass

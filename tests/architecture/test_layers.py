@@ -118,6 +118,8 @@ def test_the_checker_sees_a_cycle_hidden_in_a_function() -> None:
 BELOW_LOOP = ("campaign.errors", "campaign.ledger", "campaign.stack", "campaign.host")
 LAYERS: dict[str, tuple[str, ...]] = {
     "campaign.errors": (),
+    # paired statistics: intervals, tests, Holm (the report's and a search's)
+    "campaign.stats": (),
     "campaign.ledger": ("campaign.errors",),
     # the Alembic environment: the ledger's engines and tables (revisions import nothing of ours)
     "campaign.migrations": ("campaign.errors", "campaign.ledger"),
@@ -127,11 +129,15 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "campaign.tasks": ("campaign.errors", "campaign.stack", "campaign.loop"),
     "campaign.plan": (*BELOW_LOOP, "campaign.loop"),
     "campaign.gates": (*BELOW_LOOP, "campaign.loop", "campaign.plan"),
-    "campaign.report": ("campaign.errors", "campaign.ledger", "campaign.stack", "campaign.plan",
-                        "campaign.gates"),
+    # a search's decisions, from the ledger alone (its runs are placed by launch/)
+    "campaign.search": (*BELOW_LOOP, "campaign.stats", "campaign.loop", "campaign.plan"),
+    "campaign.report": ("campaign.errors", "campaign.stats", "campaign.ledger", "campaign.stack",
+                        "campaign.plan", "campaign.gates", "campaign.search"),
     "campaign.pilot": (*BELOW_LOOP, "campaign.loop", "campaign.tasks", "campaign.plan",
                        "campaign.gates"),
-    "campaign.launch": (*BELOW_LOOP, "campaign.loop", "campaign.plan", "campaign.gates"),
+    # pilot: only a gate class a search proposed, in a host child (launch/search_work.py)
+    "campaign.launch": (*BELOW_LOOP, "campaign.loop", "campaign.plan", "campaign.gates",
+                        "campaign.search", "campaign.pilot"),
     "campaign.reproduce": ("campaign.errors", "campaign.ledger", "campaign.stack"),
     # the dashboard reads the ledger and the report's tables; it starts nothing
     "campaign.serve": ("campaign.errors", "campaign.ledger", "campaign.plan", "campaign.report"),
@@ -139,8 +145,9 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "campaign.demo_llm": ("campaign.tasks",),
     "campaign.demo": (*BELOW_LOOP, "campaign.loop", "campaign.plan", "campaign.gates",
                       "campaign.report", "campaign.pilot", "campaign.launch", "campaign.demo_llm"),
-    "campaign.cli": (*BELOW_LOOP, "campaign.loop", "campaign.tasks", "campaign.plan",
-                     "campaign.gates", "campaign.report", "campaign.pilot", "campaign.launch",
+    "campaign.cli": (*BELOW_LOOP, "campaign.stats", "campaign.loop", "campaign.tasks",
+                     "campaign.plan", "campaign.gates", "campaign.search", "campaign.report",
+                     "campaign.pilot", "campaign.launch",
                      "campaign.reproduce", "campaign.serve", "campaign.demo"),
     "campaign.__main__": ("campaign.cli",),
     # the package's own names for notebooks and tasks (Ledger, Task), loaded on first use

@@ -62,9 +62,10 @@ def _deep_array(depth: int) -> str:
 def _search(lr: str = "{ log_uniform = [1e-3, 1e-1] }", keep: str = "0.5",
             rungs: str = "[4]", confirm_seeds: str = "[5, 6, 7]") -> str:
     """A halving search over the quick task's learning rate (8 updates: a rung at 4)."""
-    return _spec().replace('"budget.updates" = 4', '"budget.updates" = 8') + (f'\n[search]\nmethod = "halving"\ntrials = 4\nrungs = {rungs}\n'
-                         f"keep = {keep}\nconfirm_seeds = {confirm_seeds}\n"
-                         f'[search.space]\n"optimizer.lr" = {lr}\n')
+    search = (f'\n[search]\nmethod = "halving"\ntrials = 4\nrungs = {rungs}\n'
+              f"keep = {keep}\nconfirm_seeds = {confirm_seeds}\n"
+              f'[search.space]\n"optimizer.lr" = {lr}\n')
+    return _spec().replace('"budget.updates" = 4', '"budget.updates" = 8') + search
 
 
 def _axes(body: str, control: str) -> str:

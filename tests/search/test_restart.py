@@ -53,7 +53,7 @@ def test_a_launcher_stopped_mid_search_proposes_the_same_next_variants(
         [*cli(postgresql_url, "launch", "tpe-search", "--workers", "2", "--artifacts",
               str(tmp_path / "b"), "--no-replay-check")],
         cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    wait_for(lambda: _completed(postgresql_ledger, "tpe-search") >= 4, 240,
+    wait_for(lambda: _completed(postgresql_ledger, "tpe-search") >= 4, 600,
              "part of the first cohort to complete")
     launcher.send_signal(signal.SIGTERM)
     _, stderr = launcher.communicate(timeout=120)
