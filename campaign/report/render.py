@@ -83,12 +83,12 @@ def html(sheet: BalanceSheet) -> str:
     )
 
 
-def search_context(sheet: BalanceSheet) -> dict[str, Any] | None:
-    """A search's section for people (campaign/report/search_section.py holds the numbers)."""
+def search_context(sheet: BalanceSheet, chart: bool = True) -> dict[str, Any] | None:
+    """A search's section for people (campaign/report/search_section.py holds the numbers);
+    ``chart``: with the space drawn (the HTML report; the dashboard shows the tables)."""
     search = sheet.search
     if search is None:
         return None
-    from campaign.report.search_plots import space_chart
 
     audit = search["audit"]
     if audit["judged"]:
@@ -110,8 +110,12 @@ def search_context(sheet: BalanceSheet) -> dict[str, Any] | None:
                f"{search['confirm_seeds']}; {len(search['variants'])} variants searched.")
     explored = pd.DataFrame([{**{k: v for k, v in r.items() if k != "params"},
                               **r["params"]} for r in search["variants"]])
-    chart = space_chart(search, sheet.metric)
-    return {"summary": summary, "audit": audit_words, "chart": _b64(chart),
+    png = None
+    if chart:
+        from campaign.report.search_plots import space_chart
+
+        png = space_chart(search, sheet.metric)
+    return {"summary": summary, "audit": audit_words, "chart": _b64(png),
             "confirmation": table_rows(pd.DataFrame(search["confirmation"]["rows"])),
             "variants": table_rows(explored),
             "decisions": table_rows(pd.DataFrame([

@@ -47,7 +47,7 @@ def campaign_page(watcher: Watcher, name: str) -> str:
     """The campaign's balance sheet and, embedded, the live view it starts from (every point
     of train/loss and the validation metric): the page's first poll is then already done."""
     from campaign.report.balance import balance_sheet
-    from campaign.report.render import sheet_context
+    from campaign.report.render import search_context, sheet_context
 
     reader = watcher.reader
     sheets: list[Any] = []
@@ -68,7 +68,8 @@ def campaign_page(watcher: Watcher, name: str) -> str:
         "ended_at_load": int(runs["status"].isin(tuple(TERMINAL_STATUSES)).sum()),
         "initial": initial,
     }
-    return render("campaign.html", **sheet_context(sheet), page=page, ledger=reader.url)
+    return render("campaign.html", **sheet_context(sheet), page=page, ledger=reader.url,
+                  search=search_context(sheet, chart=False))
 
 
 def run_page(reader: LedgerReader, run_id: str) -> str:

@@ -92,3 +92,10 @@ def test_halving_search_prunes_audits_and_concludes_from_confirmation(
     # Every run keeps its line in the report, the pruned ones too.
     assert len(document["runs"]) == len(runs)
     assert sum(r["stop_cause"] == "pruned" for r in document["runs"]) == len(pruned)
+
+    html = tmp_path / "report.html"
+    done = invoke(ledger_url, "report", "digits-search", "--output", str(html))
+    assert done.returncode == 0, done.stderr[-2000:]
+    page = html.read_text()
+    assert 'id="search"' in page and "Audit of pruning" in page
+    assert 'alt="the searched keys against val/accuracy" src="data:image/png;base64,' in page

@@ -94,3 +94,12 @@ def test_a_search_replanned_with_another_space_is_refused_naming_the_key(
     changed_words = 'search.space."optimizer.lr".log_uniform changed'
     assert len(lines) == 1 and changed_words in lines[0], done.stderr
     assert len(sqlite_ledger.runs("space-changed")) == before
+
+
+def test_the_example_search_plans(sqlite_url: str) -> None:
+    from tests.support.launch_helpers import ROOT
+
+    done = invoke(sqlite_url, "plan", str(ROOT / "examples" / "digits-search.toml"),
+                  "--dry-run")
+    assert done.returncode == 0, done.stderr
+    assert "digits-search" in done.stderr
