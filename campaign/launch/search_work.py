@@ -69,3 +69,20 @@ def pilot_new_classes(ledger: Ledger, campaign: str, artifacts: str, device: str
             if ledger.run(run_id).status == "planned":
                 ledger.withdraw(run_id, f"search: its gate class {class_id} failed its pilot "
                                 f"({report['label']})")
+
+
+def refuse_undecided(ledger: Ledger, run_id: str) -> None:
+    """``campaign resume`` of a run paused at a rung its search has not decided yet: refused
+    (resumed now it would wait at once; the decision continues it, or prunes it)."""
+    from campaign.errors import LedgerInputError
+    from campaign.search.pause import rung_pause
+
+    record = ledger.run(run_id)
+    if record.status != "interrupted" or not is_paused({"stop_detail": record.stop_detail}):
+        return
+    waits_at = rung_pause(ledger, record)
+    if waits_at is not None and waits_at <= int(record.stop_step or 0):
+        raise LedgerInputError(
+            f"run {run_id} waits at rung {waits_at} of its search until every variant of the "
+            f"rung reports: `campaign launch {record.campaign}` takes the decision, which "
+            "continues or prunes it")

@@ -400,6 +400,7 @@ def execute_one(ledger: Ledger, run_id: str, options: WorkerOptions) -> RunOutco
     A planned run is taken here; a resumable one after its checkpoint verifies."""
     worker = worker_name(options.device, options.name)
     refuse_if_unwritable(ledger.engine.url)  # before the run leaves its status
+    search_work.refuse_undecided(ledger, run_id)
     claim = ledger.start(run_id, worker) if ledger.run(run_id).status == "planned" else None
     with _stop_on_signals() as stopping:
         outcome = _execute(ledger, options, worker, run_id, claim, stopping)

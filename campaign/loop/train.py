@@ -278,6 +278,9 @@ class RunLoop(RunEnd):
             ):
                 at_start = self._training(self._validate) or at_start
             return replace(at_start, phase=at_start.phase or "update")
+        paused = self.rules.after_update(self.step) if self.rules.pause_at is not None else None
+        if paused is not None and self.step >= self.rules.pause_at:  # resumed at its rung,
+            return replace(paused, phase="update")  # still undecided: it waits, no update
         while True:
             stop = self._training(self._update)
             if stop is None and self.step % every == 0:

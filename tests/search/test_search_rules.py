@@ -103,3 +103,32 @@ def test_the_example_search_plans(sqlite_url: str) -> None:
                   "--dry-run")
     assert done.returncode == 0, done.stderr
     assert "digits-search" in done.stderr
+
+
+@pytest.mark.slow
+def test_a_run_paused_at_an_undecided_rung_is_not_resumed_by_hand(
+    sqlite_ledger: Ledger, sqlite_url: str, tmp_path: Path
+) -> None:
+    """A worker stopped after one run leaves it paused at its rung; `campaign resume` of it
+    is refused (one line, nothing changed): only the rung's decision continues it."""
+    spec = write_spec(tmp_path, "paused")
+    for args in (("plan", str(spec)), ("pilot", "paused", "--artifacts", str(tmp_path / "p"))):
+        assert invoke(sqlite_url, *args).returncode == 0
+    runs = sqlite_ledger.runs("paused")
+    control = set(runs["run_id"])
+    artifacts = str(tmp_path / "a")
+    done = invoke(sqlite_url, "worker", "paused", "--max-runs", "4", "--artifacts", artifacts,
+                  "--no-replay-check")
+    assert done.returncode == 0, done.stderr[-2000:]
+    runs = sqlite_ledger.runs("paused")
+    paused = runs[~runs["run_id"].isin(control) & (runs["status"] == "interrupted")]
+    assert len(paused) == 1
+    run = paused.iloc[0]
+    assert run["stop_cause"] == "preempted" and int(run["stop_step"]) == 10
+    assert run["stop_detail"].startswith("search: paused at rung 10")
+    refused = invoke(sqlite_url, "resume", run["run_id"], "--artifacts", artifacts)
+    assert refused.returncode == 2
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1 and "waits at rung 10" in lines[0], refused.stderr
+    after = sqlite_ledger.run(run["run_id"])
+    assert (after.status, after.stop_step) == ("interrupted", 10)
