@@ -49,6 +49,7 @@ from campaign.launch.placement import (
 )
 from campaign.launch.ray_groups import refuse_shared_gpus, refuse_unplaceable, worker_groups
 from campaign.launch.ray_ranks import GROUP_ENV, last_line, placed_at
+from campaign.launch.search_work import is_search
 from campaign.launch.secret_file import handed_over, taken_back
 from campaign.launch.worker import WorkerOptions, run_worker
 from campaign.ledger import Ledger
@@ -251,6 +252,8 @@ def _follow(ray: Any, url: str, handed: tuple[str, str | None], options: WorkerO
         ledger.mark_lost(options.lease_s, options.campaign)  # swept before anything is listed
         waiting = len(ledger.runs(options.campaign, status=["planned", *options.resume]))
         slots = max(1, int(resources.get("CPU", 1)) // ranks)  # a group of W CPUs each
+        if is_search(ledger, options.campaign):  # its proposals are planned as it goes
+            waiting = max(waiting, ray_options.workers or slots)
         count = max(1, min(ray_options.workers or slots, waiting))
         # Ray sets CUDA_VISIBLE_DEVICES to the task's GPUs: "cuda" is the first of them.
         payload = options_document(options, threads=1, device="cuda" if gpus else "cpu")
