@@ -9,6 +9,7 @@ imported there): the worker process imports none of them.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from campaign.host import calls
@@ -30,6 +31,17 @@ def look(ledger: Ledger, campaign: str) -> dict[str, Any]:
                       what="taking the search's due steps")
 
 
+def _piloting(ledger: Ledger, campaign: str, since: float) -> bool:
+    """Whether the latest round's pilot is still to come or without a verdict: no pilot
+    row created since the round began, or one without its verdict yet."""
+    pilots = ledger.pilots(campaign)
+    if pilots.empty:
+        return True
+    began = ledger.database_now().timestamp() - since
+    mine = pilots[pilots["created_at"].map(lambda t: t.timestamp()) >= began - 1.0]
+    return mine.empty or bool(mine["verdict"].isna().any())
+
+
 def is_paused(row: dict[str, Any]) -> bool:
     """A run paused at a rung: only the rung's decision continues it (never a plain resume)."""
     from campaign.loop.stop import PAUSED
@@ -38,20 +50,47 @@ def is_paused(row: dict[str, Any]) -> bool:
     return isinstance(detail, str) and detail.startswith(PAUSED)
 
 
+PILOT_WAIT_S = 600.0  # a pilot round without a verdict for this long is taken as dead
+PILOT_ROUND = "pilot round"  # the search step that elects the worker who pilots new classes
+
+
+def _rounds(ledger: Ledger, campaign: str) -> tuple[int, float | None]:
+    """(pilot rounds taken, seconds since the latest) from the search's step events."""
+    events = ledger.events(campaign)
+    taken = events[(events["kind"] == "search_step")
+                   & events["detail"].str.startswith(PILOT_ROUND)]
+    if taken.empty:
+        return 0, None
+    latest = taken["at"].max().to_pydatetime()
+    return len(taken), (ledger.database_now() - latest).total_seconds()
+
+
 def pilot_new_classes(ledger: Ledger, campaign: str, artifacts: str, device: str,
                       run_ids: list[str]) -> None:
     """Pilot each gate class of ``run_ids`` without a passing pilot (a proposal with another
     width, say); the planned runs of a class whose pilot fails are withdrawn, naming the
-    pilot, and the search goes on without them (they keep their line)."""
+    pilot, and the search goes on without them (they keep their line).
+
+    One worker pilots: the one that writes the next ``pilot round`` step (written once, as
+    every search step); the others wait for its verdicts, and take the next round only when
+    one stays without a verdict past ``PILOT_WAIT_S`` (its worker died)."""
     from campaign.errors import GateClosed
     from campaign.gates.launch_gate import open_gate
+    from campaign.ledger.search_steps import SearchStep, record_step
     from campaign.pilot.by_class import pilot_documents
 
-    try:
-        open_gate(ledger, campaign, run_ids=run_ids, check_stack=False)
-        return
-    except GateClosed:
-        pass
+    while True:
+        try:
+            open_gate(ledger, campaign, run_ids=run_ids, check_stack=False)
+            return
+        except GateClosed:
+            pass
+        rounds, since = _rounds(ledger, campaign)
+        if since is not None and since < PILOT_WAIT_S and _piloting(ledger, campaign, since):
+            time.sleep(1.0)  # another worker's round is under way: its verdicts, not ours
+            continue
+        if record_step(ledger, campaign, SearchStep(key=f"{PILOT_ROUND} {rounds + 1}")):
+            break
     url = ledger.engine.url.render_as_string(hide_password=False)
     task = ledger.campaign(campaign).task
     reports = calls.call(pilot_documents, url, campaign, artifacts, device, {}, None, False,

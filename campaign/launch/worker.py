@@ -222,6 +222,10 @@ def run_worker(
             outlook = search_work.look(ledger, options.campaign) if searching else None
             taken = _next_run(ledger, options, report.worker, gated, set(report.not_resumed),
                               outlook)
+            if taken is None and outlook is not None and not outlook["finished"]:
+                outlook = search_work.look(ledger, options.campaign)  # a run may have paused
+                taken = _next_run(ledger, options, report.worker, gated,  # since the last look
+                                  set(report.not_resumed), outlook)
             if taken is None:
                 if _may_be_lost(ledger, options) and not stopping.wait(options.heartbeat_s):
                     continue  # a run still running may yet be lost: this worker resumes it

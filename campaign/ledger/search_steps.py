@@ -4,7 +4,8 @@ Every worker of a search may find the same step due at the same moment (campaign
 decides it from what the ledger holds, the same answer for each). The step is written in one
 transaction under its key, and a key written before makes the write a no-op: one worker's
 step is kept, and the others read it. On PostgreSQL the campaign's row is locked first
-(``FOR UPDATE``), so two steps never interleave; SQLite's write transactions are one at a
+(``FOR NO KEY UPDATE``: the rows that reference it, events and runs, are still written
+meanwhile), so two steps never interleave; SQLite's write transactions are one at a
 time already.
 
 A pruned run leaves ``interrupted`` (paused at its rung) for ``stopped`` with the cause
@@ -17,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, insert, select
+from sqlalchemy import Connection, insert, select, text
 
 from campaign.errors import IllegalTransition
 from campaign.ledger import statements as sql
@@ -25,10 +26,10 @@ from campaign.ledger.canonical import canonical_json, sha256_text
 from campaign.ledger.connections import Done
 from campaign.ledger.evidence import record_event
 from campaign.ledger.ids import new_run_id
-from campaign.ledger.models import Campaign, Event, Variant
+from campaign.ledger.models import Event, Variant
 
 STEP_KIND = "search_step"
-campaigns_t, events_t, variants_t = Campaign.__table__, Event.__table__, Variant.__table__
+events_t, variants_t = Event.__table__, Variant.__table__
 
 
 @dataclass(frozen=True)
@@ -64,8 +65,8 @@ def record_step(ledger: Any, campaign: str, step: SearchStep) -> bool:
     def work(conn: Connection) -> bool:
         campaign_id = ledger._campaign_id(conn, campaign)
         if conn.dialect.name == "postgresql":  # one step at a time per campaign
-            conn.execute(select(campaigns_t.c.id).where(campaigns_t.c.id == campaign_id)
-                         .with_for_update())
+            conn.execute(text("SELECT id FROM campaigns WHERE id = :id FOR NO KEY UPDATE"),
+                         {"id": campaign_id})
         if step_taken(conn, campaign_id, step.key):
             return False
         record_event(conn, campaign_id, None, STEP_KIND, step.key)

@@ -51,7 +51,13 @@ from campaign.loop.resume import ResumePoint, choose_resume_point
 from campaign.loop.run_end import RunEnd
 from campaign.loop.run_files import record_log, save_traceback, write_predictions
 from campaign.loop.signals import SignalLatch
-from campaign.loop.stop import StopDecision, StopRules, failure_decision, oom_detail
+from campaign.loop.stop import (
+    PAUSED,
+    StopDecision,
+    StopRules,
+    failure_decision,
+    oom_detail,
+)
 from campaign.loop.task import Batch, build_task
 from campaign.loop.trainer import Trainer, seed_everything
 from campaign.stack.software import run_environment
@@ -297,8 +303,8 @@ class RunLoop(RunEnd):
             self.heartbeat.check()
             if self.heartbeat.lease_lost.is_set():
                 raise LeaseLost(f"run {self.run_id}: {LEASE_GONE}")
-            if signalled:
-                return self.signals.decision()
+            if signalled and not (stop is not None and stop.detail.startswith(PAUSED)):
+                return self.signals.decision()  # (a rung's pause at this step wins: same end)
             if decided is not None and decided.step == self.step:
                 stop = decided  # resumed from before the decided stop: it holds at its step
             if stop is not None:

@@ -118,7 +118,8 @@ def search_plan(document: Mapping[str, Any]) -> SearchPlan | None:
 
 
 def check_search(search: SearchSection | None, seeds: Sequence[int], hold: Mapping[str, Any],
-                 variants: Sequence[tuple[str, str, dict[str, Any]]], where: str) -> None:
+                 variants: Sequence[tuple[str, str, dict[str, Any]]], where: str,
+                 patience: int = 0) -> None:
     """The rules between the keys of ``[search]`` (one refusal naming the key)."""
     if search is None:
         return
@@ -146,6 +147,10 @@ def check_search(search: SearchSection | None, seeds: Sequence[int], hold: Mappi
                          "e.g. rungs = [50, 150]")
         if search.keep is None:
             raise refuse("keep", "halving needs the share kept at each rung, in (0, 1)")
+        if patience:
+            raise refuse("method", "halving decides at rungs what stop.patience would decide "
+                         "on its own: a seed stopped early has no value at the rung and "
+                         "prunes its variant; set stop.patience = 0")
         if not search.space and "sampler" in search.model_fields_set:
             raise refuse("sampler", "a sampler proposes from [search.space], which is empty")
         if not search.space and len(variants) < 3:

@@ -142,7 +142,8 @@ def resolve_spec(
     if check_task:
         check_task_reference(spec.campaign.task, where)
     variants = _variants(spec, where)
-    check_search(spec.search, spec.grid.seeds, spec.hold, variants, where)
+    check_search(spec.search, spec.grid.seeds, spec.hold, variants, where,
+                 spec.stop.patience)
     resolved = tuple(_resolve_variant(spec, v, where, optimizers) for v in variants)
     control = next(v for v in variants if v[0] == spec.grid.control)
     probes = tuple(

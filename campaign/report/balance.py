@@ -121,7 +121,8 @@ def balance_sheet(ledger: LedgerReader, campaign: str) -> BalanceSheet:
         verdicts, tests = holm_verdicts(verdicts, deltas, mode)
         search = search_section(state, verdicts, tests)
         no_value = unconfirmed(state, originals)
-    control = variants[variants["is_control"]]["variant"]
+    control = variants[variants["is_control"]]["variant"] if len(variants) else pd.Series(
+        [] if state is None else [state.control], dtype=object)
     everything = table[table["original"]]
     unfinished = int(everything["status"].isin(("planned", "running", "interrupted",
                                                 "lost")).sum())
@@ -230,6 +231,10 @@ def _peaks(phases: pd.DataFrame) -> dict[str, pd.Series]:
     return {"allocated": by_run["allocated_peak"].max(), "rss": by_run["rss_peak"].max()}
 
 
+VARIANT_COLUMNS = ("variant", "is_control", "planned", *COUNTED, "other", "withdrawn",
+                   "relaunches", "n", "mean", "std", "min", "max", "values", "missing")
+
+
 def _variant_table(runs: pd.DataFrame) -> pd.DataFrame:
     """Per variant, over its original planned runs (one per seed); withdrawn and relaunched
     runs are counted apart and never in the statistics."""
@@ -260,7 +265,7 @@ def _variant_table(runs: pd.DataFrame) -> pd.DataFrame:
             "missing": {str(int(r.seed)): _without_value(r) for r in planned.itertuples()
                         if r.run_id not in valued_ids},
         })
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=list(VARIANT_COLUMNS))
 
 
 def _within_budget(runs: pd.DataFrame) -> pd.Series:

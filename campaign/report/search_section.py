@@ -125,7 +125,8 @@ def searched_keys(state: SearchState) -> list[str]:
 def audit(state: SearchState) -> dict[str, Any]:
     """The measured wrong-prune rate: an audited variant was pruned wrongly when its final
     mean beats the final mean of a variant of its cohort that survived every rung (pruning
-    kept a worse one). Its exact (Clopper-Pearson) 95% interval over the audited variants."""
+    kept a worse one); one that diverged or failed on its way to the end was pruned rightly.
+    Its exact (Clopper-Pearson) 95% interval over the audited variants that have ended."""
     sign = 1.0 if state.mode == "max" else -1.0
     rows = explored(state)
     survivors: dict[int, list[float]] = {}
@@ -136,9 +137,14 @@ def audit(state: SearchState) -> dict[str, Any]:
     judged = []
     for row in audited:
         worst = min((sign * v for v in survivors.get(row["cohort"], [])), default=None)
-        if row["final_mean"] is None or worst is None:
+        unended = {"planned", "running", "interrupted", "lost"} & set(row["statuses"].split(", "))
+        if worst is None or (row["final_mean"] is None and unended):
             judged.append({"variant": row["variant"], "final_mean": row["final_mean"],
-                           "worst_survivor": None, "wrong": None})
+                           "worst_survivor": None, "wrong": None})  # not yet, or no survivor
+            continue
+        if row["final_mean"] is None:  # it diverged or failed on its way: pruned rightly
+            judged.append({"variant": row["variant"], "final_mean": None,
+                           "worst_survivor": sign * worst, "wrong": False})
             continue
         judged.append({"variant": row["variant"], "final_mean": row["final_mean"],
                        "worst_survivor": sign * worst, "wrong": sign * row["final_mean"] > worst})

@@ -24,6 +24,7 @@ import zlib
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from campaign.errors import IllegalTransition, LedgerInputError, SpecError
 from campaign.ledger import Ledger
 from campaign.ledger.search_steps import Pruning, SearchStep, record_step
 from campaign.loop.stop import PAUSED
@@ -61,8 +62,11 @@ def advance(ledger: Ledger, campaign: str) -> Outlook | None:
             outlook.continuing = continuing(state)
             outlook.finished = finished(state)
             return outlook
-        if record_step(ledger, campaign, step):
-            outlook.steps.append(step.key)
+        try:
+            if record_step(ledger, campaign, step):
+                outlook.steps.append(step.key)
+        except IllegalTransition:  # a run left its rung meanwhile: look again
+            continue
     raise RuntimeError(f"campaign {campaign!r}: the search took {MAX_STEPS_PER_LOOK} steps in "
                        "one look without settling")
 
@@ -133,7 +137,11 @@ def proposals_step(state: SearchState, cohort: int) -> SearchStep:
     base = dict(control["config"].iloc[0])
     runs = []
     for proposal in made:
-        config, _ = relaunch_config(base, proposal["params"], state.hold)
+        try:
+            config, _ = relaunch_config(base, proposal["params"], state.hold)
+        except (SpecError, LedgerInputError) as error:  # a combination the keys' ends passed
+            proposal["refused"] = str(error)  # its line, no run: Optuna is told it failed
+            continue
         for seed in state.plan.search_seeds:
             runs.append((proposal["variant"], seed, {**config, "seed": seed}))
     return SearchStep(

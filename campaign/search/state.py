@@ -25,6 +25,7 @@ from campaign.plan.search_spec import SearchPlan, search_plan
 DECISION = "search_decision"
 PROPOSAL = "search_proposal"
 CONFIRMATION = "search_confirmation"
+RELAUNCHED = "relaunched"  # (the search's own word) an unended original that was relaunched
 STEP = "search_step"
 
 
@@ -81,7 +82,7 @@ class SearchState:
 
     @staticmethod
     def ended(status: str) -> bool:
-        return status in TERMINAL_STATUSES
+        return status in TERMINAL_STATUSES or status == RELAUNCHED
 
     def paused_at(self, run: Any, rung: int) -> bool:
         return (run.status == "interrupted" and run.stop_cause == "preempted"
@@ -117,8 +118,12 @@ def read_state(ledger: LedgerReader, campaign: str) -> SearchState | None:
     plan = search_plan(spec)
     if plan is None:
         return None
-    runs = ledger.runs(campaign)
-    runs = runs[runs["relaunch_of"].isna()].copy()
+    every = ledger.runs(campaign)
+    runs = every[every["relaunch_of"].isna()].copy()
+    # An original that was relaunched before it ended (a resume refused for good) is out of
+    # the search: its seed has no value, and nothing waits on it any more.
+    gone = runs["run_id"].isin(every["relaunch_of"]) & ~runs["status"].isin(TERMINAL_STATUSES)
+    runs.loc[gone, "status"] = RELAUNCHED
     runs["seed"] = runs["seed"].astype(int)
     control = str(runs[runs["is_control"].astype(bool)]["variant"].iloc[0])
     metric = spec["validation"]["metric"]

@@ -119,6 +119,8 @@ SPECS: dict[str, tuple[str, str]] = {  # name -> (spec text, expected words)
     "search-confirm-overlap": (_search(confirm_seeds="[0, 5, 6]"), "search.confirm_seeds[0]"),
     "search-method": (_search().replace('method = "halving"', 'method = "bayes"'),
                       "search.method"),
+    "search-patience": (_search().replace("[stop]\n", "[stop]\npatience = 2\n"),
+                        "stop.patience = 0"),
 }
 
 

@@ -46,6 +46,14 @@ def test_halving_search_prunes_audits_and_concludes_from_confirmation(
     assert len(keys) == len(set(keys))
     assert len([d for d in decisions if d["rung"] == 10]) == 6
 
+    # A proposal of another width is another gate class: piloted before its runs trained.
+    narrow = {p["variant"] for p in proposals if p["params"]["task.hidden"] == 16}
+    assert narrow, "the seeded sampler proposes both widths"
+    pilots = ledger.pilots("digits-search")
+    assert len(pilots) == 2 and set(pilots["verdict"]) == {"pass"}
+    first_narrow = runs[runs["variant"].isin(narrow)]["started_at"].min()
+    assert pilots["created_at"].max() < first_narrow
+
     pruned = runs[runs["stop_cause"] == "pruned"]
     assert len(pruned) >= 3 and set(pruned["status"]) == {"stopped"}
     artifacts = ledger.artifacts("digits-search")

@@ -59,7 +59,11 @@ def test_a_halving_search_on_a_slurm_array(postgresql_ledger: Ledger, postgresql
     events = ledger.events("slurm-search")
     kinds = events[events["run_id"].isna()]["kind"]
     steps = list(events[events["kind"] == "search_step"]["detail"])
-    assert sorted(steps) == ["confirmation", "proposals of cohort 0", "rung 10 of cohort 0"]
+    assert sorted(s for s in steps if not s.startswith("pilot round")) == [
+        "confirmation", "proposals of cohort 0", "rung 10 of cohort 0"]
+    # The proposals' new width was piloted once, by one of the two tasks.
+    assert [s for s in steps if s.startswith("pilot round")] == ["pilot round 1"]
+    assert len(ledger.pilots("slurm-search")) == 2
     assert (kinds == "search_proposal").sum() == 4 and (kinds == "search_decision").sum() == 4
     # Each run was claimed once (one "running" event) by one of the array's tasks.
     started = events[events["kind"] == "running"]
