@@ -72,8 +72,11 @@ def plan(source: LedgerSource, spec_path: str, dry_run: bool, sets: tuple[str, .
     if facts["reference"] is not None:
         raise refused(f"{spec_path}: campaign.task: {facts['reference']}")
     if facts.get("keys") is not None:
-        key, message = facts["keys"]
-        raise refused(f"{spec_path}: {origin(resolved.document, key)}: {message}")
+        key, message, index = facts["keys"]
+        probe = int(index) - len(resolved.variants)  # one of the search space's ends
+        where = (resolved.probes[probe][0] if probe >= 0
+                 else origin(resolved.document, key))
+        raise refused(f"{spec_path}: {where}: {message}")
     the_plan = planning.make_plan(resolved, sizes=facts["sizes"])
     if facts["contract"] is not None:  # before anything is written (a task without describe())
         raise LedgerInputError(f"{spec_path}: campaign.task: {facts['contract']}")
@@ -86,7 +89,9 @@ def plan(source: LedgerSource, spec_path: str, dry_run: bool, sets: tuple[str, .
         click.echo(f"campaign: warning: {warning}", err=True)
     run_ids: list[str | None] = [None] * len(the_plan.runs)
     created, pilot_only = False, False
-    if not dry_run:
+    if dry_run:  # what the real plan would refuse, refused here too (nothing written)
+        _refuse_like_the_plan(source, the_plan)
+    else:
         with source.open(create=True) as ledger:
             before = _pilot_table(ledger, resolved.name)
             record, created = planning.record_plan(ledger, the_plan)
@@ -116,6 +121,7 @@ def plan(source: LedgerSource, spec_path: str, dry_run: bool, sets: tuple[str, .
         "runs": [{**row, "config_sha256": r.config_sha256}
                  for row, r in zip(run_rows, the_plan.runs, strict=True)],
         "warnings": warnings,
+        "search": search_words(resolved.document),
     }
     if output_format == "json":
         click.echo(json.dumps(document, indent=2))
@@ -134,6 +140,8 @@ def plan(source: LedgerSource, spec_path: str, dry_run: bool, sets: tuple[str, .
     count = (
         f"{len(resolved.variants)} variants x {len(resolved.seeds)} seeds = {len(run_rows)} runs"
     )
+    if document["search"] is not None:
+        click.echo(f"campaign: {document['search']['summary']}", err=True)
     if dry_run:
         click.echo(f"campaign: dry run of {resolved.name!r}: {count}; nothing written", err=True)
     elif created:
@@ -144,6 +152,20 @@ def plan(source: LedgerSource, spec_path: str, dry_run: bool, sets: tuple[str, .
     else:
         click.echo(f"campaign: {resolved.name!r} is already planned with this identical spec; "
                    "nothing written", err=True)
+
+
+def _refuse_like_the_plan(source: LedgerSource, the_plan: Any) -> None:
+    """A dry run against a ledger that already holds the name: the same-question check."""
+    from campaign.errors import NoLedger
+    from campaign.ledger import NotFound
+    from campaign.plan.grid import refuse_another_question
+
+    try:
+        with source.open() as ledger:
+            existing = ledger.campaign(the_plan.spec.name)
+    except (NoLedger, NotFound):
+        return
+    refuse_another_question(existing, the_plan)
 
 
 def _pilot_table(ledger: Any, name: str) -> dict[str, Any] | None:
@@ -342,3 +364,28 @@ def _batch_statistics(ledger: Any, campaign: str) -> list[str]:
     except ValueError:
         return []
     return [str(layer) for layer in layers] if isinstance(layers, list) else []
+
+
+def search_words(document: dict[str, Any]) -> dict[str, Any] | None:
+    """A search's settings as the plan shows them (docs/search.md), or None for a grid."""
+    from campaign.plan.search_spec import search_plan
+
+    plan = search_plan(document)
+    if plan is None:
+        return None
+    parts = [f"search: {plan.method}"]
+    if plan.sampler:
+        parts.append(f"{plan.trials} {plan.sampler} proposals in cohorts of {plan.cohort}")
+    if plan.halving:
+        parts.append(f"rungs {', '.join(map(str, plan.rungs))}, keep {plan.keep:g} "
+                     f"({plan.rule}), audit {plan.audit:g}")
+    if plan.confirm:
+        parts.append(f"the {plan.confirm} best confirmed on seeds "
+                     f"{', '.join(map(str, plan.confirm_seeds))}")
+    parts.append("these runs are the control's and the grid's: the search plans the rest as "
+                 "it goes")
+    return {"method": plan.method, "sampler": plan.sampler, "trials": plan.trials or None,
+            "cohort": plan.cohort if plan.sampler else None, "rungs": list(plan.rungs),
+            "keep": plan.keep if plan.halving else None, "rule": plan.rule,
+            "audit": plan.audit, "confirm": plan.confirm,
+            "confirm_seeds": list(plan.confirm_seeds), "summary": "; ".join(parts)}

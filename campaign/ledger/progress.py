@@ -17,7 +17,12 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from campaign.ledger.vocabulary import ENDED_STATUSES, RUN_STATUSES, TERMINAL_STATUSES
+from campaign.ledger.vocabulary import (
+    ENDED_STATUSES,
+    PAUSED_AT_RUNG,
+    RUN_STATUSES,
+    TERMINAL_STATUSES,
+)
 
 if TYPE_CHECKING:
     from campaign.ledger.store import Ledger
@@ -42,6 +47,7 @@ class Snapshot:
     eta_s: float | None = None
     updates_per_s: float | None = None
     at: float = field(default_factory=time.time)
+    paused: int = 0  # interrupted runs paused at a search's rung: its decision moves them
 
     @property
     def total(self) -> int:
@@ -54,11 +60,11 @@ class Snapshot:
     @property
     def left(self) -> int:
         """Planned runs and those waiting to be resumed: both still have work to do."""
-        return self.counts.get("planned", 0) + self.resumable
+        return self.counts.get("planned", 0) + self.resumable + self.paused
 
     @property
     def resumable(self) -> int:
-        return self.counts.get("interrupted", 0) + self.counts.get("lost", 0)
+        return self.counts.get("interrupted", 0) + self.counts.get("lost", 0) - self.paused
 
     def document(self) -> dict[str, Any]:
         return {
@@ -69,6 +75,7 @@ class Snapshot:
             "running": [asdict(r) for r in self.running],
             "left": self.left,
             "resumable": self.resumable,
+            "paused": self.paused,
             "eta_s": None if self.eta_s is None else round(self.eta_s, 1),
             "updates_per_s": self.updates_per_s,
         }
@@ -80,7 +87,9 @@ class Snapshot:
             if s in ENDED_STATUSES | TERMINAL_STATUSES and self.counts[s]
         )
         done = f"{self.campaign}: {self.done}/{self.total} done" + (f" ({ended})" if ended else "")
-        waiting = f" ({self.resumable} to resume)" if self.resumable else ""
+        waiting = ", ".join(([f"{self.resumable} to resume"] if self.resumable else [])
+                            + ([f"{self.paused} paused at a rung"] if self.paused else []))
+        waiting = f" ({waiting})" if waiting else ""
         return f"{done}, {len(self.running)} running, {self.left} left{waiting}"
 
     def line(self) -> str:
@@ -137,7 +146,9 @@ def snapshot_of(
             for r in rows if r["status"] in ("interrupted", "lost"))
     parallel = max(1, workers or len(running) or 1)
     eta = None if rate is None else remaining / (rate * parallel)
-    return Snapshot(campaign, counts, running, eta, rate)
+    paused = sum(1 for r in rows if r["status"] == "interrupted"
+                 and str(r.get("stop_detail") or "").startswith(PAUSED_AT_RUNG))
+    return Snapshot(campaign, counts, running, eta, rate, paused=paused)
 
 
 def _updates_per_second(rows: list[dict[str, Any]]) -> float | None:

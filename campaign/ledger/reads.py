@@ -281,7 +281,8 @@ class LedgerReader(LiveReads, Closing):
             now = database_now(conn)
             rows = conn.execute(
                 select(runs_t.c.id, variants_t.c.name.label("variant"), runs_t.c.seed,
-                       runs_t.c.status, runs_t.c.worker, runs_t.c.stop_step, runs_t.c.config,
+                       runs_t.c.status, runs_t.c.worker, runs_t.c.stop_step,
+                       runs_t.c.stop_detail, runs_t.c.config,
                        runs_t.c.started_at, runs_t.c.ended_at, runs_t.c.heartbeat_at,
                        runs_t.c.relaunch_of)
                 .join(variants_t, variants_t.c.id == runs_t.c.variant_id)

@@ -73,6 +73,10 @@ TRANSITIONS: Final[dict[str, frozenset[str]]] = {
     "lost": frozenset({"running"}),
 }
 
+# How a run's stop detail says it is paused at a search's rung (interrupted/preempted) until
+# the rung's decision continues or prunes it: it waits, and is never resumed by hand.
+PAUSED_AT_RUNG: Final = "search: paused at rung"
+
 ARTIFACT_KINDS: Final = (
     "checkpoint", "final", "predictions", "report", "config", "log", "traceback",
 )

@@ -16,6 +16,7 @@ from typing import Any
 
 from campaign.errors import LedgerUnreachable, first_line
 from campaign.ledger.canonical import canonical_json
+from campaign.ledger.vocabulary import PAUSED_AT_RUNG
 from campaign.loop.storage_faults import out_of_storage, storage_stop_detail
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -32,7 +33,7 @@ class StopDecision:
     step: int | None = None  # the update it happened in, when not the last one completed
 
 
-PAUSED = "search: paused at rung"  # how a run's stop detail says it waits for a decision
+PAUSED = PAUSED_AT_RUNG  # how a run's stop detail says it waits for a search's decision
 
 
 def pause_detail(rung: int) -> str:

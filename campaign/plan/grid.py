@@ -259,12 +259,20 @@ def _same_plan(existing: CampaignRecord, plan: Plan, ledger: Ledger) -> Campaign
         if table != current_pilot_table(ledger, existing.name):
             ledger.add_event(existing.name, "pilot_settings", canonical_json(table))
         return existing
+    refuse_another_question(existing, plan)  # the same question: only [pilot] differs
+    if table != current_pilot_table(ledger, existing.name):
+        ledger.add_event(existing.name, "pilot_settings", canonical_json(table))
+    return existing
+
+
+def refuse_another_question(existing: CampaignRecord, plan: Plan) -> None:
+    """Refused (naming the first key that changed) when ``plan`` asks another question than
+    the campaign of its name already planned: its spec differs beyond ``[pilot]``. What
+    ``plan --dry-run`` checks too, writing nothing."""
     mine = {k: v for k, v in plan.spec.document.items() if k != "pilot"}
     stored = {k: v for k, v in existing.spec_document.items() if k != "pilot"}
     if canonical_json(mine) == canonical_json(stored):
-        if table != current_pilot_table(ledger, existing.name):
-            ledger.add_event(existing.name, "pilot_settings", canonical_json(table))
-        return existing
+        return
     changed = first_difference(stored, mine)
     raise LedgerInputError(
         f"campaign {plan.spec.name!r} is already planned with a different spec "

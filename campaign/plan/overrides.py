@@ -9,7 +9,8 @@ the command line"). Nothing is written by this module.
 Where a KEY goes:
 
 - ``SECTION.NAME`` for the spec's own sections (``campaign.name``,
-  ``grid.seeds``, ``validation.every``, ``stop.NAME``, ``pilot.NAME``);
+  ``grid.seeds``, ``validation.every``, ``stop.NAME``, ``pilot.NAME``,
+  ``search.NAME`` such as ``search.keep``; the space is edited in the file);
   ``hold.KEY`` / ``config.KEY`` / ``grid.axes.KEY`` name a dotted config key of
   that table;
 - any other KEY is a dotted config key (``optimizer.lr``): it replaces the
@@ -30,7 +31,7 @@ from typing import Any
 
 from campaign.errors import SpecError
 
-SECTIONS = ("campaign", "hold", "config", "validation", "stop", "grid", "pilot")
+SECTIONS = ("campaign", "hold", "config", "validation", "stop", "grid", "pilot", "search")
 DOTTED_TABLES = ("hold", "config")  # tables whose names are dotted config keys
 MAX_SET_CHARS = 10_000
 _KEY = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
@@ -52,6 +53,9 @@ def parse_set(item: str) -> tuple[str, Any]:
         value = text.strip()  # a bare word such as adamw is a string
     except RecursionError:
         raise SpecError(f"--set {key!r}: nested too deeply") from None
+    if isinstance(value, dict) and key.startswith("search.space"):
+        raise SpecError(f"--set {item!r}: a search's space is edited in the file's "
+                        "[search.space] (--set sets search.NAME, such as search.keep=0.5)")
     if isinstance(value, dict):
         raise SpecError(f"--set {item!r}: one value per key, not a table "
                         f"(e.g. --set {key}.NAME=VALUE)")

@@ -36,7 +36,7 @@ class Distribution(_SearchTable):
 
     log_uniform: list[Number] | None = None
     uniform: list[Number] | None = None
-    int: list[StrictInt] | None = None
+    int: list[Number] | None = None  # whole numbers: checked with the range, in words
     choice: list[Choice] | None = None
 
     @property
@@ -211,6 +211,9 @@ def _check_distribution(key: str, distribution: Distribution, hold: Mapping[str,
         return
     if len(values) != 2:
         raise SpecError(f"{where}: {path}: {kind}: expected [low, high], got {values!r}")
+    if kind == "int" and not all(isinstance(v, int) for v in values):
+        raise SpecError(f"{where}: {path}: int: expected whole numbers [low, high], got "
+                        f"{values!r} (uniform or log_uniform draw fractions)")
     low, high = values
     if not (math.isfinite(low) and math.isfinite(high)) or low >= high:
         raise SpecError(f"{where}: {path}: {kind}: empty or inverted range [{low}, {high}] "
@@ -222,11 +225,19 @@ def _check_distribution(key: str, distribution: Distribution, hold: Mapping[str,
 def probe_configs(space: Mapping[str, Distribution]) -> list[tuple[str, dict[str, Any]]]:
     """(origin, overrides): each key at each end of its range (each choice), one key at a
     time on the control; ``plan`` resolves and asks the task about each, so a value the
-    sampler may draw is refused before anything is planned."""
+    sampler may draw is refused before anything is planned. A continuous range is probed
+    with floats, one of them between the ends: a whole-number key (a width) is refused
+    there, since the sampler would draw 96.1 (``int`` is its distribution)."""
     probes = []
     for key, distribution in space.items():
         path = f'search.space."{key}"' if "." in key else f"search.space.{key}"
-        for value in distribution.values:
+        values = distribution.values
+        if distribution.kind in ("uniform", "log_uniform"):
+            low, high = float(values[0]), float(values[1])
+            inside = (math.exp(math.log(low) + 0.371 * (math.log(high) - math.log(low)))
+                      if distribution.kind == "log_uniform" else low + 0.371 * (high - low))
+            values = [low, high, inside]
+        for value in values:
             probes.append((path, {key: value}))
     return probes
 

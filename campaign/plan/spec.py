@@ -403,6 +403,8 @@ def _describe(error: Mapping[str, Any], model: type[BaseModel]) -> str:
         message = f"{PATTERN_WORDS.get(pattern, 'expected ' + pattern)}, got {error.get('input')!r}"
     elif kind == "too_short":
         message = "expected at least one item"
+    elif kind == "model_type":
+        message = f"expected a table of keys, got {error.get('input')!r}"
     else:
         text = error["msg"].replace("Input should be", "expected").replace("Value error, ", "")
         got = error.get("input")
@@ -413,13 +415,16 @@ def _describe(error: Mapping[str, Any], model: type[BaseModel]) -> str:
 def _known_keys(model: type[BaseModel], loc: Sequence[Any]) -> list[str]:
     """The field names of the model found at ``loc`` (for "did you mean")."""
     current: Any = model
+    keyed = False  # the last field was a table of names (search.space): skip one name
     for part in loc:
-        if isinstance(part, int) or not _is_model(current):
+        if isinstance(part, int) or not _is_model(current) or keyed:
+            keyed = False
             continue
         field = current.model_fields.get(str(part))
         if field is None:
             return []
         annotation = field.annotation
+        keyed = getattr(annotation, "__origin__", None) is dict
         candidates = (annotation, *getattr(annotation, "__args__", ()))
         current = next((a for a in candidates if _is_model(a)), None)
         if current is None:

@@ -29,12 +29,13 @@ def declared_schema(reference: str) -> type[BaseModel] | None:
 
 
 def task_keys_problem(reference: str, configs: Sequence[Mapping[str, Any]]) -> list[str] | None:
-    """``[key, message]`` for the first variant config whose ``task`` table the declared
-    schema refuses (an unknown key first: a typo also explains a missing one)."""
+    """``[key, message, index]`` for the first config whose ``task`` table the declared
+    schema refuses (an unknown key first: a typo also explains a missing one); ``index``, its
+    place in ``configs`` (as text: the answer crosses a host child as JSON)."""
     schema = declared_schema(reference)
     if schema is None:
         return None
-    for config in configs:
+    for index, config in enumerate(configs):
         try:
             schema.model_validate(dict(config.get("task") or {}))
         except ValidationError as error:
@@ -44,9 +45,10 @@ def task_keys_problem(reference: str, configs: Sequence[Mapping[str, Any]]) -> l
             if len(members) > 1:  # a value of none of a union's types: say every one
                 wanted = " or ".join(_message(e, schema).split(", got ")[0].removeprefix(
                     "expected ") for e in members)
-                return [str(first["loc"][0]), f"expected {wanted}, got {first.get('input')!r}"]
+                return [str(first["loc"][0]), f"expected {wanted}, got {first.get('input')!r}",
+                        str(index)]
             key = ".".join(str(part) for part in first["loc"])
-            return [key, _message(first, schema)]
+            return [key, _message(first, schema), str(index)]
     return None
 
 

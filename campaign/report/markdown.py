@@ -63,10 +63,11 @@ def markdown(sheet: Any) -> str:
         table(sheet.conclusions), "",
         "95% interval: paired Student t over seeds where both have a value; "
         "under 3 pairs not estimable.", "",
+        *_search(sheet),
         f"## Integrity flags ({summary})", "",
         table(flags) if len(flags) else "None: every finished run replayed identically, started "
         "through a passing pilot on the same stack, and kept the plan.", "",
-        "## Variants (original runs, one per seed)", "", table(sheet.variants), "",
+        f"## Variants ({variants_heading(sheet)})", "", table(sheet.variants), "",
         "## Deltas against the control, seed by seed", "", table(sheet.deltas), "",
         "## Relaunches (never pooled into a variant)", "", table(sheet.relaunches), "",
         "## Every run", "", table(sheet.runs, RUN_COLUMNS), "",
@@ -74,3 +75,25 @@ def markdown(sheet: Any) -> str:
         "## Notes", "", table(sheet.notes), "",
     ]
     return "\n".join(parts)
+
+
+def variants_heading(sheet: Any) -> str:
+    """What the variants table counts: the original runs, or a search's confirmation runs."""
+    if sheet.search is None:
+        return "original runs, one per seed"
+    seeds = ", ".join(map(str, sheet.search["confirm_seeds"]))
+    return f"the search's confirmation runs, seeds {seeds}: what the conclusion counts"
+
+
+def _search(sheet: Any) -> list[str]:
+    from campaign.report.search_section import search_frames, search_words
+
+    if sheet.search is None:
+        return []
+    summary, audit = search_words(sheet.search)
+    frames = search_frames(sheet.search)
+    return ["## Search", "", text(summary), "",
+            "### Confirmation on fresh seeds (selection = search estimate - confirmation's)", "",
+            table(frames["confirmation"]), "", "### Audit of pruning", "", text(audit), "",
+            "### Space explored", "", table(frames["variants"]), "",
+            "### Rung decisions", "", table(frames["decisions"]), ""]

@@ -26,7 +26,7 @@ from campaign.report.atomic import write_atomically
 from campaign.report.balance import BalanceSheet
 from campaign.report.humane import cell, label, missing
 from campaign.report.inputs import CampaignInputs
-from campaign.report.markdown import markdown
+from campaign.report.markdown import markdown, variants_heading
 from campaign.report.template import TEMPLATE
 
 # The run table's visible columns; every other field is in the row's details.
@@ -86,42 +86,19 @@ def html(sheet: BalanceSheet) -> str:
 def search_context(sheet: BalanceSheet, chart: bool = True) -> dict[str, Any] | None:
     """A search's section for people (campaign/report/search_section.py holds the numbers);
     ``chart``: with the space drawn (the HTML report; the dashboard shows the tables)."""
+    from campaign.report.search_section import search_frames, search_words
+
     search = sheet.search
     if search is None:
         return None
-
-    audit = search["audit"]
-    if audit["judged"]:
-        low, high = audit["interval"]
-        audit_words = (f"{audit['audited']} of {audit['pruned']} pruned variants were audited "
-                       f"(continued to the full budget, out of every conclusion); "
-                       f"{audit['wrong']} of {audit['judged']} would have survived to the end: "
-                       f"wrong-prune rate {audit['rate']:.0%}, 95% interval "
-                       f"[{low:.0%}, {high:.0%}] ({audit['method']}).")
-    else:
-        audit_words = (f"No audited variant has ended yet ({audit['pruned']} pruned, "
-                       f"{audit['audited']} audited; search.audit = {search['audit_share']}).")
-    rungs = ", ".join(map(str, search["rungs"])) or "none"
-    summary = (f"method {search['method']}" + (f", sampler {search['sampler']}"
-                                               if search["sampler"] else "")
-               + (f", rule {search['rule']}, rungs {rungs}, keep {search['keep']}"
-                  if search["rule"] else "")
-               + f"; search seeds {search['search_seeds']}, confirmation seeds "
-               f"{search['confirm_seeds']}; {len(search['variants'])} variants searched.")
-    explored = pd.DataFrame([{**{k: v for k, v in r.items() if k != "params"},
-                              **r["params"]} for r in search["variants"]])
     png = None
     if chart:
         from campaign.report.search_plots import space_chart
 
         png = space_chart(search, sheet.metric)
-    return {"summary": summary, "audit": audit_words, "chart": _b64(png),
-            "confirmation": table_rows(pd.DataFrame(search["confirmation"]["rows"])),
-            "variants": table_rows(explored),
-            "decisions": table_rows(pd.DataFrame([
-                {**d, "interval": "" if not d["interval"] else
-                 f"[{d['interval'][0]:+.3g}, {d['interval'][1]:+.3g}]"}
-                for d in search["decisions"]]))}
+    summary, audit = search_words(search)
+    return {"summary": summary, "audit": audit, "chart": _b64(png),
+            **{name: table_rows(frame) for name, frame in search_frames(search).items()}}
 
 
 def sheet_context(sheet: BalanceSheet) -> dict[str, Any]:
@@ -135,7 +112,7 @@ def sheet_context(sheet: BalanceSheet) -> dict[str, Any]:
         relaunches=table_rows(sheet.relaunches.drop(columns=["relaunch_of", "original"])),
         runs=run_rows(sheet),
         summary_columns=RUN_SUMMARY, phases=table_rows(sheet.phases.dropna(axis=1, how="all")),
-        notes=table_rows(sheet.notes),
+        notes=table_rows(sheet.notes), variants_heading=variants_heading(sheet),
     )
 
 

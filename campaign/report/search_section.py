@@ -210,3 +210,38 @@ def confirmed_words(search: dict[str, Any]) -> str:
     return (f" Drawn from the confirmation runs on fresh seeds alone (seeds "
             f"{', '.join(map(str, search['confirm_seeds']))}), each verdict {HOLM} over "
             f"{count} confirmed comparison{'s' * (count != 1)}.")
+
+
+def search_words(search: dict[str, Any]) -> tuple[str, str]:
+    """(the search's settings in one line, the audit's finding in words)."""
+    audit = search["audit"]
+    if audit["judged"]:
+        low, high = audit["interval"]
+        audit_words = (f"{audit['audited']} of {audit['pruned']} pruned variants were audited "
+                       f"(continued to the full budget, out of every conclusion); "
+                       f"{audit['wrong']} of {audit['judged']} would have survived to the end: "
+                       f"wrong-prune rate {audit['rate']:.0%}, 95% interval "
+                       f"[{low:.0%}, {high:.0%}] ({audit['method']}).")
+    else:
+        audit_words = (f"No audited variant has ended yet ({audit['pruned']} pruned, "
+                       f"{audit['audited']} audited; search.audit = {search['audit_share']}).")
+    rungs = ", ".join(map(str, search["rungs"])) or "none"
+    summary = (f"method {search['method']}"
+               + (f", sampler {search['sampler']}" if search["sampler"] else "")
+               + (f", rule {search['rule']}, rungs {rungs}, keep {search['keep']}"
+                  if search["rule"] else "")
+               + f"; search seeds {search['search_seeds']}, confirmation seeds "
+               f"{search['confirm_seeds']}; {len(search['variants'])} variants searched.")
+    return summary, audit_words
+
+
+def search_frames(search: dict[str, Any]) -> dict[str, pd.DataFrame]:
+    """The section's tables: ``confirmation``, ``variants`` (the space explored, one column
+    per searched key) and ``decisions`` (the interval as text)."""
+    explored = pd.DataFrame([{**{k: v for k, v in r.items() if k != "params"}, **r["params"]}
+                             for r in search["variants"]])
+    decisions = pd.DataFrame([
+        {**d, "interval": "" if not d["interval"] else
+         f"[{d['interval'][0]:+.3g}, {d['interval'][1]:+.3g}]"} for d in search["decisions"]])
+    return {"confirmation": pd.DataFrame(search["confirmation"]["rows"]),
+            "variants": explored, "decisions": decisions}

@@ -77,7 +77,7 @@ A flagged run keeps its line and its value; the flag says why the value may not 
 {{ table(flags) }}
 {% else %}<p class="why">None: every finished run replayed identically, started through a passing
 pilot on the same stack, and kept the plan.</p>{% endif %}
-<h2 id="variants">Variants (original runs, one per seed)</h2>
+<h2 id="variants">Variants ({{ variants_heading }})</h2>
 {{ table(variants) }}
 <h2 id="curves">Curves</h2>
 {% for chart in charts %}
