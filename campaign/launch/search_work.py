@@ -58,7 +58,7 @@ def _rounds(ledger: Ledger, campaign: str) -> tuple[int, float | None]:
     """(pilot rounds taken, seconds since the latest) from the search's step events."""
     events = ledger.events(campaign)
     taken = events[(events["kind"] == "search_step")
-                   & events["detail"].str.startswith(PILOT_ROUND)]
+                   & events["detail"].str.startswith(PILOT_ROUND, na=False)]
     if taken.empty:
         return 0, None
     latest = taken["at"].max().to_pydatetime()

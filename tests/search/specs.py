@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tests.support.launch_helpers import invoke
+
 BASE = """
 [campaign]
 name = "{name}"
@@ -64,3 +66,10 @@ def write_spec(folder: Path, name: str, search: str = HALVING, **replace: str) -
     path = folder / f"{name}.toml"
     path.write_text(text)
     return path
+
+
+def plan_and_pilot(url: str, spec: Path, name: str, pilots: Path) -> None:
+    """`campaign plan SPEC` and `campaign pilot NAME`, both passing."""
+    for args in (("plan", str(spec)), ("pilot", name, "--artifacts", str(pilots))):
+        done = invoke(url, *args)
+        assert done.returncode == 0, done.stderr[-2000:]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from campaign.ledger import Ledger
-from tests.search.specs import write_spec
+from tests.search.specs import plan_and_pilot, write_spec
 from tests.support.launch_helpers import invoke
 
 
@@ -20,10 +20,7 @@ def test_halving_search_prunes_audits_and_concludes_from_confirmation(
     ledger: Ledger, ledger_url: str, tmp_path: Path
 ) -> None:
     spec = write_spec(tmp_path, "digits-search")
-    for args in (("plan", str(spec)), ("pilot", "digits-search", "--artifacts",
-                                       str(tmp_path / "pilots"))):
-        done = invoke(ledger_url, *args)
-        assert done.returncode == 0, done.stderr[-2000:]
+    plan_and_pilot(ledger_url, spec, "digits-search", tmp_path / "pilots")
     done = invoke(ledger_url, "launch", "digits-search", "--workers", "2", "--artifacts",
                   str(tmp_path / "artifacts"), "--no-replay-check")
     assert done.returncode == 0, done.stderr[-3000:]

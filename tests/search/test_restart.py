@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from campaign.ledger import Ledger
-from tests.search.specs import TPE, write_spec
+from tests.search.specs import TPE, plan_and_pilot, write_spec
 from tests.support.launch_helpers import ROOT, cli, invoke, wait_for
 
 
@@ -35,10 +35,7 @@ def test_a_launcher_stopped_mid_search_proposes_the_same_next_variants(
 
     for url in (sqlite_url, postgresql_url):
         spec = write_spec(tmp_path, "tpe-search", search=TPE)
-        for args in (("plan", str(spec)), ("pilot", "tpe-search", "--artifacts",
-                                           str(tmp_path / "pilots"))):
-            done = invoke(url, *args)
-            assert done.returncode == 0, done.stderr[-2000:]
+        plan_and_pilot(url, spec, "tpe-search", tmp_path / "pilots")
     # Uninterrupted on SQLite.
     done = invoke(sqlite_url, "launch", "tpe-search", "--workers", "2", "--artifacts",
                   str(tmp_path / "a"), "--no-replay-check")

@@ -16,9 +16,9 @@ import pytest
 
 from campaign.ledger import Ledger
 from tests.conftest import REQUIRE_ALL
-from tests.search.specs import write_spec
+from tests.search.specs import plan_and_pilot, write_spec
 from tests.support.engine_helpers import with_password
-from tests.support.launch_helpers import ROOT, invoke
+from tests.support.launch_helpers import ROOT
 
 if shutil.which("sbatch") is None and not REQUIRE_ALL:
     pytest.skip("capability: no SLURM cluster (scripts/test-services starts one)",
@@ -41,10 +41,7 @@ def test_a_halving_search_on_a_slurm_array(postgresql_ledger: Ledger, postgresql
                                            tmp_path: Path) -> None:
     ledger = postgresql_ledger
     spec = write_spec(tmp_path, "slurm-search", search=SMALL)
-    for args in (("plan", str(spec)), ("pilot", "slurm-search", "--artifacts",
-                                       str(tmp_path / "pilots"))):
-        done = invoke(postgresql_url, *args)
-        assert done.returncode == 0, done.stderr[-2000:]
+    plan_and_pilot(postgresql_url, spec, "slurm-search", tmp_path / "pilots")
     env = {**os.environ, "CAMPAIGN_LEDGER": with_password(postgresql_url), "OMP_NUM_THREADS": "1"}
     try:
         done = subprocess.run(

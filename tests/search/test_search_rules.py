@@ -10,7 +10,7 @@ import pytest
 from campaign.ledger import Ledger
 from campaign.search.rungs import decide, kept_count
 from campaign.stats import holm
-from tests.search.specs import write_spec
+from tests.search.specs import plan_and_pilot, write_spec
 from tests.support.launch_helpers import invoke
 
 SEEDS = (0, 1, 2)
@@ -112,8 +112,7 @@ def test_a_run_paused_at_an_undecided_rung_is_not_resumed_by_hand(
     """A worker stopped after one run leaves it paused at its rung; `campaign resume` of it
     is refused (one line, nothing changed): only the rung's decision continues it."""
     spec = write_spec(tmp_path, "paused")
-    for args in (("plan", str(spec)), ("pilot", "paused", "--artifacts", str(tmp_path / "p"))):
-        assert invoke(sqlite_url, *args).returncode == 0
+    plan_and_pilot(sqlite_url, spec, "paused", tmp_path / "p")
     runs = sqlite_ledger.runs("paused")
     control = set(runs["run_id"])
     artifacts = str(tmp_path / "a")
