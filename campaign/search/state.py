@@ -118,6 +118,11 @@ def read_state(ledger: LedgerReader, campaign: str) -> SearchState | None:
     plan = search_plan(spec)
     if plan is None:
         return None
+    # Events first: a step's event commits with its runs, and a run's metrics before its
+    # end, so what is read next holds everything the events name (reads are separate
+    # queries: in the other order a step committed between them tears the view, and a
+    # cohort whose runs are not read yet looks ended).
+    events = ledger.events(campaign)
     every = ledger.runs(campaign)
     runs = every[every["relaunch_of"].isna()].copy()
     # An original that was relaunched before it ended (a resume refused for good) is out of
@@ -133,7 +138,6 @@ def read_state(ledger: LedgerReader, campaign: str) -> SearchState | None:
     state = SearchState(record.name, plan, metric, spec["validation"]["mode"], control,
                         dict(spec.get("hold") or {}), runs.reset_index(drop=True), values,
                         spec=spec)
-    events = ledger.events(campaign)
     for row in events[events["run_id"].isna()].itertuples():
         if row.kind == STEP:
             state.steps.add(str(row.detail))
