@@ -155,15 +155,16 @@ def plan(source: LedgerSource, spec_path: str, dry_run: bool, sets: tuple[str, .
 
 
 def _refuse_like_the_plan(source: LedgerSource, the_plan: Any) -> None:
-    """A dry run against a ledger that already holds the name: the same-question check."""
-    from campaign.errors import NoLedger
+    """A dry run against a ledger that already holds the name: the same-question check. A
+    dry run needs no ledger: none, an empty or an unreachable one checks nothing more."""
+    from campaign.errors import LedgerError
     from campaign.ledger import NotFound
     from campaign.plan.grid import refuse_another_question
 
     try:
         with source.open() as ledger:
             existing = ledger.campaign(the_plan.spec.name)
-    except (NoLedger, NotFound):
+    except (LedgerError, NotFound):
         return
     refuse_another_question(existing, the_plan)
 
