@@ -14,6 +14,7 @@ from typing import Any
 
 from campaign.host import calls
 from campaign.ledger import Ledger
+from campaign.ledger.vocabulary import paused_at_rung
 from campaign.plan.search_spec import search_plan
 
 
@@ -44,10 +45,7 @@ def _piloting(ledger: Ledger, campaign: str, since: float) -> bool:
 
 def is_paused(row: dict[str, Any]) -> bool:
     """A run paused at a rung: only the rung's decision continues it (never a plain resume)."""
-    from campaign.loop.stop import PAUSED
-
-    detail = row.get("stop_detail")
-    return isinstance(detail, str) and detail.startswith(PAUSED)
+    return paused_at_rung(row.get("status", "interrupted"), row.get("stop_detail"))
 
 
 PILOT_WAIT_S = 600.0  # a pilot round without a verdict for this long is taken as dead

@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 from campaign.ledger.vocabulary import (
     ENDED_STATUSES,
-    PAUSED_AT_RUNG,
     RUN_STATUSES,
     TERMINAL_STATUSES,
+    paused_at_rung,
 )
 
 if TYPE_CHECKING:
@@ -146,8 +146,7 @@ def snapshot_of(
             for r in rows if r["status"] in ("interrupted", "lost"))
     parallel = max(1, workers or len(running) or 1)
     eta = None if rate is None else remaining / (rate * parallel)
-    paused = sum(1 for r in rows if r["status"] == "interrupted"
-                 and str(r.get("stop_detail") or "").startswith(PAUSED_AT_RUNG))
+    paused = sum(paused_at_rung(r["status"], r.get("stop_detail")) for r in rows)
     return Snapshot(campaign, counts, running, eta, rate, paused=paused)
 
 

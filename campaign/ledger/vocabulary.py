@@ -77,6 +77,12 @@ TRANSITIONS: Final[dict[str, frozenset[str]]] = {
 # the rung's decision continues or prunes it: it waits, and is never resumed by hand.
 PAUSED_AT_RUNG: Final = "search: paused at rung"
 
+
+def paused_at_rung(status: object, stop_detail: object) -> bool:
+    """Whether a run is paused at a search's rung (its decision, not a resume, moves it)."""
+    return (status == "interrupted" and isinstance(stop_detail, str)
+            and stop_detail.startswith(PAUSED_AT_RUNG))
+
 ARTIFACT_KINDS: Final = (
     "checkpoint", "final", "predictions", "report", "config", "log", "traceback",
 )

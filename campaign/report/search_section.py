@@ -54,18 +54,19 @@ def search_section(state: SearchState, verdicts: pd.DataFrame,
                    tests: dict[str, dict[str, float | None]]) -> dict[str, Any]:
     """The report's ``search`` object (JSON names in docs/report.md)."""
     plan = state.plan
+    rows = explored(state)
     return {
         "method": plan.method, "sampler": plan.sampler, "rule": plan.rule if plan.halving
         else None, "rungs": list(plan.rungs), "keep": plan.keep if plan.halving else None,
         "audit_share": plan.audit, "confirm": plan.confirm, "trials": plan.trials or None,
         "search_seeds": list(plan.search_seeds), "confirm_seeds": list(plan.confirm_seeds),
         "space": {k: {d.kind: d.values} for k, d in plan.space.items()},
-        "variants": explored(state),
+        "variants": rows,
         "decisions": [{k: d[k] for k in ("variant", "cohort", "rung", "outcome", "rank", "mean",
                                          "against", "interval", "rule", "reason")}
                       for d in sorted(state.decisions, key=lambda d: (d["cohort"], d["rung"],
                                                                       d["rank"] or 10**9))],
-        "audit": audit(state),
+        "audit": audit(state, rows),
         "confirmation": confirmation(state, verdicts, tests),
     }
 
@@ -122,13 +123,12 @@ def searched_keys(state: SearchState) -> list[str]:
     return list(dict.fromkeys([*keys, *(grid.get("axes") or {})]))
 
 
-def audit(state: SearchState) -> dict[str, Any]:
+def audit(state: SearchState, rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The measured wrong-prune rate: an audited variant was pruned wrongly when its final
     mean beats the final mean of a variant of its cohort that survived every rung (pruning
     kept a worse one); one that diverged or failed on its way to the end was pruned rightly.
     Its exact (Clopper-Pearson) 95% interval over the audited variants that have ended."""
     sign = 1.0 if state.mode == "max" else -1.0
-    rows = explored(state)
     survivors: dict[int, list[float]] = {}
     for row in rows:
         if row["role"] in ("searched", "confirmed") and row["final_mean"] is not None:

@@ -27,7 +27,7 @@ from typing import Any
 from campaign.errors import IllegalTransition, LedgerInputError, SpecError
 from campaign.ledger import Ledger
 from campaign.ledger.search_steps import Pruning, SearchStep, record_step
-from campaign.loop.stop import PAUSED
+from campaign.ledger.vocabulary import paused_at_rung
 from campaign.search import rungs as decide_rung
 from campaign.search.proposals import propose
 from campaign.search.state import (
@@ -117,8 +117,7 @@ def continuing(state: SearchState) -> list[str]:
     """Paused runs whose variant was kept (or audited) past the rung they wait at."""
     found = []
     for run in state.runs.itertuples():
-        if not (run.status == "interrupted" and isinstance(run.stop_detail, str)
-                and run.stop_detail.startswith(PAUSED)):
+        if not paused_at_rung(run.status, run.stop_detail):
             continue
         cap = state.pause_step(run.variant, int(run.seed))
         if not state.pruned(run.variant) and (cap is None or cap > int(run.stop_step)):

@@ -18,8 +18,7 @@ from typing import Any
 import pandas as pd
 
 from campaign.ledger import LedgerReader
-from campaign.ledger.vocabulary import TERMINAL_STATUSES
-from campaign.loop.stop import PAUSED
+from campaign.ledger.vocabulary import TERMINAL_STATUSES, paused_at_rung
 from campaign.plan.search_spec import SearchPlan, search_plan
 
 DECISION = "search_decision"
@@ -85,9 +84,7 @@ class SearchState:
         return status in TERMINAL_STATUSES or status == RELAUNCHED
 
     def paused_at(self, run: Any, rung: int) -> bool:
-        return (run.status == "interrupted" and run.stop_cause == "preempted"
-                and isinstance(run.stop_detail, str) and run.stop_detail.startswith(PAUSED)
-                and int(run.stop_step) == rung)
+        return paused_at_rung(run.status, run.stop_detail) and int(run.stop_step) == rung
 
     def value(self, run_id: str, step: int) -> float | None:
         return self.values.get((run_id, step))
