@@ -38,11 +38,12 @@ def volume(tmp_path: Path) -> Iterator[Path]:
 def _fill(volume: Path) -> Path:
     """Take every free byte of ``volume`` with one file; returns it (delete it to free)."""
     filler = volume / "filler"
-    with open(filler, "wb") as handle:
+    # Unbuffered: a buffered file keeps the bytes a full volume refused and raises ENOSPC
+    # again as it closes (seen in CI).
+    with open(filler, "wb", buffering=0) as handle:
         try:
             while True:
                 handle.write(bytes(64 * 1024))
-                handle.flush()
         except OSError:
             pass
     return filler

@@ -66,6 +66,8 @@ def test_ray_workers_run_a_campaign_and_a_killed_one_is_resumed_never_twice(
             assert held.stat().st_mode & 0o777 == 0o600
             assert held.parent.stat().st_mode & 0o777 == 0o700
             run_id, worker = found[0]
+            # at the launcher's niceness, not Ray's 15 for its workers: the launch's own work
+            assert psutil.Process(int(worker.split(":")[1])).nice() == os.nice(0)
             os.kill(int(worker.split(":")[1]), signal.SIGKILL)  # the Ray worker process
             _, stderr = launch.communicate(timeout=300)
             assert launch.returncode == 0, stderr[-3000:]

@@ -27,7 +27,13 @@ def ray_start(*arguments: str, cpus: int = 2) -> None:
                "--dashboard-agent-listen-port", ports[0],
                "--dashboard-agent-grpc-port", ports[1], "--metrics-export-port", ports[2],
                "--runtime-env-agent-port", ports[3], *arguments]
+    # Ray starts its worker processes at niceness 15 (the raylet's ``worker_niceness``), and
+    # a run's processes inherit it. On this shared machine the suite's other tests run at 0
+    # and took nearly all the CPU from such a run (CI: a run's ranks not placed in 480 s).
+    # A node of a real cluster runs little else; here its workers run at 0, as Ray's own job
+    # manager sets for the drivers it starts.
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env["RAY_worker_niceness"] = "0"
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
 
