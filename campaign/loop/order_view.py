@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from campaign.loop.data import DataOrder
 from campaign.loop.task import build_task
+from campaign.loop.task_order import make_order
 
 
 def update_order(
@@ -27,19 +27,19 @@ def update_order(
     loop = config["loop"]
     microbatch = int(loop["microbatch"])
     per_update = microbatch * int(loop["accumulation"]) * int(loop["replicas"])
-    order = DataOrder(len(train), int(config.get("seed", 0)), per_update, loop["last_batch"],
-                      loop.get("sampling", "epochs"))
+    order = make_order(task, len(train), int(config.get("seed", 0)), per_update, loop)
     rows = []
     for update in range(1, last + 1):
         indices = order.next_update()
         if update < first:
             continue
         ids = [str(train[i]["id"]) for i in indices]
-        drawn = order.sampling == "with_replacement"  # a draw per update: no epoch, no place
+        drawn = order.sampling != "epochs"  # a draw per update: no epoch, no place
         rows.append({
             "update": update,
             "epoch": None if drawn else order.epoch,
-            "positions": "drawn at random" if drawn else
+            "positions": ("drawn by the task" if order.sampling == "task" else
+                          "drawn at random") if drawn else
             f"{order.cursor - len(indices)}-{order.cursor - 1}",
             "microbatches": [ids[i : i + microbatch] for i in range(0, len(ids), microbatch)],
         })

@@ -43,6 +43,13 @@ def pause_detail(rung: int) -> str:
             "continues or prunes it")
 
 
+def validates_after(step: int, validation: Mapping[str, Any]) -> bool:
+    """Whether the loop validates after update ``step``: at ``offset``, ``offset + every``,
+    ... (``validation.offset``, 0 by default: every, 2 x every, ...; docs/spec.md)."""
+    every, offset = int(validation["every"]), int(validation.get("offset") or 0)
+    return step >= 1 and (step - offset) % every == 0
+
+
 def parse_duration(text: str | None) -> float | None:
     """``"30m"`` -> 1800.0 seconds; None stays None."""
     if text is None:

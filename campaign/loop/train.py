@@ -57,6 +57,7 @@ from campaign.loop.stop import (
     StopRules,
     failure_decision,
     oom_detail,
+    validates_after,
 )
 from campaign.loop.task import Batch, build_task
 from campaign.loop.trainer import Trainer, seed_everything
@@ -271,8 +272,8 @@ class RunLoop(RunEnd):
         return self._end(stop, traceback_artifact)
 
     def _loop(self) -> StopDecision:
-        every = int(self.config["validation"]["every"])
-        checkpoint_every = self.config["loop"]["checkpoint_every"] or every
+        validation = self.config["validation"]
+        checkpoint_every = self.config["loop"]["checkpoint_every"] or int(validation["every"])
         decided, at_start = None, None
         if self.replayed_from is not None:  # killed in its last update or while ending?
             decided, at_start = stop_at_resume(self.ledger, self.record.campaign, self.run_id,
@@ -289,7 +290,7 @@ class RunLoop(RunEnd):
             return replace(paused, phase="update")  # still undecided: it waits, no update
         while True:
             stop = self._training(self._update)
-            if stop is None and self.step % every == 0:
+            if stop is None and validates_after(self.step, validation):
                 stop = self._training(self._validate)
             if stop is not None:
                 return stop
@@ -308,7 +309,7 @@ class RunLoop(RunEnd):
             if decided is not None and decided.step == self.step:
                 stop = decided  # resumed from before the decided stop: it holds at its step
             if stop is not None:
-                if stop.cause == "budget_reached" and self.step % every != 0:
+                if stop.cause == "budget_reached" and not validates_after(self.step, validation):
                     stop = self._training(self._validate) or stop  # end on a validation point
                 return replace(stop, phase=stop.phase or "update")
 

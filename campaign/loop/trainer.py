@@ -34,10 +34,11 @@ from campaign.errors import LoopError
 from campaign.loop import checkpoint as ckpt
 from campaign.loop import model_state, progress_page, shard_files, sharding
 from campaign.loop import replicas as dp
-from campaign.loop.data import DataOrder, to_device
+from campaign.loop.data import to_device
 from campaign.loop.loader import Feeder
 from campaign.loop.optim import build_optimizer, build_scheduler, schedules
 from campaign.loop.task import Batch, Example, TaskContract, check_records
+from campaign.loop.task_order import make_order
 
 PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 NO_UNITS = "an effective batch with no loss units (every target masked out)"
@@ -149,8 +150,7 @@ class Trainer:
         train_sample = validation.get("train_sample")
         self.train_view = fixed_sample(self.train_set, train_sample) if train_sample else None
         self.clip: float | None = loop["clip_grad_norm"]
-        self.order = DataOrder(len(self.train_set), self.seed, self.per_update, loop["last_batch"],
-                               loop.get("sampling", "epochs"))
+        self.order = make_order(task, len(self.train_set), self.seed, self.per_update, loop)
         self._single_group = len({(p.device, p.dtype) for p in self.trainable}) == 1
         self.feeder: Feeder | None = None
 

@@ -21,7 +21,7 @@ from campaign.loop.task import TaskContract
 from campaign.pilot.findings import Finding
 from campaign.pilot.label_gate import check_targets
 from campaign.pilot.leakage import groups_disjoint, identities, ids_unique
-from campaign.pilot.randomness import declared_randomness
+from campaign.pilot.randomness import declared_randomness, own_order
 
 IGNORE = -100
 CHUNK = 64
@@ -71,6 +71,7 @@ def check_data(
         _prompt_out_of_loss(batches, splits),
         _truncation(batches, allow_cut),
         declared_randomness(task, datasets["train"]),
+        *own_order(task, config, datasets["train"]),
     ]
 
 

@@ -61,3 +61,24 @@ def _first_difference(first: Mapping[str, Any], second: Mapping[str, Any]) -> st
         if not same:
             return str(key)
     return None
+
+
+def own_order(task: TaskContract, config: Mapping[str, Any], train: Any) -> list[Finding]:
+    """``training_order``, with ``loop.sampling = "task"`` only: the task's first updates
+    drawn twice under two seeds of the global generators are the same valid updates
+    (:func:`campaign.loop.task_order.order_problem`)."""
+    loop = config.get("loop") or {}
+    if loop.get("sampling") != "task":
+        return []
+    from campaign.loop.task_order import CHECKED_UPDATES, order_problem
+
+    per_update = (int(loop.get("microbatch", 1)) * int(loop.get("accumulation", 1))
+                  * int(loop.get("replicas", 1)))
+    problem = order_problem(task, len(train), int(config.get("seed", 0)), per_update)
+    if problem is None:
+        return [Finding("training_order", True, f"the task's first {CHECKED_UPDATES} updates "
+                        "drawn twice from the run's seed: the same, each within the split "
+                        "and the effective batch")]
+    return [Finding("training_order", False, problem,
+                    "draw each update's indices from the seed training_order() is given "
+                    "(docs/tasks.md, 'A task's own order')")]

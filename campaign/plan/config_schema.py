@@ -47,8 +47,9 @@ class LoopConfig(_Strict):
     prefetch: int = Field(2, ge=1, le=1024)
     pin_memory: bool = False
     # epochs: every example once per epoch, reshuffled; with_replacement: each update draws
-    # its examples at random (seeded by the run's seed and the update: a resume stays exact).
-    sampling: Literal["epochs", "with_replacement"] = "epochs"
+    # its examples at random (seeded by the run's seed and the update: a resume stays exact);
+    # task: the task's own training_order(seed, per_update), as the script it ports draws.
+    sampling: Literal["epochs", "with_replacement", "task"] = "epochs"
 
 
 class BudgetConfig(_Strict):
@@ -111,9 +112,11 @@ class RunConfig(_Strict):
 
     @model_validator(mode="after")
     def _epochs_need_epochs(self) -> RunConfig:
-        if self.loop.sampling == "with_replacement" and self.budget.epochs is not None:
-            raise ValueError("loop.sampling = 'with_replacement' draws each update's examples "
-                             "at random: a run has no epochs to count; set budget.updates")
+        if self.loop.sampling != "epochs" and self.budget.epochs is not None:
+            how = ("draws each update's examples at random" if self.loop.sampling ==
+                   "with_replacement" else "takes each update's examples from the task")
+            raise ValueError(f"loop.sampling = {self.loop.sampling!r} {how}: a run has no "
+                             "epochs to count; set budget.updates")
         return self
 
 

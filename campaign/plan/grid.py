@@ -64,9 +64,9 @@ def account(
     (normalised exactly, docs/tasks.md); ``drop`` skips it.
     """
     per_update = microbatch * accumulation * replicas
-    if sampling == "with_replacement":  # every update draws per_update examples: no epochs
+    if sampling != "epochs":  # drawn per update (by the task: at most per_update): no epochs
         if updates is None:
-            raise ValueError("with_replacement sampling has no epochs: set budget.updates")
+            raise ValueError(f"{sampling} sampling has no epochs: set budget.updates")
         seen = updates * per_update
         return Accounting(microbatch, accumulation, replicas, per_update, updates, seen, None,
                           train_examples, None, last_batch,
@@ -188,8 +188,8 @@ def make_plan(spec: ResolvedSpec, *, where: str | None = None,
             runs.append(PlannedRun(variant.name, seed, {**config, "seed": seed}))
     search = search_plan(spec.document)
     control = spec.control
-    check_rungs(search, accounting[control.name].updates,
-                int(control.config["validation"]["every"]), where or spec.path)
+    check_rungs(search, accounting[control.name].updates, control.config["validation"],
+                where or spec.path)
     return Plan(spec, accounting, tuple(runs))
 
 

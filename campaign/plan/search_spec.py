@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
 
 from campaign.errors import SpecError
+from campaign.loop.stop import validates_after
 
 METHODS = ("grid", "random", "tpe", "halving")
 MAX_TRIALS = 1000
@@ -242,7 +243,8 @@ def probe_configs(space: Mapping[str, Distribution]) -> list[tuple[str, dict[str
     return probes
 
 
-def check_rungs(plan: SearchPlan | None, updates: int, every: int, where: str) -> None:
+def check_rungs(plan: SearchPlan | None, updates: int, validation: Mapping[str, Any],
+                where: str) -> None:
     """Each rung a validation step before the budget (a rung compares validation values)."""
     if plan is None:
         return
@@ -250,6 +252,8 @@ def check_rungs(plan: SearchPlan | None, updates: int, every: int, where: str) -
         if rung >= updates:
             raise SpecError(f"{where}: search.rungs[{i}]: rung {rung} is not before the budget "
                             f"({updates} updates): a rung stops variants before the end")
-        if rung % every:
+        if not validates_after(rung, validation):
+            every, offset = int(validation["every"]), int(validation.get("offset") or 0)
+            first = offset or every
             raise SpecError(f"{where}: search.rungs[{i}]: rung {rung} is not a validation step "
-                            f"(validation.every = {every}: {every}, {2 * every}, ...)")
+                            f"(validation.every = {every}: {first}, {first + every}, ...)")

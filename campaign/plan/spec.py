@@ -275,7 +275,7 @@ def _resolve_variant(
     origins |= {k: f"{path}.{_quote(k)}" for k in overrides}
     dotted = {**spec.config, **spec.hold, **overrides}
     config = resolve_config(dotted, origins, where, optimizers=optimizers)
-    config["validation"] = spec.validation.model_dump()
+    config["validation"] = spec.validation.resolved()
     config["stop"] = spec.stop.model_dump()
     return ResolvedVariant(name, name == spec.grid.control, overrides, config)
 

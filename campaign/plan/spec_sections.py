@@ -52,6 +52,24 @@ class ValidationSection(_Section):
     # (logged as train_eval/loss and train_eval/<score>, as nanoGPT estimates both).
     sample: int | None = Field(None, ge=1)
     train_sample: int | None = Field(None, ge=1)
+    # Validate after updates offset, offset + every, ... (0: every, 2 x every, ...): a script
+    # that counts its steps from 0 and evaluates after the step validates at 1, 1 + every.
+    offset: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _offset_within_every(self) -> ValidationSection:
+        if self.offset >= self.every:
+            raise ValueError(f"validation.offset must be below validation.every "
+                             f"({self.every}), got {self.offset}")
+        return self
+
+    def resolved(self) -> dict[str, object]:
+        """The run config's ``validation``: ``offset`` only where it is set, so a campaign
+        planned before the key existed keeps its frozen configs."""
+        dumped = self.model_dump()
+        if not self.offset:
+            dumped.pop("offset")
+        return dumped
 
 
 class StopSection(_Section):

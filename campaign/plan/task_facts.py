@@ -27,6 +27,7 @@ def task_facts(task: str, control: dict[str, Any], configs: list[dict[str, Any]]
     from campaign.loop.sharding import units_problem
     from campaign.loop.task import build_task, plan_problem, splits_problem
     from campaign.loop.task_metrics import declared_names
+    from campaign.loop.task_order import missing_order
     from campaign.plan.metric_names import declared_metrics
     from campaign.plan.task_keys import task_keys_problem
 
@@ -44,7 +45,7 @@ def task_facts(task: str, control: dict[str, Any], configs: list[dict[str, Any]]
         logged = declared_names(built)  # the task's own metrics (self.log), as it declares
         layers = layers_on_meta(built)  # recorded: a relaunch's cut of an update is warned of
         contract = (splits_problem(built) or plan_problem(built)
-                    or units_problem(built, configs))
+                    or units_problem(built, configs) or missing_order(built, configs))
         seen = {canonical_json(control["task"])}
         for name, config in zip(variants or [], configs, strict=False):
             if contract is None and canonical_json(config["task"]) not in seen:

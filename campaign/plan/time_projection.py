@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from campaign.loop.stop import validates_after
+
 RENTAL_DAYS = (3, 7, 30)
 
 
@@ -63,7 +65,9 @@ def counts(config: Mapping[str, Any]) -> dict[str, int]:
     """Updates, validation points and checkpoints of one run of ``config``."""
     updates = int(config["budget"]["updates"])
     every = int(config["validation"]["every"])
-    validations = updates // every + (0 if updates % every == 0 else 1)  # always a last one
+    offset = int(config["validation"].get("offset") or 0)
+    at = updates // every if not offset else (updates - offset) // every + 1
+    validations = at + (0 if validates_after(updates, config["validation"]) else 1)  # a last
     checkpoint_every = config["loop"].get("checkpoint_every") or every
     checkpoints = updates // int(checkpoint_every) + 1  # and one at the stop
     return {"updates": updates, "validations": validations, "checkpoints": checkpoints}

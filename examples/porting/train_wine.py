@@ -9,6 +9,7 @@ the task imports ``build_model`` and ``load_arrays`` from here unchanged.
 from __future__ import annotations
 
 import argparse
+import json
 
 import numpy as np
 import torch
@@ -40,7 +41,16 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tens
     loss = nn.functional.cross_entropy(model(x), y)
     loss.backward()
     optimizer.step()
-    return float(loss)
+    return loss.item()
+
+
+def evaluate(model: nn.Module, arrays: dict[str, np.ndarray]) -> tuple[float, float]:
+    """The validation split's mean cross-entropy and accuracy."""
+    with torch.no_grad():
+        logits = model(torch.from_numpy(arrays["val_x"]))
+        loss = nn.functional.cross_entropy(logits, torch.from_numpy(arrays["val_y"]))
+    accuracy = float((logits.argmax(-1).numpy() == arrays["val_y"]).mean())
+    return float(loss), accuracy
 
 
 def main() -> None:
@@ -49,6 +59,8 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--eval-every", type=int, default=50)
+    parser.add_argument("--log", help="also write every step's numbers here (JSON lines)")
     args = parser.parse_args()
     torch.manual_seed(args.seed)
     arrays = load_arrays()
@@ -56,14 +68,19 @@ def main() -> None:
     model = build_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     generator = torch.Generator().manual_seed(args.seed)
-    for step in range(1, args.steps + 1):
+    log = open(args.log, "w") if args.log else None  # noqa: SIM115 (open for the whole run)
+    for step in range(args.steps):  # counted from 0; evaluated after the step
         batch = torch.randint(len(y), (args.batch,), generator=generator)
         loss = train_step(model, optimizer, x[batch], y[batch])
-        if step % 50 == 0 or step == args.steps:
-            with torch.no_grad():
-                predicted = model(torch.from_numpy(arrays["val_x"])).argmax(-1).numpy()
-            accuracy = float((predicted == arrays["val_y"]).mean())
-            print(f"step {step}: loss {loss:.4f}, val accuracy {accuracy:.3f}")
+        record: dict[str, float] = {"step": step, "loss": loss}
+        if step % args.eval_every == 0 or step == args.steps - 1:
+            record["val_loss"], record["val_accuracy"] = evaluate(model, arrays)
+            print(f"step {step}: loss {loss:.4f}, val loss {record['val_loss']:.4f}, "
+                  f"val accuracy {record['val_accuracy']:.3f}")
+        if log is not None:
+            log.write(json.dumps(record) + "\n")
+    if log is not None:
+        log.close()
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ class names, a loss as a sum over its units).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -38,6 +39,14 @@ class Wine(campaign.Task):
     def loss(self, model: nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, int]:
         logits = self.outputs(model, batch)  # the script's mean, as a sum and its count
         return nn.functional.cross_entropy(logits, batch["label"], reduction="sum"), len(logits)
+
+    def training_order(self, seed: int, per_update: int) -> Iterator[list[int]]:
+        """The script's own draw of each step's rows (``loop.sampling = "task"``): its
+        generator, seeded as the script seeds it, over the training rows in the same order."""
+        size = len(load_arrays(int(self.options.get("split_seed", 0)))["train_y"])
+        generator = torch.Generator().manual_seed(seed)
+        while True:
+            yield torch.randint(size, (per_update,), generator=generator).tolist()
 
 
 def build(config: dict[str, Any]) -> Wine:

@@ -121,6 +121,11 @@ SPECS: dict[str, tuple[str, str]] = {  # name -> (spec text, expected words)
                       "search.method"),
     "search-patience": (_search().replace("[stop]\n", "[stop]\npatience = 2\n"),
                         "stop.patience = 0"),
+    # a task's own order asked of a task without one; an offset past the validation period
+    "task-order-missing": (_spec(hold='"loop.sampling" = "task"'), "training_order"),
+    "task-order-epochs": (_spec(hold='"loop.sampling" = "task"\n"budget.epochs" = 2').replace(
+        '"budget.updates" = 4\n', ""), "budget.updates"),
+    "validation-offset": (_spec(validation="offset = 4"), "validation.offset"),
 }
 
 
