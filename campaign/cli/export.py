@@ -24,8 +24,9 @@ EXPORT_TIMEOUT_S = 3600.0  # rebuilding and saving a model, in a child of the ta
 def export(source: LedgerSource, run_id: str, target: Path, merge: bool,
            output_format: str) -> None:
     """Export a run's final artifact (its SHA-256 checked first) as a folder: for a causal LM
-    one that transformers' AutoModelForCausalLM.from_pretrained (or PEFT's
-    PeftModel.from_pretrained, for an adapter) loads, with its tokenizer; for any other task
+    or a Hugging Face classifier one that transformers' from_pretrained (AutoModelForCausalLM,
+    AutoModelForSequenceClassification; PEFT's PeftModel.from_pretrained, for an adapter)
+    loads, with its tokenizer; for any other task
     model.safetensors and config.json. A model card (README.md: the question, the campaign's
     conclusion, this run, its value, flags and hashes) and a MANIFEST.json go with it. The
     ledger's own files are never written to.

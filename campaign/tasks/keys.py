@@ -35,7 +35,9 @@ class ArithmeticKeys(_Keys):
     layers: int = Field(2, ge=1)
 
 
-class CausalLMKeys(_Keys):
+class _HFModelKeys(_Keys):
+    """What both Hugging Face tasks read: the model, LoRA, the data files, the tokenizer."""
+
     model_path: str | None = None
     model_config_: dict[str, Any] | None = Field(None, alias="model_config")
     adapter: Literal["none", "lora"] = "none"
@@ -50,6 +52,13 @@ class CausalLMKeys(_Keys):
     data: dict[str, str] | None = None
     tokenizer_path: str | None = None
     vocab_size: int | None = Field(None, ge=16)
-    max_new_tokens: int | None = Field(None, ge=1)
     base_seed: int | None = Field(None, ge=0)
     control_count: int | None = Field(None, ge=1)
+
+
+class CausalLMKeys(_HFModelKeys):
+    max_new_tokens: int | None = Field(None, ge=1)
+
+
+class ClassifyKeys(_HFModelKeys):
+    labels: list[str] | None = Field(None, min_length=2)  # class names in class-number order

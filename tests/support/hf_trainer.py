@@ -1,4 +1,4 @@
-"""The campaign's causal-LM run taken again by Hugging Face's own ``Trainer``.
+"""The campaign's causal-LM or classifier run taken again by Hugging Face's own ``Trainer``.
 
 Shared by the parity test (``tests/tasks/test_hf_parity.py``: the same updates to float32
 rounding) and the speed benchmark (``benchmarks/hf_trainer.py``: the same updates, timed).
@@ -16,11 +16,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from campaign.ledger import Ledger
 from campaign.loop.order_view import update_order
+from campaign.loop.task import build_task
 from campaign.loop.train import execute
 from campaign.loop.trainer import seed_everything
-from campaign.tasks.causal_lm.instruction_task import CausalLMTask
 from tests.support.loop_helpers import plan_loop
 
 TASK = "campaign.tasks.causal_lm:build"
@@ -45,7 +47,8 @@ def parity_config(data: dict[str, Path], shape: dict[str, Any],
 
 
 def campaign_run(url: str, artifacts: Path, name: str, config: dict[str, Any], updates: int,
-                 command: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
+                 command: bool = False, task: str = TASK,
+                 metric: str = "val/exact_match") -> tuple[dict[str, Any], dict[str, Any]]:
     """Plan and run one causal-LM run (replay included) for ``updates``: in this process, or
     with ``command`` through ``campaign run RUN_ID`` as a user types it (its own process, its
     task host, the run in a forked child, the replay in another).
@@ -57,9 +60,9 @@ def campaign_run(url: str, artifacts: Path, name: str, config: dict[str, Any], u
     """
     hold = {"budget.updates": updates, **{k: config[k] for k in HELD}}
     with Ledger.open(url, create=True) as ledger:
-        run_id = plan_loop(ledger, name, task=TASK, hold=hold,
+        run_id = plan_loop(ledger, name, task=task, hold=hold,
                            config={k: v for k, v in config.items() if k not in HELD},
-                           validation={"every": updates, "metric": "val/exact_match",
+                           validation={"every": updates, "metric": metric,
                                        "sample": 2}, stop={"loss_explosion": None})[0]
         began = time.time()
         if command:
@@ -81,8 +84,10 @@ def campaign_run(url: str, artifacts: Path, name: str, config: dict[str, Any], u
                       "began": began, "ended": ended}
 
 
-def trainer_run(resolved: dict[str, Any], folder: Path) -> dict[str, Any]:
-    """Train ``resolved`` (a run's resolved config) with ``transformers.Trainer``.
+def trainer_run(resolved: dict[str, Any], folder: Path, task_reference: str = TASK,
+                labels: str = "targets") -> dict[str, Any]:
+    """Train ``resolved`` (a run's resolved config) with ``transformers.Trainer``; the task's
+    batch field ``labels`` is what the Trainer counts the effective batch's units by.
 
     Returns ``loss`` and ``grad_norm`` per update, and ``stamps``: ``perf_counter`` at the
     end of every update (the Trainer's ``on_step_end``), for the speed benchmark, ``began``
@@ -95,10 +100,10 @@ def trainer_run(resolved: dict[str, Any], folder: Path) -> dict[str, Any]:
     updates, microbatch = int(resolved["budget"]["updates"]), int(loop["microbatch"])
     accumulation = int(loop["accumulation"])
     seed_everything(int(resolved["seed"]))  # as the campaign does before building the model
-    task = CausalLMTask(resolved)
+    task = build_task(task_reference, resolved)
     model = task.model()
     by_id = {str(e["id"]): e for e in task.splits()["train"]}
-    rows = update_order(TASK, resolved, 1, updates)
+    rows = update_order(task_reference, resolved, 1, updates)
     examples = [by_id[i] for row in rows for chunk in row["microbatches"] for i in chunk]
 
     class InOrder(Dataset):
@@ -128,8 +133,8 @@ def trainer_run(resolved: dict[str, Any], folder: Path) -> dict[str, Any]:
 
     def collate(chunk: list[dict[str, Any]]) -> dict[str, Any]:
         batch = task.collate(chunk)
-        return {"tokens": batch["tokens"], "attention_mask": batch["attention_mask"],
-                "targets": batch["targets"], "labels": batch["targets"]}
+        return {**{k: v for k, v in batch.items() if isinstance(v, torch.Tensor)},
+                "labels": batch[labels]}
 
     schedule = {"hf_cosine": "cosine", "hf_linear": "linear"}[resolved["scheduler"]["name"]]
     arguments = TrainingArguments(

@@ -1,7 +1,9 @@
-"""A causal-LM run as the folders Hugging Face tools load (``campaign export``).
+"""A Hugging Face task's run (a causal LM, a sequence classifier) as the folders Hugging
+Face tools load (``campaign export``).
 
-- a full fine-tune: ``AutoModelForCausalLM.from_pretrained(DIR)`` (config.json,
-  model.safetensors, generation_config.json) with the run's tokenizer beside it;
+- a full fine-tune: ``AutoModelForCausalLM.from_pretrained(DIR)`` (the classifier's:
+  ``AutoModelForSequenceClassification``) (config.json, model.safetensors,
+  generation_config.json) with the run's tokenizer beside it;
 - a LoRA run: a PEFT adapter folder, ``PeftModel.from_pretrained(base, DIR)``
   (adapter_config.json, adapter_model.safetensors) with the tokenizer; a base built from a
   config (not a local folder) is saved beside it in ``DIR/base``, and the adapter's
@@ -16,8 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from campaign.tasks.causal_lm import model as lm
 
 
 def export_pretrained(task: Any, model: torch.nn.Module, staging: Path, final: Path,
@@ -35,7 +35,7 @@ def export_pretrained(task: Any, model: torch.nn.Module, staging: Path, final: P
         return "transformers (LoRA merged into the base)" if merge else "transformers"
     base_path = task.settings["path"]
     if not base_path:  # built from a config and a seed: the base itself travels with it
-        base = lm.build_base(task.settings, len(tokenizer), task.base_seed)
+        base = task.base_model()
         base.save_pretrained(staging / "base")
         tokenizer.save_pretrained(staging / "base")
         base_path = final / "base"

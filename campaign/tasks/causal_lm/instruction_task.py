@@ -25,10 +25,11 @@ import torch
 from campaign.tasks.causal_lm import model as lm
 from campaign.tasks.causal_lm.pairs_file import data_paths, read_pairs
 from campaign.tasks.causal_lm.tokenizer import load_tokenizer
+from campaign.tasks.hf_parts import HFModelParts
 from campaign.tasks.sequences import IGNORE, next_token_pairs
 
 
-class CausalLMTask:
+class CausalLMTask(HFModelParts):
     """The task contract (docs/tasks.md) for instruction -> response pairs."""
 
     metrics = ("exact_match",)  # what score() returns: plan checks the spec's metric against it
@@ -98,8 +99,11 @@ class CausalLMTask:
         }
 
     # -- model --------------------------------------------------------------------------------
+    def base_model(self) -> torch.nn.Module:
+        return lm.build_base(self.settings, len(self.tokenizer), self.base_seed)
+
     def model(self) -> torch.nn.Module:
-        base = lm.build_base(self.settings, len(self.tokenizer), self.base_seed)
+        base = self.base_model()
         rows = base.get_input_embeddings().num_embeddings
         if len(self.tokenizer) > rows:  # an index error deep in a run otherwise
             raise ValueError(f"task.tokenizer_path: the tokenizer has {len(self.tokenizer)} "
@@ -125,41 +129,6 @@ class CausalLMTask:
         except ValueError as error:
             return str(error)
         return None
-
-    def export_pretrained(self, model: torch.nn.Module, staging: Any, final: Any,
-                          merge: bool) -> str:
-        """``campaign export``: folders transformers and PEFT load (see its module)."""
-        from campaign.tasks.causal_lm.hf_folders import export_pretrained
-
-        return export_pretrained(self, model, staging, final, merge)
-
-    @property
-    def trainable_only(self) -> bool:
-        """Checkpoints and the final artifact hold only the adapter (the loop reads this)."""
-        return self.settings["adapter"] == "lora"
-
-    def base_identity(self) -> dict[str, Any]:
-        """What the frozen base is, recorded with its hash (the loop adds the hash)."""
-        path = self.settings["path"]
-        source = ({"model_path": str(path), "config_sha256": lm.folder_config_hash(path)}
-                  if path else {"model_config": self.settings["config"],
-                                "base_seed": self.base_seed})
-        _ = self.tokenizer  # the identity below is set when the tokenizer is loaded
-        return {"base": source, "tokenizer": self.tokenizer_identity,
-                "adapter": self.settings["adapter"]}
-
-    def adapter_facts(self) -> dict[str, Any]:
-        """What the ``base_model`` event records about the adapter beside the base: its
-        settings as PEFT took them and where its initialisation came from."""
-        keys = ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets",
-                "lora_modules_to_save", "lora_use_rslora", "lora_init", "lora_bias")
-        return {"lora": {k: self.options.get(k) for k in keys if k in self.options},
-                "adapter_init": f"torch's global generator, seeded with the run's seed "
-                                f"{self.config.get('seed')} before the model is built"}
-
-    def enable_activation_checkpointing(self, model: torch.nn.Module) -> None:
-        """``loop.activation_checkpointing``: the model's own gradient checkpointing."""
-        lm.enable_checkpointing(model)
 
     # -- loss, predictions ----------------------------------------------------------------
     def loss(self, model: torch.nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, Any]:

@@ -93,19 +93,21 @@ def folder_config_hash(path: Path) -> str:
     return hashlib.sha256(file.read_bytes()).hexdigest() if file.is_file() else ""
 
 
-def architecture_config(settings: Mapping[str, Any], vocab_size: int) -> Any:
-    """The transformers config of ``task.model_config`` (or of the local folder)."""
+def architecture_config(settings: Mapping[str, Any], vocab_size: int, **head: Any) -> Any:
+    """The transformers config of ``task.model_config`` (or of the local folder); ``head``:
+    what a task's head adds to it (a classifier's ``num_labels``, ``id2label``...)."""
     from transformers import AutoConfig
 
     if settings["path"]:
         try:
-            return AutoConfig.from_pretrained(str(settings["path"]), local_files_only=True)
+            return AutoConfig.from_pretrained(str(settings["path"]), local_files_only=True,
+                                              **head)
         except (OSError, ValueError) as error:
             raise ValueError(f"task.model_path: no model config in {settings['path']} "
                              f"({error})") from None
     sizes = {k: v for k, v in settings["config"].items() if k != "architecture"}
     return config_for(settings["config"]["architecture"], "task.model_config",
-                      vocab_size=vocab_size, **sizes)
+                      vocab_size=vocab_size, **sizes, **head)
 
 
 def config_for(model_type: str, where: str, **values: Any) -> Any:
@@ -140,26 +142,38 @@ def quiet_loading() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-def build_base(settings: Mapping[str, Any], vocab_size: int, base_seed: int) -> torch.nn.Module:
-    """The base model in float32 (autocast gives bf16 where configured)."""
-    from transformers import AutoModelForCausalLM
+def build_base(settings: Mapping[str, Any], vocab_size: int, base_seed: int,
+               auto: str = "AutoModelForCausalLM", **head: Any) -> torch.nn.Module:
+    """The base model in float32 (autocast gives bf16 where configured): ``auto`` names the
+    transformers class (a causal LM, a sequence classifier), ``head`` what its config adds.
+    A head a local folder lacks (a classifier on a language model) is initialised under
+    ``base_seed`` too, as a config-built base is."""
+    import transformers
 
+    kind = getattr(transformers, auto)
     if settings["path"]:
         path = settings["path"]
+        # a head the folder lacks is drawn under base_seed; a whole folder draws nothing
+        seeded = torch.random.fork_rng(devices=[]) if head else contextlib.nullcontext()
         try:
-            with quiet_loading():
-                return AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True,
-                                                            dtype=torch.float32)
+            with seeded, quiet_loading():
+                if head:
+                    torch.manual_seed(base_seed)
+                return kind.from_pretrained(str(path), local_files_only=True,
+                                            dtype=torch.float32, **head)
         except (OSError, ValueError) as error:
-            raise ValueError(f"task.model_path: no causal LM in {path} ({error})") from None
-    config = architecture_config(settings, vocab_size)
+            what = "causal LM" if auto == "AutoModelForCausalLM" else "model"
+            raise ValueError(f"task.model_path: no {what} in {path} ({error})") from None
+    config = architecture_config(settings, vocab_size, **head)
     with torch.random.fork_rng(devices=[]):  # the base is a function of the config alone
         torch.manual_seed(base_seed)
-        return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        return kind.from_config(config, dtype=torch.float32)
 
 
-def with_adapter(base: torch.nn.Module, options: Mapping[str, Any]) -> torch.nn.Module:
-    """``base`` wrapped with LoRA adapters (PEFT), the base frozen."""
+def with_adapter(base: torch.nn.Module, options: Mapping[str, Any],
+                 task_type: str = "CAUSAL_LM") -> torch.nn.Module:
+    """``base`` wrapped with LoRA adapters (PEFT), the base frozen (``SEQ_CLS``: PEFT also
+    trains the classifier head in full)."""
     from peft import LoraConfig, get_peft_model
 
     config = LoraConfig(r=int(options.get("lora_rank", 8)),
@@ -170,7 +184,7 @@ def with_adapter(base: torch.nn.Module, options: Mapping[str, Any]) -> torch.nn.
                         use_rslora=bool(options.get("lora_use_rslora", False)),
                         init_lora_weights=options.get("lora_init", True),
                         bias=str(options.get("lora_bias", "none")),
-                        task_type="CAUSAL_LM")
+                        task_type=task_type)
     with warnings.catch_warnings():  # PEFT asks through a name transformers 5 deprecates
         warnings.simplefilter("ignore", FutureWarning)
         return get_peft_model(base, config)
@@ -206,14 +220,15 @@ def _named_modules(base: torch.nn.Module, names: Any, key: str) -> list[str]:
     return list(names)
 
 
-def base_on_meta(settings: Mapping[str, Any], vocab_size: int) -> torch.nn.Module:
+def base_on_meta(settings: Mapping[str, Any], vocab_size: int,
+                 auto: str = "AutoModelForCausalLM", **head: Any) -> torch.nn.Module:
     """The base's module tree on the meta device: no weights read or allocated, so ``plan``
     can check names against it in milliseconds (a local folder: its config alone)."""
-    from transformers import AutoModelForCausalLM
+    import transformers
 
-    config = architecture_config(settings, vocab_size)
+    config = architecture_config(settings, vocab_size, **head)
     with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(config)
+        return getattr(transformers, auto).from_config(config)
 
 
 def _weight_names(model: torch.nn.Module) -> set[str]:

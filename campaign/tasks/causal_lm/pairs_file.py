@@ -53,12 +53,14 @@ def read_pairs(path: Path) -> list[dict[str, Any]]:
     return examples
 
 
-def data_paths(options: dict[str, Any]) -> dict[str, Path]:
-    """``task.data``'s split -> path (relative paths from the working folder)."""
+def data_paths(options: dict[str, Any], files: str = "JSONL path",
+               example: str = "val = \"data/val.jsonl\"") -> dict[str, Path]:
+    """``task.data``'s split -> path (relative paths from the working folder); ``files`` and
+    ``example`` word the error for the task's own kind of file."""
     data = options.get("data")
     if not isinstance(data, dict):
-        raise DataError("task.data: a table of split -> JSONL path is required, e.g. "
-                        "{ train = \"data/train.jsonl\", val = \"data/val.jsonl\" }")
+        raise DataError(f"task.data: a table of split -> {files} is required, e.g. "
+                        f"{{ train = \"data/train.jsonl\", {example} }}")
     missing = [split for split in SPLITS if split not in data]
     if missing:
         raise DataError(f"task.data: no {' or '.join(missing)} file named")
