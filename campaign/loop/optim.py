@@ -246,3 +246,22 @@ def build_scheduler(
 def schedules(config: Mapping[str, Any]) -> bool:
     """False when the rate never changes (constant, no warm-up): the step is skipped."""
     return config["scheduler"]["name"] != "constant" or bool(config["scheduler"]["warmup"])
+
+
+def task_optimizer(task: Any, model: torch.nn.Module) -> tuple[Any, Any, str] | None:
+    """What a task that can give its own optimizer (``configure_optimizer(model)``: a
+    LightningModule's ``configure_optimizers``) gives: (optimizer, scheduler or None, the
+    words the run's ``optimizer`` event records), (None, None, words) when it defers to the
+    spec's keys; None for a task that cannot."""
+    own = getattr(task, "configure_optimizer", None)
+    if not callable(own):
+        return None
+    given = own(model)
+    if given is None:
+        return None, None, "the spec's optimizer.* and scheduler.* keys"
+    optimizer, scheduler = given
+    rate = optimizer.param_groups[0].get("lr")
+    words = f"the task's own: {type(optimizer).__name__} (lr {rate:g})"
+    if scheduler is not None:
+        words += f", {type(scheduler).__name__} stepped per update"
+    return optimizer, scheduler, words

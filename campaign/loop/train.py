@@ -209,6 +209,8 @@ class RunLoop(RunEnd):
         self._record_environment()  # once the task imported its modules and read its splits
         if self.writes and self.trainer.base is not None:  # what an adapter was trained on
             self._event("base_model", model_state.as_text(self.trainer.base))
+        if self.writes and self.trainer.optimizer_source:  # the task's optimizer or the spec's
+            self._event("optimizer", self.trainer.optimizer_source)
         if self.writes and self.trainer.sharding is not None:  # the units, and how found
             self._event("sharding", self.trainer.sharding.describe(self.replica.world))
         progress_page.tick()

@@ -36,7 +36,7 @@ from campaign.loop import model_state, progress_page, shard_files, sharding
 from campaign.loop import replicas as dp
 from campaign.loop.data import to_device
 from campaign.loop.loader import Feeder
-from campaign.loop.optim import build_optimizer, build_scheduler, schedules
+from campaign.loop.optim import build_optimizer, build_scheduler, schedules, task_optimizer
 from campaign.loop.task import Batch, Example, TaskContract, check_records
 from campaign.loop.task_order import make_order
 
@@ -134,10 +134,20 @@ class Trainer:
         self.sharding = (sharding.shard(self.model, task, loop, device, self.replica)
                          if loop.get("strategy") == "fsdp" and self.replica.world > 1 else None)
         self.trainable = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = build_optimizer(self.model, config["optimizer"])
-        self.scheduler = build_scheduler(self.optimizer, config)
-        # A constant rate without warmup never changes: the per-update scheduler step is skipped.
-        self.schedules = schedules(config)
+        # The task's own optimizer (a LightningModule's configure_optimizers), else the spec's;
+        # ``optimizer_source`` says which, for the run's events, when the task could give one.
+        own = task_optimizer(task, self.model)
+        self.optimizer_source = None if own is None else own[2]
+        if own is None or own[0] is None:
+            self.optimizer = build_optimizer(self.model, config["optimizer"])
+            self.scheduler = build_scheduler(self.optimizer, config)
+            # A constant rate without warmup never changes: the scheduler step is skipped.
+            self.schedules = schedules(config)
+        else:
+            self.optimizer, scheduler = own[0], own[1]
+            self.scheduler = scheduler or torch.optim.lr_scheduler.LambdaLR(
+                self.optimizer, lambda _: 1.0)
+            self.schedules = scheduler is not None
         self.scaler = torch.amp.GradScaler(device.type, enabled=loop["precision"] == "fp16")
         self.dtype = PRECISION_DTYPES.get(loop["precision"])
         self.microbatch = int(loop["microbatch"])
