@@ -25,8 +25,21 @@ class HFModelParts:
     def tokenizer(self) -> Any:
         raise NotImplementedError
 
+    peft_task_type = "CAUSAL_LM"
+
     def base_model(self) -> torch.nn.Module:
         raise NotImplementedError
+
+    def model(self) -> torch.nn.Module:
+        """The base, checked against the tokenizer, wrapped with LoRA when asked."""
+        base = self.base_model()
+        rows = base.get_input_embeddings().num_embeddings
+        if len(self.tokenizer) > rows:  # an index error deep in a run otherwise
+            raise ValueError(f"task.tokenizer_path: the tokenizer has {len(self.tokenizer)} "
+                             f"tokens, the model's embedding {rows} rows")
+        if self.settings["adapter"] == "lora":
+            return lm.with_adapter(base, self.options, task_type=self.peft_task_type)
+        return base
 
     def export_pretrained(self, model: torch.nn.Module, staging: Any, final: Any,
                           merge: bool) -> str:

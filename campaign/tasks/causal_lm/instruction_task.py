@@ -102,16 +102,6 @@ class CausalLMTask(HFModelParts):
     def base_model(self) -> torch.nn.Module:
         return lm.build_base(self.settings, len(self.tokenizer), self.base_seed)
 
-    def model(self) -> torch.nn.Module:
-        base = self.base_model()
-        rows = base.get_input_embeddings().num_embeddings
-        if len(self.tokenizer) > rows:  # an index error deep in a run otherwise
-            raise ValueError(f"task.tokenizer_path: the tokenizer has {len(self.tokenizer)} "
-                             f"tokens, the model's embedding {rows} rows")
-        if self.settings["adapter"] == "lora":
-            return lm.with_adapter(base, self.options)
-        return base
-
     def plan_problem(self) -> str | None:
         """What ``plan`` can refuse without training: a tokenizer with more tokens than a
         local base's embedding, a LoRA target that names no module of the base (its module

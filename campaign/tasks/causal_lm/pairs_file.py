@@ -21,16 +21,16 @@ class DataError(ValueError):
     """A data file that cannot be read as instruction pairs (the message names file and line)."""
 
 
-def read_pairs(path: Path) -> list[dict[str, Any]]:
-    """Every example of one JSONL file, in file order."""
+def json_lines(path: Path, fields: str) -> list[tuple[int, dict[str, Any]]]:
+    """(line number, object) for every non-empty line of a JSONL file; a DataError naming the
+    file and line for one that is not a JSON object (``fields``: what one holds, in words)."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as error:
         raise DataError(f"{path}: cannot read ({error.strerror or error})") from None
     except UnicodeDecodeError as error:
         raise DataError(f"{path}: not UTF-8 text ({error.reason})") from None
-    examples: list[dict[str, Any]] = []
-    seen: dict[str, int] = {}
+    rows = []
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
@@ -39,7 +39,16 @@ def read_pairs(path: Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError as error:
             raise DataError(f"{path}:{number}: not JSON ({error.msg})") from None
         if not isinstance(row, dict):
-            raise DataError(f"{path}:{number}: a JSON object with {', '.join(FIELDS)} expected")
+            raise DataError(f"{path}:{number}: a JSON object with {fields} expected")
+        rows.append((number, row))
+    return rows
+
+
+def read_pairs(path: Path) -> list[dict[str, Any]]:
+    """Every example of one JSONL file, in file order."""
+    examples: list[dict[str, Any]] = []
+    seen: dict[str, int] = {}
+    for number, row in json_lines(path, ", ".join(FIELDS)):
         for field in FIELDS:
             value = row.get(field)
             if not isinstance(value, str) or not value:

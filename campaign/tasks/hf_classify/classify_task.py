@@ -40,6 +40,7 @@ class HFClassifyTask(HFModelParts, Task):
     metrics = ("accuracy", "macro_f1")
     random_examples = False  # reading and collating draw nothing: the loader seeds nothing
     inputs = "input_ids"
+    peft_task_type = "SEQ_CLS"  # PEFT trains the classifier head in full beside the adapter
 
     def __init__(self, config: dict[str, Any]) -> None:
         super().__init__(config)
@@ -153,16 +154,6 @@ class HFClassifyTask(HFModelParts, Task):
     def base_model(self) -> torch.nn.Module:
         return lm.build_base(self.settings, len(self.tokenizer), self.base_seed, AUTO,
                              **self.head())
-
-    def model(self) -> torch.nn.Module:
-        base = self.base_model()
-        rows = base.get_input_embeddings().num_embeddings
-        if len(self.tokenizer) > rows:  # an index error deep in a run otherwise
-            raise ValueError(f"task.tokenizer_path: the tokenizer has {len(self.tokenizer)} "
-                             f"tokens, the model's embedding {rows} rows")
-        if self.settings["adapter"] == "lora":
-            return lm.with_adapter(base, self.options, task_type="SEQ_CLS")
-        return base
 
     def plan_problem(self) -> str | None:
         """A LoRA target that names no module of the classifier (its module tree on the

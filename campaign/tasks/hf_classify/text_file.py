@@ -10,12 +10,11 @@ silently loses examples changes the question the campaign answers.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
-from campaign.tasks.causal_lm.pairs_file import DataError
+from campaign.tasks.causal_lm.pairs_file import DataError, json_lines
 from campaign.tasks.causal_lm.pairs_file import data_paths as pair_paths
 
 FORMATS = (".jsonl", ".csv", ".parquet")
@@ -49,22 +48,7 @@ def _plain(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def _jsonl(path: Path) -> list[tuple[str, dict[str, Any]]]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as error:
-        raise DataError(f"{path}: not UTF-8 text ({error.reason})") from None
-    rows = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise DataError(f"{path}:{number}: not JSON ({error.msg})") from None
-        if not isinstance(row, dict):
-            raise DataError(f"{path}:{number}: a JSON object with id, text and label expected")
-        rows.append((f"{path}:{number}", row))
-    return rows
+    return [(f"{path}:{number}", row) for number, row in json_lines(path, "id, text and label")]
 
 
 def read_examples(path: Path) -> list[dict[str, Any]]:
