@@ -44,6 +44,12 @@ class LoopError(CampaignError, ValueError):
     """A run that cannot be executed as configured (said before any work)."""
 
 
+class OrderEnded(LoopError):
+    """A task's own order has no more updates (campaign/loop/task_order.py): the run fails at
+    the update it needed; a loader drawing ahead stops there instead (the run may never need
+    that update)."""
+
+
 class TaskContractError(CampaignError, ValueError):
     """The task does not import, cannot be built, or lacks a part of the contract."""
 

@@ -171,10 +171,11 @@ def _connect(ray: Any, address: str | None, ray_options: RayOptions) -> None:
             # least one run's ranks (a placement group of W bundles).
             cpus = (ray_options.workers * ray_options.ranks if ray_options.workers
                     else os.cpu_count() or 1)
-            # Ray starts workers at niceness 15, below everything else on the machine; the
-            # runs of a private instance are this launch's own work and run at its niceness,
-            # as the local executor's do (a value the user set is kept).
-            os.environ.setdefault("RAY_worker_niceness", str(os.nice(0)))
+            # Ray raises its workers' niceness by 15, below everything else on the machine;
+            # the runs of a private instance are this launch's own work and run at its
+            # niceness, as the local executor's do (an increment of 0; a value the user set
+            # is kept).
+            os.environ.setdefault("RAY_worker_niceness", "0")
             ray.init(num_cpus=max(cpus, ray_options.ranks), include_dashboard=False,
                      log_to_driver=False, logging_level="ERROR")
         else:

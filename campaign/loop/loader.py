@@ -41,7 +41,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from campaign.errors import LoopError
+from campaign.errors import LoopError, OrderEnded
 from campaign.loop import replicas as dp
 from campaign.loop.data import DataOrder
 from campaign.loop.task import Batch, TaskContract
@@ -117,7 +117,11 @@ class UpdateSampler(Sampler[list[Key]]):
 
     def __iter__(self) -> Iterator[list[Key]]:
         while True:
-            indices = self.order.next_update()
+            try:
+                indices = self.order.next_update()
+            except OrderEnded:  # drawn ahead past a task's order: the run stops before
+                return
+
             epoch, first = self.order.epoch, self.order.cursor - len(indices)
             keys = [(index, epoch, first + offset) for offset, index in enumerate(indices)]
             chunks = [keys[i : i + self.microbatch] for i in range(0, len(keys), self.microbatch)]

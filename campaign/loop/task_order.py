@@ -25,11 +25,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from campaign.errors import LoopError
+from campaign.errors import LoopError, OrderEnded
 from campaign.loop.loader import PreservedGenerators
 from campaign.loop.task import TaskContract
 
 SAMPLING = "task"
+
 CHECKED_UPDATES = 8  # updates the pilot draws twice to hold the order to its seed
 
 
@@ -64,7 +65,7 @@ class TaskOrder:
             with PreservedGenerators():
                 drawn = next(self._updates)
         except StopIteration:
-            raise LoopError(f"training_order() ended after {self.epoch} updates; the run "
+            raise OrderEnded(f"training_order() ended after {self.epoch} updates; the run "
                             f"needs update {number} (give updates for the whole budget)"
                             ) from None
         except Exception as error:  # the user's task code
@@ -84,12 +85,13 @@ class TaskOrder:
         return indices
 
     def state(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "cursor": self.cursor, "digest": self._digest.hexdigest()}
+        """The position a checkpoint saves: updates drawn (no epochs) and their digest."""
+        return {"updates": self.epoch, "digest": self._digest.hexdigest()}
 
     def restore(self, state: Mapping[str, Any]) -> None:
         """Draw the order again from its start up to the checkpoint's update; the digest of
         what was drawn must be the checkpoint's."""
-        self._seek(int(state["epoch"]))
+        self._seek(int(state["updates"]))
         saved = state.get("digest")
         if saved is not None and saved != self._digest.hexdigest():
             raise LoopError(f"training_order() gives another order than this run trained on "

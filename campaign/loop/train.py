@@ -11,7 +11,7 @@ adds what makes it a recorded run. Features and their trade-offs:
 - Phase measurements on the first update (optimizer state allocation), the
   second, the first validation, checkpoints, and then every
   ``measure_every`` updates: cheap enough to leave on.
-- Checkpoints at every validation (or ``loop.checkpoint_every``) and at the
+- Checkpoints every ``validation.every`` updates (or ``loop.checkpoint_every``) and at the
   stop, written atomically; a resume continues the same run id in a new
   segment and compares the steps it replays with the values first logged.
 - SIGTERM/SIGINT: finish the current update, checkpoint, end ``interrupted``.

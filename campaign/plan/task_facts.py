@@ -45,7 +45,8 @@ def task_facts(task: str, control: dict[str, Any], configs: list[dict[str, Any]]
         logged = declared_names(built)  # the task's own metrics (self.log), as it declares
         layers = layers_on_meta(built)  # recorded: a relaunch's cut of an update is warned of
         contract = (splits_problem(built) or plan_problem(built)
-                    or units_problem(built, configs) or missing_order(built, configs))
+                    or units_problem(built, configs) or missing_order(built, configs)
+                    or configs_problem(built, configs, variants or []))
         seen = {canonical_json(control["task"])}
         for name, config in zip(variants or [], configs, strict=False):
             if contract is None and canonical_json(config["task"]) not in seen:
@@ -59,6 +60,13 @@ def task_facts(task: str, control: dict[str, Any], configs: list[dict[str, Any]]
     warning = accumulation_warning(layers or [], configs)
     return {"reference": None, "sizes": sizes, "contract": contract, "metrics": metrics,
             "logged": logged, "batch_stats": warning, "layers": layers or []}
+
+
+def configs_problem(task: Any, configs: list[dict[str, Any]], variants: list[str]) -> str | None:
+    """The task's own check of every variant's whole config (``configs_problem``, optional:
+    the Lightning task refuses optimizer keys its module's optimizer would ignore)."""
+    check = getattr(task, "configs_problem", None)
+    return check(configs, variants) if callable(check) else None
 
 
 def task_reference_problem(reference: str) -> str | None:

@@ -104,7 +104,7 @@ class LightningTask:
                              f"(optimizer.* keys), got {self.source!r}")
         self.control_count = 4
         self._loaders: dict[str, Any] | None = None
-        self._calls = 0
+        self.examples = 1  # the current microbatch's examples
 
     # -- the module and its data -----------------------------------------------------------
     def _module(self) -> Any:
@@ -145,9 +145,11 @@ class LightningTask:
 
     def model(self) -> torch.nn.Module:
         module = self._module()
+        if overrides(module, "setup"):  # as Lightning's Trainer calls them, in this order
+            module.setup("fit")
         if overrides(module, "configure_model"):
             module.configure_model()
-        route_logging(module)
+        route_logging(module, self)
         return module
 
     # -- what plan refuses ------------------------------------------------------------------
@@ -167,11 +169,24 @@ class LightningTask:
             if not module.automatic_optimization:
                 return (f"task.module: {name} uses manual optimization (automatic_optimization"
                         " = False); the campaign's loop takes one optimizer step per update")
+            problem = _reads_problem(self.module_class)
+            if problem:
+                return problem
             if self.source == "module":
                 parse_optimizers(module.configure_optimizers(), name)
-                return _spec_optimizer_problem(self.config)
         except ValueError as error:
             return str(error)
+        return None
+
+    def configs_problem(self, configs: Sequence[Mapping[str, Any]],
+                        variants: Sequence[str]) -> str | None:
+        """Of every variant's config: while ``configure_optimizers`` gives the optimizer, an
+        ``optimizer.*`` or ``scheduler.*`` key set in the spec would be ignored, silently."""
+        for name, config in zip(variants, configs, strict=False):
+            if (config.get("task") or {}).get("optimizer", "module") == "module":
+                problem = _spec_optimizer_problem(config)
+                if problem:
+                    return f"variant {name!r}: {problem}"
         return None
 
     def configure_optimizer(self, model: Any) -> tuple[Any, Any] | None:
@@ -192,9 +207,9 @@ class LightningTask:
 
     def loss(self, model: Any, batch: dict[str, Any]) -> tuple[torch.Tensor, int]:
         data, count = self._on_device(model, batch["batch"]), len(batch["ids"])
+        self.examples = count  # what a self.log without batch_size weighs by
         if model.training:
-            output = model.training_step(data, self._calls)
-            self._calls += 1
+            output = model.training_step(data, 0)
         else:  # validation's val/loss: the same loss; validation_step logs its own metrics
             with task_metrics.paused():
                 output = model.training_step(data, 0)
@@ -208,6 +223,7 @@ class LightningTask:
     @torch.no_grad()
     def predict(self, model: Any, batch: dict[str, Any]) -> list[dict[str, Any]]:
         data, ids = self._on_device(model, batch["batch"]), batch["ids"]
+        self.examples = len(ids)
         if overrides(model, "validation_step"):
             model.validation_step(data, 0)  # what it logs: this validation's metrics
         pair = isinstance(data, list | tuple) and len(data) >= 2
@@ -241,13 +257,15 @@ class LightningTask:
         return [val[i] for i in range(min(self.control_count, len(val)))]
 
 
-def route_logging(module: Any) -> None:
+def route_logging(module: Any, task: LightningTask) -> None:
     """``self.log`` and ``self.log_dict`` of this module instance into the campaign's task
-    metrics (Lightning's own would warn without its Trainer and record nothing)."""
+    metrics (Lightning's own would warn without its Trainer and record nothing), weighed by
+    ``batch_size`` or, as Lightning infers it, the microbatch's examples."""
 
     def log(self: Any, name: str, value: Any, *_: Any, batch_size: int | None = None,
             **__: Any) -> None:
-        task_metrics.log_metric(name, value, 1.0 if batch_size is None else float(batch_size))
+        weight = task.examples if batch_size is None else batch_size
+        task_metrics.log_metric(name, value, float(weight))
 
     def log_dict(self: Any, dictionary: Mapping[str, Any], *_: Any,
                  batch_size: int | None = None, **__: Any) -> None:
@@ -315,6 +333,42 @@ def _arguments_problem(kind: type, arguments: Mapping[str, Any]) -> str | None:
         if (parameter.default is parameter.empty and key not in arguments
                 and parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)):
             return f"task.{key}: {kind.__name__}.__init__ needs it"
+    return None
+
+
+# What a step may read of Lightning's Trainer, which has no equal here: batch_idx (there are
+# no epochs, and it would restart at a resume), the trainer, its step and epoch counters.
+READS = ("trainer", "global_step", "current_epoch")
+
+
+def _reads_problem(kind: type) -> str | None:
+    """A step (``training_step``, ``validation_step``, ``configure_optimizers``) whose body
+    reads its ``batch_idx`` or ``self.`` one of :data:`READS`, in one line; None otherwise
+    (or when its source cannot be read)."""
+    import ast
+    import textwrap
+
+    for hook in ("training_step", "validation_step", "configure_optimizers"):
+        method = getattr(kind, hook, None)
+        if method is None or method is getattr(pl.LightningModule, hook, None):
+            continue
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(method)))
+        except (OSError, TypeError, SyntaxError):  # no source to read: nothing to say
+            continue
+        function = tree.body[0]
+        if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        arguments = [a.arg for a in function.args.args]
+        index = arguments[2] if hook != "configure_optimizers" and len(arguments) > 2 else None
+        for node in (n for statement in function.body for n in ast.walk(statement)):
+            if index and isinstance(node, ast.Name) and node.id == index:
+                return (f"task.module: {kind.__name__}.{hook} reads {index}, which has no "
+                        "equal in the campaign's loop (no epochs; a resume would restart it)")
+            if (isinstance(node, ast.Attribute) and node.attr in READS
+                    and isinstance(node.value, ast.Name) and node.value.id == "self"):
+                return (f"task.module: {kind.__name__}.{hook} reads self.{node.attr}; there is "
+                        "no Lightning Trainer in the campaign's loop")
     return None
 
 

@@ -103,3 +103,16 @@ def test_a_resume_on_another_order_is_refused() -> None:
                         1, 8)  # another seed: another walk
     with pytest.raises(LoopError, match="another order than this run trained on"):
         changed.restore(state)
+
+
+def test_an_order_as_long_as_the_budget_runs_with_loader_workers_drawing_ahead(
+        sqlite_url: str, tmp_path: Path) -> None:
+    """The loader's workers draw past the order's last update; the run never needs it."""
+    from campaign.loop.train import execute
+
+    with Ledger.open(sqlite_url, create=True) as ledger:
+        (run_id,) = plan_loop(ledger, "exact", task=TASK,
+                              hold={**LOOP, "loop.loader_workers": 1, "budget.updates": 3},
+                              config={"task.order": "short"}, validation={"every": 3})
+        outcome = execute(ledger, run_id, artifacts=tmp_path / "a", replay_in_subprocess=False)
+        assert outcome.status == "completed", outcome

@@ -79,14 +79,19 @@ def _plan(url: str, spec: Path) -> Any:
     return CliRunner().invoke(main, ["--ledger", url, "plan", str(spec), "--dry-run"])
 
 
-def _folder(tmp_path: Path, classes: list[str]) -> Path:
-    """A local classifier folder (config, weights, tokenizer) naming ``classes``."""
+def _folder(tmp_path: Path, classes: list[str], named: bool = True) -> Path:
+    """A local classifier folder (config, weights, tokenizer) naming ``classes`` (or, not
+    ``named``, only transformers' default LABEL_0.. for them)."""
     data = write_splits(tmp_path / "made", items=30)
     task = build_task(TASK, {"task": {"data": {k: str(v) for k, v in data.items()},
                                       "model_config": TINY, "vocab_size": 200,
                                       "labels": classes}, "loop": {}, "seed": 0})
-    folder = tmp_path / "model"
-    task.model().save_pretrained(folder)
+    folder = tmp_path / ("model" if named else "unnamed")
+    model = task.model()
+    if not named:
+        model.config.id2label = {i: f"LABEL_{i}" for i in range(len(classes))}
+        model.config.label2id = {f"LABEL_{i}": i for i in range(len(classes))}
+    model.save_pretrained(folder)
     task.tokenizer.save_pretrained(folder)
     return folder
 
@@ -126,6 +131,24 @@ def test_the_models_id2label_is_checked_against_the_data_at_plan(
     done = _plan(sqlite_url, _spec(tmp_path, {"model_path": str(folder),
                                               "data": {"train": str(train), "val": str(val)}}))
     assert done.exit_code == 0, done.output
+    # A trained head whose classes are only LABEL_0..: never mapped by alphabet.
+    unnamed = _folder(tmp_path, ["negative", "neutral", "positive"], named=False)
+    for keys, words in (({}, "names its 3 classes only LABEL_0.. (id2label): name them"),
+                        ({"labels": ["negative", "positive"]}, "has 3 classes, task.labels "
+                                                               "names 2"),
+                        ({"labels": ["negative", "neutral", "positive"]}, None)):
+        done = _plan(sqlite_url, _spec(tmp_path, {"model_path": str(unnamed), **keys,
+                                                  "data": {"train": str(train),
+                                                           "val": str(val)}}))
+        assert done.exit_code == (2 if words else 0), done.output
+        assert words is None or words in done.stderr, done.stderr
+    # A model built from a config takes the data's own numbering where the data gives one.
+    order = ["positive", "negative", "neutral"]
+    renumbered = [{**r, "label": order.index(str(r["class_name"]))} for r in numbered]
+    train = write(tmp_path / "train.csv", renumbered)
+    config = {"data": {"train": str(train), "val": str(val)}, "model_config": TINY,
+              "vocab_size": 200}
+    assert build_task(TASK, {"task": config, "loop": {}, "seed": 0}).classes == order
 
 
 def test_a_bad_row_of_any_format_is_one_line_at_plan(sqlite_url: str, tmp_path: Path) -> None:

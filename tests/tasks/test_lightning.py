@@ -137,14 +137,25 @@ def test_a_module_with_its_own_data_plans_pilots_and_trains(tmp_path: Path) -> N
                                              "optimizer (task.optimizer = 'module')"),
     ("Classifier", '"task.datamodule" = "tests.support.lightning_modules:Nowhere"\n',
      "task.datamodule"),
+    ("Counting", "", "Counting.training_step reads self.global_step; there is no Lightning "
+                     "Trainer"),
+    ("Indexed", "", "Indexed.training_step reads batch_idx, which has no equal"),
+    ("Classifier", '[config]\n"task.hidden" = 8\n', None),  # fine: planned
 ])
 def test_what_the_loop_cannot_honour_is_one_line_at_plan(sqlite_url: str, tmp_path: Path,
                                                          module: str, extra: str,
-                                                         words: str) -> None:
-    extra = extra if "datamodule" in extra else (
-        extra + f'"task.datamodule" = "{MODULES}:Blobs"\n')
-    done = CliRunner().invoke(main, ["--ledger", sqlite_url, "plan",
-                                     str(_spec(tmp_path, module, extra)), "--dry-run"])
+                                                         words: str | None) -> None:
+    data = f'"task.datamodule" = "{MODULES}:Blobs"\n'
+    extra = extra if "datamodule" in extra else data + extra
+    spec = _spec(tmp_path, module, extra)
+    if words is None:  # and a variant that sets the module's learning rate: ignored, refused
+        done = CliRunner().invoke(main, ["--ledger", sqlite_url, "plan", str(spec),
+                                         "--dry-run"])
+        assert done.exit_code == 0, done.output
+        spec.write_text(spec.read_text().replace('set = { "task.hidden" = 32 }',
+                                                 'set = { "optimizer.lr" = 0.1 }'))
+        words = "variant 'b': optimizer.lr: configure_optimizers gives the optimizer"
+    done = CliRunner().invoke(main, ["--ledger", sqlite_url, "plan", str(spec), "--dry-run"])
     assert done.exit_code == 2, done.output
     assert words in done.stderr, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr

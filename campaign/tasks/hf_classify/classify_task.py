@@ -58,32 +58,60 @@ class HFClassifyTask(HFModelParts, Task):
     # -- classes ---------------------------------------------------------------------------
     def _classes(self, raw: dict[str, list[dict[str, Any]]]) -> list[str]:
         given = self.options.get("labels")
-        own = self._folder_names()
+        own, head = self._folder_names()
         if given is not None:
             if own is not None and list(given) != own:
                 raise ValueError(f"task.labels: the model in {self.settings['path']} names "
                                  f"its classes {own} (its id2label), task.labels {list(given)}")
+            if head is not None and len(given) != head:
+                raise ValueError(f"task.labels: the classifier in {self.settings['path']} has "
+                                 f"{head} classes, task.labels names {len(given)}")
             return [str(name) for name in given]
         if own is not None:
             return own
-        named = {e.get("class_name") or e["label"] for es in raw.values() for e in es
-                 if isinstance(e["label"], str) or e.get("class_name")}
-        numbers = [e["label"] for es in raw.values() for e in es if isinstance(e["label"], int)]
-        if numbers and not named:
+        if head is not None:  # a trained head whose classes have no names: never by alphabet
+            raise ValueError(f"task.labels: the classifier in {self.settings['path']} names "
+                             f"its {head} classes only LABEL_0.. (id2label): name them in "
+                             "class-number order with task.labels")
+        return self._data_classes(raw)
+
+    @staticmethod
+    def _data_classes(raw: dict[str, list[dict[str, Any]]]) -> list[str]:
+        """A model built from a config: the data's numbering where it numbers and names its
+        classes (checked to be one numbering, 0..k-1), else its class names sorted."""
+        numbered: dict[int, tuple[str, str]] = {}
+        for example in (e for es in raw.values() for e in es):
+            label, name = example["label"], example.get("class_name")
+            if isinstance(label, int) and name is not None:
+                first = numbered.setdefault(label, (name, example["where"]))
+                if first[0] != name:
+                    raise ValueError(f"{example['where']} (id {example['id']!r}): class {label} "
+                                     f"is named {name!r} here and {first[0]!r} at {first[1]}")
+        if numbered:
+            if sorted(numbered) != list(range(len(numbered))):
+                raise ValueError(f"task.labels: the data numbers its classes {sorted(numbered)}"
+                                 ", not 0 to k - 1: name them in order with task.labels")
+            return [numbered[i][0] for i in range(len(numbered))]
+        named = {e["label"] for es in raw.values() for e in es if isinstance(e["label"], str)}
+        if not named:
             raise ValueError("task.labels: the data numbers its classes without naming them "
                              "and the model has no names of its own: name them in class-"
                              "number order (task.labels = [\"negative\", \"positive\"])")
         return sorted(str(name) for name in named)
 
-    def _folder_names(self) -> list[str] | None:
-        """A local folder's ``id2label`` in class-number order; None for a model built from
-        a config, or a folder whose config names its classes only as transformers' default
-        ``LABEL_i`` (nothing to check the data against)."""
+    def _folder_names(self) -> tuple[list[str] | None, int | None]:
+        """A local folder's class names in class-number order (None for a model built from a
+        config, or names that are only transformers' default ``LABEL_i``), and the size of
+        its head when the folder holds a trained classifier (``*ForSequenceClassification``
+        in its config's ``architectures``; None otherwise: a head is drawn for it)."""
         if not self.settings["path"]:
-            return None
+            return None, None
         config = lm.architecture_config(self.settings, 0)
         names = [str(config.id2label[i]) for i in sorted(config.id2label)]
-        return None if all(DEFAULT_NAME.match(n) for n in names) else names
+        trained = any(str(a).endswith("ForSequenceClassification")
+                      for a in getattr(config, "architectures", None) or [])
+        own = None if all(DEFAULT_NAME.match(n) for n in names) else names
+        return own, (int(config.num_labels) if trained else None)
 
     def _labelled(self, example: dict[str, Any]) -> dict[str, Any]:
         """The example with ``label`` the model's class number and ``class_name`` its name;
@@ -110,7 +138,7 @@ class HFClassifyTask(HFModelParts, Task):
 
     def _hint(self) -> str:
         return ("; name the classes in the model's order with task.labels"
-                if self.settings["path"] and self._folder_names() is None else "")
+                if self.settings["path"] and self._folder_names()[0] is None else "")
 
     # -- data ------------------------------------------------------------------------------
     def splits(self) -> dict[str, Sequence[dict[str, Any]]]:
