@@ -22,9 +22,20 @@ SKIP = ("--skip-pilot", "--reason", "lease test")
 SLOW = {"task": {"sleep_s": 0.02}, "hold": {"loop.checkpoint_every": 5}, "validation_every": 3}
 
 
+def _gated(tmp_path: Path) -> tuple[Path, dict[str, object]]:
+    """A gate file (absent) and the slow settings that name it: a test creates the file the
+    moment it sees the update it waits for, so the run holds there (its heartbeat goes on)
+    and cannot end before the worker is stopped or killed, however loaded the machine. A
+    checkpoint every 10 updates: one after update 10, the next far past where the tests
+    hold the run, so updates after the last checkpoint are lost to the crash and replayed."""
+    gate = tmp_path / "gate"
+    return gate, {**SLOW, "task": {**SLOW["task"], "gate": str(gate)},
+                  "hold": {"loop.checkpoint_every": 10}}
+
+
 def _reference(ledger: Ledger, tmp_path: Path, updates: int) -> pd.Series:
     """The same config run uninterrupted in this process."""
-    (run_id,) = plan_quick(ledger, "reference", runs=1, updates=updates, **SLOW)
+    (run_id,) = plan_quick(ledger, "reference", runs=1, updates=updates, **_gated(tmp_path)[1])
     execute(ledger, run_id, artifacts=tmp_path / "reference", replay_in_subprocess=False)
     return losses(ledger, run_id)
 
@@ -34,21 +45,35 @@ def _declared_lost(ledger: Ledger, run_id: str, limit_s: float = 5) -> bool:
     return ledger.run(run_id).status == "lost"
 
 
+def _wait_lost(ledger: Ledger, run_id: str, limit_s: float = 5) -> None:
+    """Until the sweep declares the run lost; a timeout says where the run stands."""
+    try:
+        wait_for(lambda: _declared_lost(ledger, run_id, limit_s), 30,
+                 "the run to be declared lost")
+    except AssertionError as timeout:
+        record = ledger.run(run_id)
+        raise AssertionError(f"{timeout}; the run is {record.status} ({record.stop_cause}), "
+                             f"last update {last_step(ledger, run_id)}") from None
+
+
 @pytest.mark.slow
 def test_kill_9_mid_run_is_lost_then_resume_matches_an_uninterrupted_run(
     ledger: Ledger, ledger_url: str, tmp_path: Path
 ) -> None:
     reference = _reference(ledger, tmp_path, updates=30)
-    (run_id,) = plan_quick(ledger, "crash", runs=1, updates=30, **SLOW)
+    gate, slow = _gated(tmp_path)
+    (run_id,) = plan_quick(ledger, "crash", runs=1, updates=30, **slow)
     artifacts = str(tmp_path / "artifacts")
     worker = start(ledger_url, "worker", "crash", "--artifacts", artifacts, *LEASE, *SKIP,
                    "--no-replay-check")
     wait_for(lambda: last_step(ledger, run_id) >= 12, 120, "update 12 of the run")
+    gate.touch()
     worker.send_signal(signal.SIGKILL)
     worker.wait(timeout=30)
+    _wait_lost(ledger, run_id)
+    gate.unlink()
     first = ledger.metrics(runs=[run_id], keys=["train/loss"], all_segments=True)
 
-    wait_for(lambda: _declared_lost(ledger, run_id), 30, "the run to be declared lost")
     record = ledger.run(run_id)
     assert (record.status, record.stop_cause) == ("lost", "heartbeat_lost")
     # Declared by the staleness rule (no heartbeat past the limit), not by anyone's guess.
@@ -88,14 +113,17 @@ def test_stale_worker_woken_after_reclaim_writes_nothing_and_exits(
 ) -> None:
     """On PostgreSQL, the ledger that several machines share."""
     ledger, ledger_url = postgresql_ledger, postgresql_url
-    (run_id,) = plan_quick(ledger, "stale", runs=1, updates=30, **SLOW)
+    gate, slow = _gated(tmp_path)
+    (run_id,) = plan_quick(ledger, "stale", runs=1, updates=30, **slow)
     artifacts = str(tmp_path / "artifacts")
     sleeper = start(ledger_url, "worker", "stale", "--artifacts", artifacts, *LEASE, *SKIP,
                     "--no-replay-check")
     wait_for(lambda: last_step(ledger, run_id) >= 7, 120, "update 7 of the run")
+    gate.touch()
     sleeper.send_signal(signal.SIGSTOP)
     try:
-        wait_for(lambda: _declared_lost(ledger, run_id), 30, "the run to be declared lost")
+        _wait_lost(ledger, run_id)
+        gate.unlink()  # for the resume
         other = invoke(ledger_url, "worker", "stale", "--artifacts", artifacts, *LEASE,
                        "--resume-lost", "--no-replay-check")
         assert other.returncode == 0, other.stderr[-2000:]
@@ -107,6 +135,7 @@ def test_stale_worker_woken_after_reclaim_writes_nothing_and_exits(
         artifacts_before = len(ledger.artifacts("stale"))
         events_before = len(ledger.events("stale"))
     finally:
+        gate.unlink(missing_ok=True)
         sleeper.send_signal(signal.SIGCONT)
     _, stderr = sleeper.communicate(timeout=120)
 
@@ -143,6 +172,6 @@ def test_a_paused_transaction_never_blocks_the_sweep(
     began = time.monotonic()
     assert ledger.mark_lost(0.001) == []  # skipped, not waited for
     assert time.monotonic() - began < 5, "the sweep waited behind the paused transaction"
-    wait_for(lambda: _declared_lost(ledger, run_id, 0.001), 30, "the run to be declared lost")
+    _wait_lost(ledger, run_id, 0.001)
     with pytest.raises(psycopg.errors.IdleInTransactionSessionTimeout):
         paused.execute("SELECT 1")  # the server ended the paused session

@@ -2,13 +2,18 @@
 
 Runs of a few updates finish in well under a second, so a hundred of them
 test scheduling rather than arithmetic. ``task.sleep_s`` slows each collate
-down, to keep a run in the middle of its updates long enough to kill it.
+down, to keep a run in the middle of its updates long enough to kill it; ``task.gate``
+names a file whose presence holds every collate until it is removed, so a test that
+stops or kills a worker mid-run knows the run cannot have ended first, however loaded
+the machine (the gate's path is part of the config, as any option: a reference run
+names the same path, absent then).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,6 +28,7 @@ class QuickTask:
         self.x = torch.randn(self.size, 8, generator=generator, dtype=torch.float64)
         self.y = (self.x[:, 0] > 0).long()
         self.sleep_s = float(options.get("sleep_s", 0.0))
+        self.gate = Path(options["gate"]) if options.get("gate") else None
 
     def model(self) -> nn.Module:
         return nn.Linear(8, 2).double()
@@ -34,6 +40,8 @@ class QuickTask:
     def collate(self, examples: Sequence[dict[str, Any]]) -> dict[str, Any]:
         if self.sleep_s:
             time.sleep(self.sleep_s)
+        while self.gate is not None and self.gate.exists():
+            time.sleep(0.01)
         index = torch.tensor([e["row"] for e in examples])
         return {"x": self.x[index], "y": self.y[index], "ids": [e["id"] for e in examples]}
 
