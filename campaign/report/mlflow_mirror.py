@@ -42,7 +42,8 @@ from campaign.plan.config_keys import flatten
 RUN_TAG = "campaign.run_id"
 CAMPAIGN_TAG = "campaign.campaign"  # on the parent run
 REPORT_TAG = "campaign.report_sha256"
-SPEC_TAG = "campaign.spec_sha256"  # on the experiment: which campaign it mirrors
+SPEC_TAG = "campaign.spec_sha256"  # on the experiment: which spec it mirrors
+IDENTITY_TAG = "campaign.first_run_id"  # and which ledger's campaign: its first run's id
 CARD_TAG = "campaign.model_card"
 STATUSES = {"planned": "SCHEDULED", "running": "RUNNING", "completed": "FINISHED",
             "stopped": "FINISHED", "diverged": "FINISHED", "failed": "FAILED", "oom": "FAILED",
@@ -84,7 +85,18 @@ def mirror_to_mlflow(reader: LedgerReader, campaign: str, tracking_uri: str) -> 
         with contextlib.redirect_stdout(io.StringIO()):
             return _mirror(client, reader, campaign)
     except MlflowException as error:
-        raise MirrorError(f"MLflow at {tracking_uri}: {first_line(error)}") from None
+        raise MirrorError(_refusal(tracking_uri, first_line(error))) from None
+
+
+def _refusal(tracking_uri: str, said: str) -> str:
+    """One line for what the server said: a web page (the body MLflow quotes) is cut off, and a
+    404 says that no tracking API answers under that address (a path, a proxy's page)."""
+    said = said.split(" Response body:")[0].rstrip(". ")
+    if "error code 404" in said:
+        endpoint = said.split("endpoint ")[-1].split(" ")[0] if "endpoint " in said else "its API"
+        return (f"MLflow at {tracking_uri}: no tracking server answers there (HTTP 404 for "
+                f"{endpoint}); give the address `mlflow server` listens at")
+    return f"MLflow at {tracking_uri}: {said}"
 
 
 def _reachable(tracking_uri: str) -> None:
@@ -107,20 +119,21 @@ def _reachable(tracking_uri: str) -> None:
 def _mirror(client: Any, reader: LedgerReader, campaign: str) -> Mirrored:
     """The experiment (made, or found and checked to be this campaign's), then each run."""
     record = reader.campaign(campaign)
+    identity = (record.run_ids[0] if record.run_ids else
+                f"{record.spec_sha256}@{record.created_at.isoformat()}")
     experiment = client.get_experiment_by_name(campaign)
     if experiment is None:
         experiment_id = client.create_experiment(campaign, tags={
-            "campaign.question": record.question, SPEC_TAG: record.spec_sha256})
-    else:  # another ledger's campaign of that name, or a team's own experiment: not ours
-        theirs = experiment.tags.get(SPEC_TAG)
-        if theirs != record.spec_sha256:
-            whose = (f"a campaign with another spec (sha256 {theirs[:12]})" if theirs else
-                     "something other than a campaign mirror")
-            raise MirrorError(f"MLflow experiment {campaign!r} holds {whose}; this campaign's "
-                              f"spec is {record.spec_sha256[:12]}: nothing mirrored (rename "
-                              "or delete that experiment)")
+            "campaign.question": record.question, SPEC_TAG: record.spec_sha256,
+            IDENTITY_TAG: identity})
+        existing = {}
+    else:
         experiment_id = experiment.experiment_id
-    existing = _mirrored_runs(client, experiment_id)
+        existing = _mirrored_runs(client, experiment_id)
+        _check_ours(campaign, experiment, existing, record.spec_sha256, identity,
+                    set(record.run_ids))
+        if IDENTITY_TAG not in experiment.tags:  # mirrored before the tag existed
+            client.set_experiment_tag(experiment_id, IDENTITY_TAG, identity)
     parent = existing.pop(f"campaign:{campaign}", None) or client.create_run(
         experiment_id, run_name=campaign, tags={CAMPAIGN_TAG: campaign})
     done = Mirrored()
@@ -149,6 +162,26 @@ def _mirror(client: Any, reader: LedgerReader, campaign: str) -> Mirrored:
         else:
             client.update_run(parent.info.run_id, status=status)
     return done
+
+
+def _check_ours(campaign: str, experiment: Any, existing: dict[str, Any], spec_sha256: str,
+                identity: str, run_ids: set[str]) -> None:
+    """An experiment of the campaign's name that mirrors something else is left alone: another
+    spec, a team's own experiment, or the same spec planned in another ledger (a reproduction,
+    a colleague's copy), told apart by the campaign's first run id and by its runs' ids."""
+    tags = experiment.tags
+    theirs = tags.get(SPEC_TAG)
+    if theirs != spec_sha256:
+        whose = (f"a campaign with another spec (sha256 {theirs[:12]})" if theirs else
+                 "something other than a campaign mirror")
+    elif tags.get(IDENTITY_TAG, identity) != identity or not set(existing).issubset(
+            run_ids | {f"campaign:{campaign}"}):
+        whose = ("the same spec's campaign from another ledger (its runs' ids are not this "
+                 "campaign's)")
+    else:
+        return
+    raise MirrorError(f"MLflow experiment {campaign!r} holds {whose}; this campaign's spec is "
+                      f"{spec_sha256[:12]}: nothing mirrored (rename or delete that experiment)")
 
 
 def _mirrored_runs(client: Any, experiment_id: str) -> dict[str, Any]:

@@ -142,7 +142,23 @@ def test_a_campaign_mirrors_to_mlflow_and_a_second_mirror_adds_only_what_is_new(
     lines = clash.stderr.strip().splitlines()
     assert clash.returncode == 1 and len(lines) == 1, clash.stderr
     assert "MLflow experiment 'mirrored' holds a campaign with another spec" in lines[0]
+    # The same spec planned in another ledger (a reproduction, a colleague's copy) neither.
+    twin = f"sqlite:///{tmp_path / 'twin.db'}"
+    with Ledger.open(twin, create=True) as ledger:
+        plan_quick(ledger, "mirrored", runs=3, updates=6, validation_every=3)
+        assert ledger.campaign("mirrored").spec_sha256 == experiment.tags[
+            "campaign.spec_sha256"]
+    clash = run(twin, "mirror", "mirrored", "--to", "mlflow", "--tracking-uri", mlflow_server)
+    lines = clash.stderr.strip().splitlines()
+    assert clash.returncode == 1 and len(lines) == 1, clash.stderr
+    assert "the same spec's campaign from another ledger" in lines[0]
     assert len(client.search_runs([experiment.experiment_id])) == 5
+    # A path where no tracking API answers: one line, not the web page the server sent.
+    lost = run(sqlite_url, "mirror", "mirrored", "--to", "mlflow", "--tracking-uri",
+               f"{mlflow_server}/some/path")
+    lines = lost.stderr.strip().splitlines()
+    assert lost.returncode == 1 and len(lines) == 1, lost.stderr
+    assert "no tracking server answers there (HTTP 404" in lines[0] and "<" not in lines[0]
 
 
 def test_a_mirror_to_nowhere_or_of_nothing_is_one_line(sqlite_url: str) -> None:
