@@ -79,7 +79,8 @@ def plan(source: LedgerSource, spec_path: str, dry_run: bool, sets: tuple[str, .
         raise refused(f"{spec_path}: {where}: {message}")
     the_plan = planning.make_plan(resolved, sizes=facts["sizes"])
     if facts["contract"] is not None:  # before anything is written (a task without describe())
-        raise LedgerInputError(f"{spec_path}: campaign.task: {facts['contract']}")
+        raise LedgerInputError(named(f"{spec_path}: campaign.task: {facts['contract']}",
+                                     spec_path, resolved.origins))
     if facts.get("metrics") is not None:  # a metric the task never produces: no value, ever
         problem = metric_problem(resolved.document, facts["metrics"], facts.get("logged") or [])
         if problem is not None:
@@ -236,6 +237,7 @@ def relaunch(source: LedgerSource, run_id: str, sets: tuple[str, ...], reason: s
 
     Example: campaign relaunch 01jd... --set validation.microbatch=4 --reason "OOM in validation"
     """
+    from campaign.ledger.vocabulary import paused_at_rung
     from campaign.loop.batch_stats import relaunch_warning
     from campaign.plan import grid as planning
     from campaign.plan.config_keys import config_changes
@@ -251,6 +253,11 @@ def relaunch(source: LedgerSource, run_id: str, sets: tuple[str, ...], reason: s
         raise LedgerInputError("--reason must say why the run is relaunched")
     with source.open() as ledger:
         old = ledger.run(run_id)
+        if paused_at_rung(old.status, old.stop_detail):  # its rung's decision is still to come
+            raise LedgerInputError(
+                f"run {run_id} is paused at rung {old.stop_step} of its search: the rung's "
+                f"decision continues or prunes it (`campaign launch {old.campaign}`); "
+                "relaunch it once it has ended")
         hold = ledger.campaign(old.campaign).spec_document.get("hold", {})
         config, deviations = planning.relaunch_config(old.config_document, sets_given, hold)
         full_reason = reason + (f" [deviation: changes held {', '.join(deviations)}]"

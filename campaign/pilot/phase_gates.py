@@ -49,7 +49,12 @@ from campaign.stack.software import environment
 
 
 class PhaseFailure(Exception):
-    """A gate's verdict: the phase ran, and what it checked does not hold."""
+    """A gate's verdict: the phase ran, and what it checked does not hold. ``advice`` replaces
+    the phase's own where the failure says something else (a metric name, not the mode)."""
+
+    def __init__(self, message: str, advice: str | None = None) -> None:
+        super().__init__(message)
+        self.advice = advice
 
 
 @dataclass(frozen=True)
@@ -147,7 +152,8 @@ class PilotRun:
                 record.detail = gate(record)
                 record.verdict = "pass"
             except PhaseFailure as failure:
-                record.verdict, record.detail = "fail", f"{failure} -> {ADVICE[name]}"
+                record.verdict = "fail"
+                record.detail = f"{failure} -> {failure.advice or ADVICE[name]}"
             except Exception as error:  # the task's own code failed inside this phase
                 record.verdict = "fail"
                 record.detail = f"{type(error).__name__}: {error} -> {ADVICE[name]}"
@@ -322,7 +328,8 @@ class PilotRun:
                  "pilot": {"overfit_metric": self.options.overfit_metric}}
         problem = metric_problem(named, scores, own)
         if problem is not None:
-            raise PhaseFailure(problem)
+            raise PhaseFailure(problem, advice="the spec must name a metric the task produces; "
+                               "plan it again under a new name with that key fixed")
         return f"val/loss {total / max(1, units):.4g}; " + ", ".join(
             [f"val/{k} {v:.4g}" for k, v in scores.items()]
             + [f"{k} {v:.4g}" for k, v in estimate.items()]

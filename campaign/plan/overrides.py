@@ -91,6 +91,8 @@ def _place(document: dict[str, Any], key: str, value: Any) -> str:
         if head in DOTTED_TABLES:
             if head == "config":
                 _refuse_shadowed(document, rest, key)
+            else:
+                _refuse_free(document, rest, key)
             table[rest] = value
             return f'{head}."{rest}"'
         if head == "grid" and rest.split(".")[0] == "variants":
@@ -107,6 +109,9 @@ def _place(document: dict[str, Any], key: str, value: Any) -> str:
     if key in (document.get("hold") or {}):
         document["hold"][key] = value
         return f'hold."{key}"'
+    if key in ("seed", "seeds"):
+        raise SpecError(f"--set {key}: a run's seed is one of grid.seeds "
+                        "(e.g. --set grid.seeds=[0,1,2])")
     _refuse_shadowed(document, key, key)
     _table(document, "config", key)[key] = value
     return f'config."{key}"'
@@ -126,6 +131,19 @@ def _refuse_shadowed(document: dict[str, Any], key: str, given: str) -> None:
                         "variants in the file)")
 
 
+def _refuse_free(document: dict[str, Any], key: str, given: str) -> None:
+    """``--set hold.KEY`` of a key the file leaves free (the control's ``[config]``, an axis,
+    a variant's ``set``): a key is either held or free, and the override names which."""
+    grid = document.get("grid") if isinstance(document.get("grid"), dict) else {}
+    variants = [v for v in grid.get("variants") or [] if isinstance(v, dict)]
+    where = ("grid.axes" if key in (grid.get("axes") or {}) else
+             "[config]" if key in (document.get("config") or {}) else
+             "a variant's set" if any(key in (v.get("set") or {}) for v in variants) else None)
+    if where:
+        raise SpecError(f"--set {given}: {key} is free in the spec ({where}); a key is either "
+                        f"held or free (--set {key}=VALUE sets the control's value)")
+
+
 def _table(parent: dict[str, Any], name: str, key: str) -> dict[str, Any]:
     """``parent[name]``, a table (made when absent); one line when the spec has a value
     there."""
@@ -139,8 +157,12 @@ def named(message: str, where: str, origins: dict[str, str]) -> str:
     """A refusal that names a key path an override put there says the override instead
     (``spec.toml: --set optimizer.lr: expected a number ...``)."""
     for path, given in sorted(origins.items(), key=lambda item: -len(item[0])):
-        prefix = f"{where}: {path}"
-        if message.startswith(prefix) and message[len(prefix):len(prefix) + 1] in (":", "[",
-                                                                                    ".", " "):
-            return f"{where}: {given}{message[len(prefix):]}"
+        # config."seed" is written config.seed where it needs no quotes; a task's own refusal
+        # names the bare key (campaign.task: task.hiddn: ...)
+        bare = path.replace('"', "")
+        key = given.removeprefix("--set ")
+        for prefix in (f"{where}: {path}", f"{where}: {bare}", f"{where}: campaign.task: {key}"):
+            if message.startswith(prefix) and message[len(prefix):len(prefix) + 1] in (
+                    ":", "[", ".", " "):
+                return f"{where}: {given}{message[len(prefix):]}"
     return message

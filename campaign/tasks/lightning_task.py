@@ -110,9 +110,13 @@ class LightningTask:
     def _module(self) -> Any:
         try:
             return self.module_class(**self.module_args)
-        except TypeError as error:
-            raise ValueError(f"task.module: {self.module_class.__name__}("
-                             f"{', '.join(self.module_args)}) failed: {error}") from None
+        except Exception as error:  # the user's __init__, given the spec's task keys
+            raise ValueError(f"task.module: {self.module_class.__name__}({self._given()}) "
+                             f"failed: {type(error).__name__}: {error}") from None
+
+    def _given(self) -> str:
+        """The module's arguments as the spec gives them (task.lr='fast'), for an error line."""
+        return ", ".join(f"task.{key}={value!r}" for key, value in self.module_args.items())
 
     def _dataloaders(self) -> dict[str, Any]:
         if self._loaders is None:
@@ -173,7 +177,13 @@ class LightningTask:
             if problem:
                 return problem
             if self.source == "module":
-                parse_optimizers(module.configure_optimizers(), name)
+                try:
+                    given = module.configure_optimizers()
+                except Exception as error:  # the user's code, on the spec's arguments
+                    return (f"task.module: {name}.configure_optimizers() failed with "
+                            f"{self._given() or 'no task arguments'}: "
+                            f"{type(error).__name__}: {error}")
+                parse_optimizers(given, name)
         except ValueError as error:
             return str(error)
         return None

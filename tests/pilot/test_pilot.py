@@ -433,6 +433,7 @@ def test_a_metric_validation_does_not_produce_fails_the_validation_phase(
     assert verdict == "fail"
     assert ("validation.metric: 'val/acc' is not a metric this task produces (did you mean "
             "'val/accuracy'? it produces val/loss, val/accuracy)") in detail
+    assert "eval mode" not in detail and "name a metric the task produces" in detail
 
 
 def test_the_training_sample_estimate_is_piloted_and_timed(ledger: Ledger, tmp_path: Path) -> None:

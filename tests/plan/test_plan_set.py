@@ -73,6 +73,10 @@ def test_a_refused_override_names_the_override_and_writes_nothing(sqlite_url: st
         "grid.control=lr-9": "grid.control",
         "campaign.nme=x": "--set campaign.nme",
         "config.optimizer.lr=1": "--set config.optimizer.lr: every variant sets optimizer.lr",
+        "seed=3": "--set seed: a run's seed is one of grid.seeds",
+        "loop.sampling=later": "--set loop.sampling: ",  # a key the spec writes unquoted
+        "hold.optimizer.lr=1": "--set hold.optimizer.lr: optimizer.lr is free in the spec "
+                               "([config]); a key is either held or free",
     }
     for item, words in cases.items():
         result = cli(sqlite_url, "plan", str(SPEC), "--set", item)

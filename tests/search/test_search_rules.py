@@ -109,8 +109,9 @@ def test_the_example_search_plans(sqlite_url: str) -> None:
 def test_a_run_paused_at_an_undecided_rung_is_not_resumed_by_hand(
     sqlite_ledger: Ledger, sqlite_url: str, tmp_path: Path
 ) -> None:
-    """A worker stopped after one run leaves it paused at its rung; `campaign resume` of it
-    is refused (one line, nothing changed): only the rung's decision continues it."""
+    """A worker stopped after one run leaves it paused at its rung; `campaign resume` or
+    `campaign relaunch` of it is refused (one line, nothing changed): only the rung's decision
+    continues it."""
     spec = write_spec(tmp_path, "paused")
     plan_and_pilot(sqlite_url, spec, "paused", tmp_path / "p")
     runs = sqlite_ledger.runs("paused")
@@ -131,3 +132,9 @@ def test_a_run_paused_at_an_undecided_rung_is_not_resumed_by_hand(
     assert len(lines) == 1 and "waits at rung 10" in lines[0], refused.stderr
     after = sqlite_ledger.run(run["run_id"])
     assert (after.status, after.stop_step) == ("interrupted", 10)
+    # Nor relaunched: the original would wait at its rung for good.
+    refused = invoke(sqlite_url, "relaunch", run["run_id"], "--reason", "a second look")
+    lines = refused.stderr.strip().splitlines()
+    assert refused.returncode == 2 and len(lines) == 1, refused.stderr
+    assert "is paused at rung 10 of its search" in lines[0]
+    assert len(sqlite_ledger.runs("paused")) == len(runs)

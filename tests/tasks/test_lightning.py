@@ -140,6 +140,10 @@ def test_a_module_with_its_own_data_plans_pilots_and_trains(tmp_path: Path) -> N
     ("Counting", "", "Counting.training_step reads self.global_step; there is no Lightning "
                      "Trainer"),
     ("Indexed", "", "Indexed.training_step reads batch_idx, which has no equal"),
+    ("Classifier", '"task.lr" = -1\n', "Classifier.configure_optimizers() failed with "
+                                        "task.lr=-1: ValueError: Invalid learning rate"),
+    ("Classifier", '[config]\n"task.hidden" = "wide"\n',
+     "task.module: Classifier(task.hidden='wide') failed: TypeError"),
     ("Classifier", '[config]\n"task.hidden" = 8\n', None),  # fine: planned
 ])
 def test_what_the_loop_cannot_honour_is_one_line_at_plan(sqlite_url: str, tmp_path: Path,
@@ -159,6 +163,17 @@ def test_what_the_loop_cannot_honour_is_one_line_at_plan(sqlite_url: str, tmp_pa
     assert done.exit_code == 2, done.output
     assert words in done.stderr, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+
+
+def test_an_override_of_the_modules_arguments_is_named_in_its_refusal(sqlite_url: str,
+                                                                     tmp_path: Path) -> None:
+    spec = _spec(tmp_path, "Classifier", f'"task.datamodule" = "{MODULES}:Blobs"\n')
+    done = CliRunner().invoke(main, ["--ledger", sqlite_url, "plan", str(spec), "--dry-run",
+                                     "--set", "task.hiddn=8"])
+    assert done.exit_code == 2, done.output
+    assert (f"{spec}: --set task.hiddn: not an argument of Classifier.__init__ (did you mean "
+            "'hidden'?") in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
 
 
 def test_unequal_microbatches_weigh_examples_where_lightning_weighs_microbatches() -> None:
