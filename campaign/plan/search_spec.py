@@ -163,6 +163,14 @@ def check_search(search: SearchSection | None, seeds: Sequence[int], hold: Mappi
         for name in ("trials", "cohort"):
             if name in search.model_fields_set:
                 raise refuse(name, "only with a [search.space] to sample")
+    if search.cohort is not None and search.trials is not None and search.cohort > search.trials:
+        raise refuse("cohort", f"{search.cohort} proposed together, of {search.trials} trials "
+                     "in all: at most search.trials")
+    candidates = (search.trials or 0) + len(variants) - 1  # the control is not a candidate
+    if search.confirm > candidates:
+        raise refuse("confirm", f"{search.confirm} variants to confirm, of {candidates} the "
+                     "search can have (search.trials and the grid's variants beside the "
+                     "control)")
     for i, rung in enumerate(search.rungs):
         if rung < 1 or (i and rung <= search.rungs[i - 1]):
             raise refuse(f"rungs[{i}]", f"expected increasing updates from 1, got {rung}")

@@ -392,6 +392,12 @@ def _describe(error: Mapping[str, Any], model: type[BaseModel]) -> str:
         close = difflib.get_close_matches(str(loc[-1]), known, n=1)
         hint = f"did you mean {close[0]!r}?" if close else f"expected one of {', '.join(known)}"
         message = f"unknown key ({hint})"
+        if loc[:2] == ["search", "space"] and len(loc) > 3 and isinstance(error.get("input"),
+                                                                           dict):
+            # optimizer.lr = {...} unquoted is TOML's table optimizer holding lr
+            dotted = ".".join(map(str, loc[2:]))
+            message += (f'; a dotted config key is quoted in [search.space]: "{dotted}" = '
+                        "{ log_uniform = [...] }")
     elif kind == "missing":
         message = "required key is missing"
     elif union:

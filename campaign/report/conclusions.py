@@ -106,7 +106,14 @@ def _verdict_words(row: Any) -> str:
         return f"{row.variant}: no valid runs ({row.reason})"
     text = f"{row.variant}: {row.verdict.replace('_', ' ')}, {_delta(row.mean_delta)}"
     if row.ci_low is not None and not pd.isna(row.ci_low):
-        return text + f" [{_delta(row.ci_low)}, {_delta(row.ci_high)}] over {row.pairs} seeds"
+        interval = f"[{_delta(row.ci_low)}, {_delta(row.ci_high)}]"
+        if row.verdict == "within_noise" and (row.ci_low > 0 or row.ci_high < 0):
+            # a search's verdict is Holm's over its confirmed comparisons: the interval shown is
+            # each comparison's own, which alone would have excluded zero
+            return (f"{row.variant}: within noise after Holm's correction, "
+                    f"{_delta(row.mean_delta)} {interval} (uncorrected 95%) over {row.pairs} "
+                    "seeds")
+        return text + f" {interval} over {row.pairs} seeds"
     return (f"{row.variant}: too few seeds to estimate, {_delta(row.mean_delta)} over "
             f"{row.pairs} seed{'s' * (row.pairs > 1)} (an interval needs {MIN_PAIRS})")
 

@@ -49,6 +49,8 @@ def metric_chart(sheet: BalanceSheet, key: str) -> bytes | None:
         return None
     runs = sheet.runs[sheet.runs["status"] != "withdrawn"]
     counted = runs[runs["original"] & runs["status"].isin(VALUED)]
+    if sheet.search is not None:  # a search counts its confirmation runs alone, as its tables
+        counted = counted[counted["seed"].isin(sheet.search["confirm_seeds"])]
     series = _arrays(points)
     healthy = points[points["run_id"].isin(counted["run_id"])]["value"]
     low, high = _range(healthy if len(healthy) else points["value"])
@@ -88,6 +90,9 @@ def metric_chart(sheet: BalanceSheet, key: str) -> bytes | None:
                       f"{chosen['run_id'].nunique()}",
                       path_effects=[patheffects.withStroke(linewidth=5, foreground="black")]
                       if control else None)
+        elif sheet.search is not None:  # searched, never confirmed: its seeds' lines only
+            axis.plot([], [], color=colour, linewidth=0.7,
+                      label=f"{variant}: search runs ({len(mine)}), not confirmed")
         else:
             axis.plot([], [], color=colour, linewidth=2.2, label=f"{variant}: no valid run")
     axis.autoscale_view()
@@ -100,7 +105,9 @@ def metric_chart(sheet: BalanceSheet, key: str) -> bytes | None:
     axis.xaxis.set_major_locator(MaxNLocator(integer=True))
     axis.set_xlabel("update")
     axis.set_ylabel(key)
-    axis.set_title(f"{key}: mean over counted seeds, min-max band, thin line per seed; "
+    counted_words = ("counted seeds" if sheet.search is None else
+                     "confirmation seeds (a search's counted runs)")
+    axis.set_title(f"{key}: mean over {counted_words}, min-max band, thin line per seed; "
                    "^ left the range, x stopped", fontsize=9)
     axis.legend(fontsize=8, loc="best")
     axis.grid(alpha=0.3)
@@ -132,8 +139,9 @@ def _seed_lines(axis: Any, lines: list[tuple[np.ndarray, np.ndarray]], colour: A
         arrays = [np.column_stack(line) for line in lines]
         axis.add_collection(LineCollection(arrays, colors=[colour], linewidths=0.5, alpha=0.3))
         return
-    for steps, values in lines:
-        axis.plot(steps, values, color=colour, linewidth=0.7, alpha=0.45)
+    for steps, values in lines:  # a run with one point (pruned at its first rung): a dot
+        axis.plot(steps, values, color=colour, linewidth=0.7, alpha=0.45,
+                  marker="." if len(steps) == 1 else None)
 
 
 def _clipped_end(axis: Any, steps: np.ndarray, values: np.ndarray, low: float, high: float,

@@ -222,9 +222,14 @@ def search_words(search: dict[str, Any]) -> tuple[str, str]:
                        f"{audit['wrong']} of {audit['judged']} would have survived to the end: "
                        f"wrong-prune rate {audit['rate']:.0%}, 95% interval "
                        f"[{low:.0%}, {high:.0%}] ({audit['method']}).")
-    else:
+    elif not search["rule"]:
+        audit_words = f"Method {search['method']} prunes nothing: there is nothing to audit."
+    elif audit["audited"]:
         audit_words = (f"No audited variant has ended yet ({audit['pruned']} pruned, "
                        f"{audit['audited']} audited; search.audit = {search['audit_share']}).")
+    else:  # none drawn (the share, or chance), or every pruned one without a value
+        audit_words = (f"No pruned variant was audited ({audit['pruned']} pruned; search.audit "
+                       f"= {search['audit_share']}): the wrong-prune rate is not measured.")
     rungs = ", ".join(map(str, search["rungs"])) or "none"
     summary = (f"method {search['method']}"
                + (f", sampler {search['sampler']}" if search["sampler"] else "")

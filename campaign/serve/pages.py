@@ -66,6 +66,8 @@ def campaign_page(watcher: Watcher, name: str) -> str:
         "keys": shown, "all_keys": sorted(set(all_keys) | set(shown)),
         "variants": list(dict.fromkeys(runs["variant"])),
         "ended_at_load": int(runs["status"].isin(tuple(TERMINAL_STATUSES)).sum()),
+        # a search counts its confirmation runs alone (docs/search.md), so do its means
+        "confirm_seeds": sheet.search["confirm_seeds"] if sheet.search is not None else None,
         "initial": initial,
     }
     return render("campaign.html", **sheet_context(sheet), page=page, ledger=reader.url,

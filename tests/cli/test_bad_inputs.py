@@ -121,6 +121,12 @@ SPECS: dict[str, tuple[str, str]] = {  # name -> (spec text, expected words)
                       "search.method"),
     "search-patience": (_search().replace("[stop]\n", "[stop]\npatience = 2\n"),
                         "stop.patience = 0"),
+    "search-cohort": (_search().replace("trials = 4\n", "trials = 4\ncohort = 10\n"),
+                      "search.cohort: 10 proposed together, of 4 trials"),
+    "search-confirm-many": (_search().replace("trials = 4\n", "trials = 4\nconfirm = 9\n"),
+                            "search.confirm: 9 variants to confirm, of 4"),
+    "search-unquoted-key": (_search().replace('"optimizer.lr" = {', "optimizer.lr = {"),
+                            '"optimizer.lr" = { log_uniform'),
     # a task's own order asked of a task without one; an offset past the validation period
     "task-order-missing": (_spec(hold='"loop.sampling" = "task"'), "training_order"),
     "task-order-epochs": (_spec(hold='"loop.sampling" = "task"\n"budget.epochs" = 2').replace(

@@ -138,3 +138,30 @@ def test_a_run_paused_at_an_undecided_rung_is_not_resumed_by_hand(
     assert refused.returncode == 2 and len(lines) == 1, refused.stderr
     assert "is paused at rung 10 of its search" in lines[0]
     assert len(sqlite_ledger.runs("paused")) == len(runs)
+
+
+def test_a_verdict_holm_withholds_says_its_interval_is_uncorrected() -> None:
+    """Three confirmed comparisons, each of whose own interval excludes zero (p near 0.03),
+    none beyond noise once corrected for the others: the conclusion must not print an
+    interval that excludes zero beside "within noise" without saying it is uncorrected."""
+    import pandas as pd
+
+    from campaign.report.conclusions import campaign_conclusion, conclusions
+    from campaign.report.search_section import holm_verdicts
+
+    found = {"t0": [0.15, 0.2, 0.25], "t1": [0.16, 0.21, 0.26], "t2": [0.13, 0.18, 0.23]}
+    deltas = pd.DataFrame([{"variant": v, "seed": s, "delta": d}
+                           for v, values in found.items() for s, d in enumerate(values)])
+    variants = pd.DataFrame([{"variant": v, "is_control": v == "base", "n": 3, "planned": 3}
+                             for v in ("base", *found)])
+    table = conclusions(variants, deltas, pd.DataFrame(columns=["variant"]), "max")
+    assert set(table["verdict"]) == {"better"} and (table["ci_low"] > 0).all()
+    table, tests = holm_verdicts(table, deltas, "max")
+    assert set(table["verdict"]) == {"within_noise"}
+    assert all(tests[v]["p"] < 0.05 <= tests[v]["p_holm"] for v in found)
+    text = campaign_conclusion("q?", "base", table, "val/acc", "max", 0, 0)
+    assert "No variant differs from the control base beyond noise" in text
+    for variant in found:
+        assert f"{variant}: within noise after Holm's correction, +0." in text
+    assert "p = 0.0" in table["reason"].iloc[0] and "Holm" in table["reason"].iloc[0]
+    assert text.count("(uncorrected 95%)") == 3

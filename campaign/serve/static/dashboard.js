@@ -318,7 +318,8 @@
       data.push(column);
       const tint = run.original ? colour.get(run.variant) : "#737373";
       series.push({label: run.id, stroke: run.original ? tint + "73" : tint, width: run.original ? 0.8 : 1,
-                   dash: run.original ? undefined : [6, 4], spanGaps: true, points: {show: false}});
+                   dash: run.original ? undefined : [6, 4], spanGaps: true,
+                   points: {show: line.steps.length === 1}});  // pruned at its first rung: a dot
       if (bad && line.steps.length) {
         const lastValue = line.values[line.values.length - 1];
         const lastY = lastValue === null || !isFinite(lastValue) ? high : Math.min(high, Math.max(low, lastValue));
@@ -336,14 +337,17 @@
     const bands = [];
     chart.legend.replaceChildren();
     for (const variant of variants) {
-      const counted = runs.filter((r) => r.variant === variant && r.original && COUNTED.has(r.status));
+      const counted = runs.filter((r) => r.variant === variant && r.original && COUNTED.has(r.status)
+        && (!PAGE.confirm_seeds || PAGE.confirm_seeds.includes(Number(r.seed))));
       const tint = colour.get(variant);
       const isControl = runs.some((r) => r.variant === variant && r.is_control);
       const swatch = make("span", "swatch");
       swatch.style.background = tint;
       const entry = make("span", "entry");
       entry.append(swatch, variant + (isControl ? " (control)" : "") + ": "
-        + (counted.length ? "mean of " + counted.length : "no seed that counts (none completed, stopped or running)"));
+        + (counted.length ? "mean of " + counted.length + (PAGE.confirm_seeds ? " confirmation runs" : "")
+          : PAGE.confirm_seeds ? "search runs only, not confirmed"
+          : "no seed that counts (none completed, stopped or running)"));
       chart.legend.appendChild(entry);
       if (!counted.length) continue;
       const lo = new Array(xs.length).fill(null), hi = new Array(xs.length).fill(null);
