@@ -24,3 +24,12 @@ ADVICE = {
     "overfit": "a handful of examples must be learnable: check labels, loss and masks "
     "(inspect), and the learning rate",
 }
+
+
+class PhaseFailure(Exception):
+    """A gate's verdict: the phase ran, and what it checked does not hold. ``advice`` replaces
+    the phase's own where the failure says something else (a metric name, not the mode)."""
+
+    def __init__(self, message: str, advice: str | None = None) -> None:
+        super().__init__(message)
+        self.advice = advice

@@ -37,7 +37,7 @@ from campaign.loop.run_files import artifacts_environment
 from campaign.loop.task import TaskContract, build_task
 from campaign.loop.trainer import SeededSplits
 from campaign.pilot import activations
-from campaign.pilot.advice import ADVICE
+from campaign.pilot.advice import ADVICE, PhaseFailure
 from campaign.pilot.data_gate import check_data, gate_samples
 from campaign.pilot.overfit import PilotOptions, varied
 from campaign.pilot.replica_check import check_replicas
@@ -46,15 +46,6 @@ from campaign.pilot.strategies import state_facts
 from campaign.plan.metric_names import metric_problem, produced
 from campaign.stack.devices import precision_problem, refuse_missing_device
 from campaign.stack.software import environment
-
-
-class PhaseFailure(Exception):
-    """A gate's verdict: the phase ran, and what it checked does not hold. ``advice`` replaces
-    the phase's own where the failure says something else (a metric name, not the mode)."""
-
-    def __init__(self, message: str, advice: str | None = None) -> None:
-        super().__init__(message)
-        self.advice = advice
 
 
 @dataclass(frozen=True)
