@@ -140,8 +140,11 @@ def _refuse_free(document: dict[str, Any], key: str, given: str) -> None:
              "[config]" if key in (document.get("config") or {}) else
              "a variant's set" if any(key in (v.get("set") or {}) for v in variants) else None)
     if where:
+        instead = ("edit the file" if where != "[config]" or any(
+            key in (v.get("set") or {}) for v in variants) else
+            f"--set {key}=VALUE sets the control's value")
         raise SpecError(f"--set {given}: {key} is free in the spec ({where}); a key is either "
-                        f"held or free (--set {key}=VALUE sets the control's value)")
+                        f"held or free ({instead})")
 
 
 def _table(parent: dict[str, Any], name: str, key: str) -> dict[str, Any]:
@@ -160,7 +163,7 @@ def named(message: str, where: str, origins: dict[str, str]) -> str:
         # config."seed" is written config.seed where it needs no quotes; a task's own refusal
         # names the bare key (campaign.task: task.hiddn: ...)
         bare = path.replace('"', "")
-        key = given.removeprefix("--set ")
+        key = path.split('"')[1] if '"' in path else bare  # config."task.x" -> task.x
         for prefix in (f"{where}: {path}", f"{where}: {bare}", f"{where}: campaign.task: {key}"):
             if message.startswith(prefix) and message[len(prefix):len(prefix) + 1] in (
                     ":", "[", ".", " "):

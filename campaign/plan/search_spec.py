@@ -107,7 +107,8 @@ def search_plan(document: Mapping[str, Any]) -> SearchPlan | None:
     if search.method == "grid":
         return None
     trials = search.trials or 0
-    cohort = search.cohort or (trials if search.method != "tpe" else min(trials, 4)) or 1
+    # at most every trial at once (one cohort: the same proposals, said as they are made)
+    cohort = min(search.cohort or (trials if search.method != "tpe" else 4), trials) or 1
     return SearchPlan(
         method=search.method,
         sampler=(search.method if search.method in ("random", "tpe")
@@ -163,9 +164,6 @@ def check_search(search: SearchSection | None, seeds: Sequence[int], hold: Mappi
         for name in ("trials", "cohort"):
             if name in search.model_fields_set:
                 raise refuse(name, "only with a [search.space] to sample")
-    if search.cohort is not None and search.trials is not None and search.cohort > search.trials:
-        raise refuse("cohort", f"{search.cohort} proposed together, of {search.trials} trials "
-                     "in all: at most search.trials")
     candidates = (search.trials or 0) + len(variants) - 1  # the control is not a candidate
     if search.confirm > candidates:
         raise refuse("confirm", f"{search.confirm} variants to confirm, of {candidates} the "

@@ -376,6 +376,17 @@ def _first(error: ValidationError) -> dict[str, Any]:
     return next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
 
 
+def _quote_hint(names: list[str], table: Mapping[str, Any]) -> str:
+    """``optimizer.lr = {...}`` unquoted is TOML's table ``optimizer`` holding ``lr``: the key
+    path down to the table that holds a distribution, quoted, as the hint."""
+    forms = ("log_uniform", "uniform", "int", "choice")
+    while isinstance(table, Mapping) and len(table) == 1 and not set(table) & set(forms):
+        (name, table), = table.items()
+        names.append(str(name))
+    return (f'; a dotted config key is quoted in [search.space]: "{".".join(names)}" = '
+            "{ log_uniform = [...] }")
+
+
 def _describe(error: Mapping[str, Any], model: type[BaseModel]) -> str:
     """One pydantic error as ``key.path: expected ...``."""
     raw_loc = list(error["loc"])
@@ -394,10 +405,7 @@ def _describe(error: Mapping[str, Any], model: type[BaseModel]) -> str:
         message = f"unknown key ({hint})"
         if loc[:2] == ["search", "space"] and len(loc) > 3 and isinstance(error.get("input"),
                                                                            dict):
-            # optimizer.lr = {...} unquoted is TOML's table optimizer holding lr
-            dotted = ".".join(map(str, loc[2:]))
-            message += (f'; a dotted config key is quoted in [search.space]: "{dotted}" = '
-                        "{ log_uniform = [...] }")
+            message += _quote_hint([str(p) for p in loc[2:]], error["input"])
     elif kind == "missing":
         message = "required key is missing"
     elif union:

@@ -119,8 +119,8 @@ def _reachable(tracking_uri: str) -> None:
 def _mirror(client: Any, reader: LedgerReader, campaign: str) -> Mirrored:
     """The experiment (made, or found and checked to be this campaign's), then each run."""
     record = reader.campaign(campaign)
-    identity = (record.run_ids[0] if record.run_ids else
-                f"{record.spec_sha256}@{record.created_at.isoformat()}")
+    provisional = f"{record.spec_sha256}@{record.created_at.isoformat()}"  # before its 1st run
+    identity = record.run_ids[0] if record.run_ids else provisional
     experiment = client.get_experiment_by_name(campaign)
     if experiment is None:
         experiment_id = client.create_experiment(campaign, tags={
@@ -130,9 +130,9 @@ def _mirror(client: Any, reader: LedgerReader, campaign: str) -> Mirrored:
     else:
         experiment_id = experiment.experiment_id
         existing = _mirrored_runs(client, experiment_id)
-        _check_ours(campaign, experiment, existing, record.spec_sha256, identity,
+        _check_ours(campaign, experiment, existing, record.spec_sha256, identity, provisional,
                     set(record.run_ids))
-        if IDENTITY_TAG not in experiment.tags:  # mirrored before the tag existed
+        if experiment.tags.get(IDENTITY_TAG) != identity:  # mirrored before the tag, or runs
             client.set_experiment_tag(experiment_id, IDENTITY_TAG, identity)
     parent = existing.pop(f"campaign:{campaign}", None) or client.create_run(
         experiment_id, run_name=campaign, tags={CAMPAIGN_TAG: campaign})
@@ -165,7 +165,7 @@ def _mirror(client: Any, reader: LedgerReader, campaign: str) -> Mirrored:
 
 
 def _check_ours(campaign: str, experiment: Any, existing: dict[str, Any], spec_sha256: str,
-                identity: str, run_ids: set[str]) -> None:
+                identity: str, provisional: str, run_ids: set[str]) -> None:
     """An experiment of the campaign's name that mirrors something else is left alone: another
     spec, a team's own experiment, or the same spec planned in another ledger (a reproduction,
     a colleague's copy), told apart by the campaign's first run id and by its runs' ids."""
@@ -174,8 +174,8 @@ def _check_ours(campaign: str, experiment: Any, existing: dict[str, Any], spec_s
     if theirs != spec_sha256:
         whose = (f"a campaign with another spec (sha256 {theirs[:12]})" if theirs else
                  "something other than a campaign mirror")
-    elif tags.get(IDENTITY_TAG, identity) != identity or not set(existing).issubset(
-            run_ids | {f"campaign:{campaign}"}):
+    elif tags.get(IDENTITY_TAG, identity) not in (identity, provisional) or not set(
+            existing).issubset(run_ids | {f"campaign:{campaign}"}):
         whose = ("the same spec's campaign from another ledger (its runs' ids are not this "
                  "campaign's)")
     else:

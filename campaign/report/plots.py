@@ -48,11 +48,11 @@ def metric_chart(sheet: BalanceSheet, key: str) -> bytes | None:
     if points.empty:
         return None
     runs = sheet.runs[sheet.runs["status"] != "withdrawn"]
-    counted = runs[runs["original"] & runs["status"].isin(VALUED)]
-    if sheet.search is not None:  # a search counts its confirmation runs alone, as its tables
-        counted = counted[counted["seed"].isin(sheet.search["confirm_seeds"])]
+    valued = runs[runs["original"] & runs["status"].isin(VALUED)]
+    counted = valued if sheet.search is None else (  # a search counts its confirmation runs
+        valued[valued["seed"].isin(sheet.search["confirm_seeds"])])  # alone, as its tables
     series = _arrays(points)
-    healthy = points[points["run_id"].isin(counted["run_id"])]["value"]
+    healthy = points[points["run_id"].isin(valued["run_id"])]["value"]  # the search's too
     low, high = _range(healthy if len(healthy) else points["value"])
     logarithmic = key.endswith("loss") and low > 0 and high / low > 20
     figure, axis = plt.subplots(figsize=(9.5, 4.2))
@@ -90,9 +90,9 @@ def metric_chart(sheet: BalanceSheet, key: str) -> bytes | None:
                       f"{chosen['run_id'].nunique()}",
                       path_effects=[patheffects.withStroke(linewidth=5, foreground="black")]
                       if control else None)
-        elif sheet.search is not None:  # searched, never confirmed: its seeds' lines only
+        elif sheet.search is not None:  # its search seeds' lines only, for now or for good
             axis.plot([], [], color=colour, linewidth=0.7,
-                      label=f"{variant}: search runs ({len(mine)}), not confirmed")
+                      label=f"{variant}: {search_label(sheet.search, variant, mine)}")
         else:
             axis.plot([], [], color=colour, linewidth=2.2, label=f"{variant}: no valid run")
     axis.autoscale_view()
@@ -112,6 +112,16 @@ def metric_chart(sheet: BalanceSheet, key: str) -> bytes | None:
     axis.legend(fontsize=8, loc="best")
     axis.grid(alpha=0.3)
     return _png(figure)
+
+
+def search_label(search: dict[str, Any], variant: str, runs: pd.DataFrame) -> str:
+    """A search's variant without a confirmation value yet: chosen (or the control), its
+    confirmation is pending; else it was searched and never confirmed."""
+    searched = f"search runs ({int(runs['seed'].isin(search['search_seeds']).sum())})"
+    chosen = search["confirmation"]["chosen"]
+    if variant in chosen or bool(runs["is_control"].any()):
+        return f"{searched}, confirmation pending"
+    return f"{searched}, not confirmed" if chosen else searched  # chosen at the search's end
 
 
 def _range(values: pd.Series) -> tuple[float, float]:

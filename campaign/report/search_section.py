@@ -224,9 +224,10 @@ def search_words(search: dict[str, Any]) -> tuple[str, str]:
                        f"[{low:.0%}, {high:.0%}] ({audit['method']}).")
     elif not search["rule"]:
         audit_words = f"Method {search['method']} prunes nothing: there is nothing to audit."
-    elif audit["audited"]:
-        audit_words = (f"No audited variant has ended yet ({audit['pruned']} pruned, "
-                       f"{audit['audited']} audited; search.audit = {search['audit_share']}).")
+    elif audit["audited"]:  # running, or its cohort left no survivor to compare it with
+        audit_words = (f"No audited variant has been judged ({audit['pruned']} pruned, "
+                       f"{audit['audited']} audited, judged once it and a survivor of its "
+                       f"cohort end; search.audit = {search['audit_share']}).")
     else:  # none drawn (the share, or chance), or every pruned one without a value
         audit_words = (f"No pruned variant was audited ({audit['pruned']} pruned; search.audit "
                        f"= {search['audit_share']}): the wrong-prune rate is not measured.")

@@ -110,9 +110,11 @@ class LightningTask:
     def _module(self) -> Any:
         try:
             return self.module_class(**self.module_args)
+        except (MemoryError, torch.cuda.OutOfMemoryError):
+            raise  # a run's stop cause (oom), not a refusal of its arguments
         except Exception as error:  # the user's __init__, given the spec's task keys
             raise ValueError(f"task.module: {self.module_class.__name__}({self._given()}) "
-                             f"failed: {type(error).__name__}: {error}") from None
+                             f"failed: {type(error).__name__}: {error}") from error
 
     def _given(self) -> str:
         """The module's arguments as the spec gives them (task.lr='fast'), for an error line."""

@@ -121,8 +121,6 @@ SPECS: dict[str, tuple[str, str]] = {  # name -> (spec text, expected words)
                       "search.method"),
     "search-patience": (_search().replace("[stop]\n", "[stop]\npatience = 2\n"),
                         "stop.patience = 0"),
-    "search-cohort": (_search().replace("trials = 4\n", "trials = 4\ncohort = 10\n"),
-                      "search.cohort: 10 proposed together, of 4 trials"),
     "search-confirm-many": (_search().replace("trials = 4\n", "trials = 4\nconfirm = 9\n"),
                             "search.confirm: 9 variants to confirm, of 4"),
     "search-unquoted-key": (_search().replace('"optimizer.lr" = {', "optimizer.lr = {"),

@@ -74,7 +74,7 @@ def test_a_refused_override_names_the_override_and_writes_nothing(sqlite_url: st
         "campaign.nme=x": "--set campaign.nme",
         "config.optimizer.lr=1": "--set config.optimizer.lr: every variant sets optimizer.lr",
         "seed=3": "--set seed: a run's seed is one of grid.seeds",
-        "loop.sampling=later": "--set loop.sampling: ",  # a key the spec writes unquoted
+        "foo=1": "--set foo: unknown key",  # a key the spec writes unquoted (config.foo)
         "hold.optimizer.lr=1": "--set hold.optimizer.lr: optimizer.lr is free in the spec "
                                "([config]); a key is either held or free",
     }

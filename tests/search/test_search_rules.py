@@ -165,3 +165,29 @@ def test_a_verdict_holm_withholds_says_its_interval_is_uncorrected() -> None:
         assert f"{variant}: within noise after Holm's correction, +0." in text
     assert "p = 0.0" in table["reason"].iloc[0] and "Holm" in table["reason"].iloc[0]
     assert text.count("(uncorrected 95%)") == 3
+
+
+def test_a_cohort_past_the_trials_is_one_cohort_of_every_trial() -> None:
+    from campaign.plan.search_spec import search_plan
+
+    section = {"method": "tpe", "trials": 3, "space": {"optimizer.lr": {"uniform": [0.1, 0.2]}}}
+    document = {"grid": {"seeds": [0, 1, 2]}, "search": section}
+    assert search_plan(document).cohort == 3  # tpe's default of 4, past 3 trials
+    plan = search_plan({**document, "search": {**section, "cohort": 10}})
+    assert (plan.cohort, plan.cohorts) == (3, 1)
+
+
+def test_a_searched_variants_legend_says_why_it_has_no_confirmation_mean() -> None:
+    import pandas as pd
+
+    from campaign.report.plots import search_label
+
+    search = {"search_seeds": [0, 1, 2], "confirmation": {"chosen": []}}
+    runs = pd.DataFrame({"seed": [0, 1, 2], "is_control": [False] * 3})
+    assert search_label(search, "t1", runs) == "search runs (3)"  # the search goes on
+    search["confirmation"]["chosen"] = ["t2"]
+    assert search_label(search, "t1", runs) == "search runs (3), not confirmed"
+    chosen = pd.DataFrame({"seed": [0, 1, 2, 10, 11, 12], "is_control": [False] * 6})
+    assert search_label(search, "t2", chosen) == "search runs (3), confirmation pending"
+    control = runs.assign(is_control=True)
+    assert search_label(search, "base", control) == "search runs (3), confirmation pending"

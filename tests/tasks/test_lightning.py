@@ -168,12 +168,13 @@ def test_what_the_loop_cannot_honour_is_one_line_at_plan(sqlite_url: str, tmp_pa
 def test_an_override_of_the_modules_arguments_is_named_in_its_refusal(sqlite_url: str,
                                                                      tmp_path: Path) -> None:
     spec = _spec(tmp_path, "Classifier", f'"task.datamodule" = "{MODULES}:Blobs"\n')
-    done = CliRunner().invoke(main, ["--ledger", sqlite_url, "plan", str(spec), "--dry-run",
-                                     "--set", "task.hiddn=8"])
-    assert done.exit_code == 2, done.output
-    assert (f"{spec}: --set task.hiddn: not an argument of Classifier.__init__ (did you mean "
-            "'hidden'?") in done.stderr, done.stderr
-    assert len(done.stderr.strip().splitlines()) == 1
+    for given in ("task.hiddn", "config.task.hiddn", "hold.task.hiddn"):
+        done = CliRunner().invoke(main, ["--ledger", sqlite_url, "plan", str(spec),
+                                         "--dry-run", "--set", f"{given}=8"])
+        assert done.exit_code == 2, done.output
+        assert (f"{spec}: --set {given}: not an argument of Classifier.__init__ (did you mean "
+                "'hidden'?") in done.stderr, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1
 
 
 def test_unequal_microbatches_weigh_examples_where_lightning_weighs_microbatches() -> None:

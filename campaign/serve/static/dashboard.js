@@ -337,16 +337,19 @@
     const bands = [];
     chart.legend.replaceChildren();
     for (const variant of variants) {
+      const confirming = (r) => !PAGE.confirm_seeds || PAGE.confirm_seeds.includes(Number(r.seed));
       const counted = runs.filter((r) => r.variant === variant && r.original && COUNTED.has(r.status)
-        && (!PAGE.confirm_seeds || PAGE.confirm_seeds.includes(Number(r.seed))));
+        && confirming(r));
       const tint = colour.get(variant);
       const isControl = runs.some((r) => r.variant === variant && r.is_control);
+      // a search's variant with confirmation runs planned (or its control): they will count
+      const pending = isControl || runs.some((r) => r.variant === variant && confirming(r));
       const swatch = make("span", "swatch");
       swatch.style.background = tint;
       const entry = make("span", "entry");
       entry.append(swatch, variant + (isControl ? " (control)" : "") + ": "
         + (counted.length ? "mean of " + counted.length + (PAGE.confirm_seeds ? " confirmation runs" : "")
-          : PAGE.confirm_seeds ? "search runs only, not confirmed"
+          : PAGE.confirm_seeds ? (pending ? "search runs, confirmation pending" : "search runs only")
           : "no seed that counts (none completed, stopped or running)"));
       chart.legend.appendChild(entry);
       if (!counted.length) continue;
