@@ -15,7 +15,8 @@ A ledger status maps to MLflow's own status: planned SCHEDULED, running RUNNING,
 completed/stopped/diverged FINISHED, failed/oom FAILED, interrupted/lost/withdrawn
 KILLED (the tag keeps the ledger's exact word). Run again, the mirror adds what is new
 (runs, points, a changed status, a new report) and leaves what is there: metric
-points already mirrored are not sent twice, params never change. The ledger stays the
+points already mirrored are not sent twice (each run's ``campaign.points_through`` tag says
+what is there), params never change. The ledger stays the
 truth: nothing is read back from MLflow into it.
 """
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import json
 import math
 import os
 import socket
@@ -45,10 +47,12 @@ REPORT_TAG = "campaign.report_sha256"
 SPEC_TAG = "campaign.spec_sha256"  # on the experiment: which spec it mirrors
 IDENTITY_TAG = "campaign.first_run_id"  # and which ledger's campaign: its first run's id
 CARD_TAG = "campaign.model_card"
+POINTS_TAG = "campaign.points_through"  # per key: the last step mirrored, points up to it
 STATUSES = {"planned": "SCHEDULED", "running": "RUNNING", "completed": "FINISHED",
             "stopped": "FINISHED", "diverged": "FINISHED", "failed": "FAILED", "oom": "FAILED",
             "interrupted": "KILLED", "lost": "KILLED", "withdrawn": "KILLED"}
-BATCH = 1000  # MLflow's most metrics per log_batch call
+BATCH = 1000  # MLflow's most entities (metrics, params, tags) per log_batch call
+MAX_TAG_CHARS = 8000  # MLflow's longest tag value
 PARAMS_BATCH = 100  # and params
 MAX_PARAM_CHARS = 6000
 MAX_PARAM_KEY = 250
@@ -151,7 +155,7 @@ def _mirror(client: Any, reader: LedgerReader, campaign: str) -> Mirrored:
         changed = _update_tags(client, mirrored, row)
         done.updated += changed and not new
         mine = points[points["run_id"] == row["run_id"]]
-        done.points += _send_points(client, mirrored.info.run_id, mine)
+        done.points += _send_points(client, mirrored, mine, new)
         _card(client, reader, mirrored, row)
     _report(client, reader, campaign, parent, record.spec)
     live = set(runs["status"]) & {"planned", "running"}  # the campaign: done once its runs are
@@ -260,20 +264,62 @@ def _update_tags(client: Any, mirrored: Any, row: dict[str, Any]) -> int:
     return int(bool(changed))
 
 
-def _send_points(client: Any, run_id: str, points: pd.DataFrame) -> int:
-    """The points of ``run_id`` not mirrored yet (by key and step)."""
+def _send_points(client: Any, mirrored: Any, points: pd.DataFrame, new_run: bool) -> int:
+    """The points of the mirrored run not mirrored yet, each batch sent with the run's
+    ``campaign.points_through`` tag: per key, the last step sent and how many points up to
+    it, written in the same ``log_batch`` (one transaction on the server), so that a mirror
+    run again reads what is there from the run it already has, not one metric history per
+    key. A key whose ledger count up to that step differs (points that reached the ledger
+    late, after an outage) and a run without the tag (an older mirror, or too many keys for
+    one tag) are read back from their histories, by step."""
     from mlflow.entities import Metric
 
-    new: list[Any] = []
+    run_id = mirrored.info.run_id
+    through = _through(mirrored)
+    tagged = dict(through)
+    sent: list[Any] = []
     for key, series in points.groupby("key"):
-        have = {m.step for m in client.get_metric_history(run_id, str(key))}
-        for point in series.itertuples():
-            if int(point.step) not in have:
-                new.append(Metric(str(key), float(point.value), _ms(point.wall_time) or 0,
-                                  int(point.step)))
-    for start in range(0, len(new), BATCH):
-        client.log_batch(run_id, metrics=new[start:start + BATCH])
-    return len(new)
+        key, series = str(key), series.sort_values("step")
+        steps = series["step"].astype(int)
+        mark = through.get(key)
+        if mark is not None and int((steps <= mark[0]).sum()) == mark[1]:
+            fresh = series[steps > mark[0]]
+        else:
+            have = set() if new_run else {m.step for m in client.get_metric_history(run_id,
+                                                                                   key)}
+            fresh = series[~steps.isin(have)]
+            through.pop(key, None)  # counted again: what is there, then what is sent
+            if have:
+                through[key] = (max(have), int(steps.isin(have).sum()))
+        sent += [Metric(key, float(point.value), _ms(point.wall_time) or 0, int(point.step))
+                 for point in fresh.itertuples()]
+    for start in range(0, len(sent), BATCH - 1):  # the tag is the batch's last entity
+        chunk = sent[start:start + BATCH - 1]
+        for metric in chunk:
+            last, count = through.get(metric.key, (-1, 0))
+            through[metric.key] = (max(last, metric.step), count + 1)
+        client.log_batch(run_id, metrics=chunk, tags=_points_tag(through))
+    if not sent and through != tagged:  # read back from histories: next time from the tag
+        client.log_batch(run_id, tags=_points_tag(through))
+    return len(sent)
+
+
+def _points_tag(through: dict[str, tuple[int, int]]) -> list[Any]:
+    """The ``campaign.points_through`` tag to send (none when too many keys for one tag)."""
+    from mlflow.entities import RunTag
+
+    text = json.dumps({k: list(v) for k, v in sorted(through.items())}, separators=(",", ":"))
+    return [RunTag(POINTS_TAG, text)] if len(text) <= MAX_TAG_CHARS else []
+
+
+def _through(mirrored: Any) -> dict[str, tuple[int, int]]:
+    """The run's ``campaign.points_through`` tag as {key: (last step, points up to it)}; empty
+    when it has none or it does not parse (then every key is read back)."""
+    try:
+        found = json.loads(mirrored.data.tags.get(POINTS_TAG) or "{}")
+        return {str(k): (int(v[0]), int(v[1])) for k, v in found.items()}
+    except (ValueError, TypeError, IndexError, AttributeError):
+        return {}
 
 
 def _card(client: Any, reader: LedgerReader, mirrored: Any, row: dict[str, Any]) -> None:

@@ -115,6 +115,7 @@ def test_a_campaign_mirrors_to_mlflow_and_a_second_mirror_adds_only_what_is_new(
     again = run(sqlite_url, "mirror", "mirrored", "--to", "mlflow", "--tracking-uri",
                 mlflow_server)
     assert again.returncode == 0 and "(0 new, 0 updated, 0 new points)" in again.stderr
+    _what_is_there_is_read_from_the_tag(client, experiment.experiment_id, points)
     assert client.get_run(parent.info.run_id).info.status == "RUNNING"  # one run planned
 
     # The third run trains and the first is relaunched: one run more, one updated.
@@ -174,3 +175,49 @@ def test_a_mirror_to_nowhere_or_of_nothing_is_one_line(sqlite_url: str) -> None:
         done = run(sqlite_url, "mirror", arguments[0], "--to", "mlflow", *arguments[1:])
         lines = done.stderr.strip().splitlines()
         assert done.returncode == code and len(lines) == 1 and words in lines[0], done.stderr
+
+
+class _Counting:
+    """A real MlflowClient whose metric-history reads are counted (what a mirror asks)."""
+
+    def __init__(self, client) -> None:
+        self.client, self.histories = client, 0
+
+    def get_metric_history(self, run_id: str, key: str):
+        self.histories += 1
+        return self.client.get_metric_history(run_id, key)
+
+    def __getattr__(self, name: str):
+        return getattr(self.client, name)
+
+
+def _what_is_there_is_read_from_the_tag(client, experiment_id: str, points) -> None:
+    """Each mirrored run's points_through tag says, per key, the last step sent and how many
+    points up to it; a mirror run again reads no history where the ledger agrees with it, and
+    reads the history of a key where it does not (or where the tag is gone), sending nothing
+    twice and writing the tag again."""
+    import json
+
+    from campaign.report.mlflow_mirror import POINTS_TAG, _send_points
+
+    for run_id, mirrored in _children(client, experiment_id).items():
+        mine = points[points["run_id"] == run_id]
+        if mine.empty:
+            assert POINTS_TAG not in mirrored.data.tags
+            continue
+        through = json.loads(mirrored.data.tags[POINTS_TAG])
+        assert through == {str(key): [int(s["step"].max()), len(s)]
+                           for key, s in mine.groupby("key")}
+        counting = _Counting(client)
+        assert _send_points(counting, mirrored, mine, False) == 0 and counting.histories == 0
+        # A point that reached the ledger late (the counts disagree), and a run without the
+        # tag (an older mirror): histories read, nothing sent, the tag written again.
+        key = sorted(through)[0]
+        for tags in ({POINTS_TAG: json.dumps({**through, key: [through[key][0], 1]})}, {}):
+            client.set_tag(mirrored.info.run_id, POINTS_TAG, tags.get(POINTS_TAG, "{}"))
+            stale = client.get_run(mirrored.info.run_id)
+            counting = _Counting(client)
+            assert _send_points(counting, stale, mine, False) == 0
+            assert counting.histories == (1 if tags else len(through))
+            fresh = client.get_run(mirrored.info.run_id)
+            assert json.loads(fresh.data.tags[POINTS_TAG]) == through
