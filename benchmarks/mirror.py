@@ -14,14 +14,8 @@ key's history read back). Both are the product's own code (``_send_points``).
 from __future__ import annotations
 
 import argparse
-import os
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -29,33 +23,7 @@ import pandas as pd
 from common import interleaved, report
 
 from campaign.report.mlflow_mirror import POINTS_TAG, _send_points
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def start_server(folder: Path) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-         "--backend-store-uri", f"sqlite:///{folder / 'mlflow.db'}",
-         "--artifacts-destination", str(folder / "artifacts"), "--workers", "1"],
-        cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True)
-    uri = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"{uri}/health", timeout=2) as answer:
-                if answer.status == 200:
-                    return server, uri
-        except OSError:
-            time.sleep(0.5)
-    os.killpg(server.pid, signal.SIGTERM)
-    raise SystemExit("mlflow server did not start")
+from tests.support.mlflow_server import mlflow_server
 
 
 def main() -> None:
@@ -67,44 +35,39 @@ def main() -> None:
     args = parser.parse_args()
     from mlflow.tracking import MlflowClient
 
-    with tempfile.TemporaryDirectory() as folder:
-        server, uri = start_server(Path(folder))
-        try:
-            client = MlflowClient(tracking_uri=uri)
-            experiment = client.create_experiment("bench")
-            runs: list[tuple[str, pd.DataFrame]] = []
-            for index in range(args.runs):
-                run_id = client.create_run(experiment).info.run_id
-                points = pd.DataFrame(
-                    [{"key": f"train/k{k}", "step": s, "value": 1.0 / (s + k + 1),
-                      "wall_time": pd.Timestamp("2026-12-06", tz="UTC")}
-                     for k in range(args.keys) for s in range(args.points)])
-                _send_points(client, client.get_run(run_id), points, True)
-                runs.append((run_id, points))
-                print(f"\rmirrored {index + 1}/{args.runs} runs", end="", file=sys.stderr)
-            print(file=sys.stderr)
-            tagged = {run_id: client.get_run(run_id) for run_id, _ in runs}
+    with tempfile.TemporaryDirectory() as folder, mlflow_server(Path(folder)) as uri:
+        client = MlflowClient(tracking_uri=uri)
+        experiment = client.create_experiment("bench")
+        runs: list[tuple[str, pd.DataFrame]] = []
+        for index in range(args.runs):
+            run_id = client.create_run(experiment).info.run_id
+            points = pd.DataFrame(
+                [{"key": f"train/k{k}", "step": s, "value": 1.0 / (s + k + 1),
+                  "wall_time": pd.Timestamp("2026-12-06", tz="UTC")}
+                 for k in range(args.keys) for s in range(args.points)])
+            _send_points(client, client.get_run(run_id), points, True)
+            runs.append((run_id, points))
+            print(f"\rmirrored {index + 1}/{args.runs} runs", end="", file=sys.stderr)
+        print(file=sys.stderr)
+        tagged = {run_id: client.get_run(run_id) for run_id, _ in runs}
 
-            def with_tag() -> None:
-                for run_id, points in runs:
-                    assert _send_points(client, tagged[run_id], points, False) == 0
+        def with_tag() -> None:
+            for run_id, points in runs:
+                assert _send_points(client, tagged[run_id], points, False) == 0
 
-            untagged = {run_id: SimpleNamespace(info=run.info, data=SimpleNamespace(
-                tags={k: v for k, v in run.data.tags.items() if k != POINTS_TAG}))
-                for run_id, run in tagged.items()}  # as a run mirrored before the tag
+        untagged = {run_id: SimpleNamespace(info=run.info, data=SimpleNamespace(
+            tags={k: v for k, v in run.data.tags.items() if k != POINTS_TAG}))
+            for run_id, run in tagged.items()}  # as a run mirrored before the tag
 
-            def histories() -> None:  # every key read back (and the tag written again)
-                for run_id, points in runs:
-                    assert _send_points(client, untagged[run_id], points, False) == 0
+        def histories() -> None:  # every key read back (and the tag written again)
+            for run_id, points in runs:
+                assert _send_points(client, untagged[run_id], points, False) == 0
 
-            medians = interleaved({"histories (one per key per run)": histories,
-                                   "points_through tag": with_tag}, args.rounds)
-            report(f"A repeat mirror of {args.runs} runs x {args.keys} keys x {args.points} "
-                   "points, nothing new", medians, "histories (one per key per run)",
-                   args.runs, "runs")
-        finally:
-            os.killpg(server.pid, signal.SIGTERM)
-            server.wait(timeout=30)
+        medians = interleaved({"histories (one per key per run)": histories,
+                               "points_through tag": with_tag}, args.rounds)
+        report(f"A repeat mirror of {args.runs} runs x {args.keys} keys x {args.points} "
+               "points, nothing new", medians, "histories (one per key per run)",
+               args.runs, "runs")
 
 
 if __name__ == "__main__":

@@ -79,8 +79,7 @@ def plan(source: LedgerSource, spec_path: str, dry_run: bool, sets: tuple[str, .
         raise refused(f"{spec_path}: {where}: {message}")
     the_plan = planning.make_plan(resolved, sizes=facts["sizes"])
     if facts["contract"] is not None:  # before anything is written (a task without describe())
-        raise LedgerInputError(named(f"{spec_path}: campaign.task: {facts['contract']}",
-                                     spec_path, resolved.origins))
+        raise refused(f"{spec_path}: campaign.task: {facts['contract']}")
     if facts.get("metrics") is not None:  # a metric the task never produces: no value, ever
         problem = metric_problem(resolved.document, facts["metrics"], facts.get("logged") or [])
         if problem is not None:

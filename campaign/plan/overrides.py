@@ -117,15 +117,21 @@ def _place(document: dict[str, Any], key: str, value: Any) -> str:
     return f'config."{key}"'
 
 
+def _varied_by(document: dict[str, Any], key: str) -> tuple[bool, list[bool]]:
+    """Whether ``grid.axes`` varies ``key``, and for each variant whether its ``set`` does."""
+    grid = document.get("grid") if isinstance(document.get("grid"), dict) else {}
+    variants = [v for v in grid.get("variants") or [] if isinstance(v, dict)]
+    return key in (grid.get("axes") or {}), [key in (v.get("set") or {}) for v in variants]
+
+
 def _refuse_shadowed(document: dict[str, Any], key: str, given: str) -> None:
     """A config key every variant sets itself: the control's ``[config]`` value would reach no
     run, and an override that changes nothing must not pass for one."""
-    grid = document.get("grid") if isinstance(document.get("grid"), dict) else {}
-    variants = [v for v in grid.get("variants") or [] if isinstance(v, dict)]
-    if key in (grid.get("axes") or {}):
+    on_axis, in_sets = _varied_by(document, key)
+    if on_axis:
         raise SpecError(f"--set {given}: grid.axes varies {key} across the variants; the "
                         f"override would change no run (set grid.axes.{key}=[...] instead)")
-    if variants and all(key in (v.get("set") or {}) for v in variants):
+    if in_sets and all(in_sets):
         raise SpecError(f"--set {given}: every variant sets {key} itself "
                         "(grid.variants[*].set); the override would change no run (edit the "
                         "variants in the file)")
@@ -134,15 +140,13 @@ def _refuse_shadowed(document: dict[str, Any], key: str, given: str) -> None:
 def _refuse_free(document: dict[str, Any], key: str, given: str) -> None:
     """``--set hold.KEY`` of a key the file leaves free (the control's ``[config]``, an axis,
     a variant's ``set``): a key is either held or free, and the override names which."""
-    grid = document.get("grid") if isinstance(document.get("grid"), dict) else {}
-    variants = [v for v in grid.get("variants") or [] if isinstance(v, dict)]
-    where = ("grid.axes" if key in (grid.get("axes") or {}) else
-             "[config]" if key in (document.get("config") or {}) else
-             "a variant's set" if any(key in (v.get("set") or {}) for v in variants) else None)
+    on_axis, in_sets = _varied_by(document, key)
+    in_config = key in (document.get("config") or {})
+    where = ("grid.axes" if on_axis else "[config]" if in_config else
+             "a variant's set" if any(in_sets) else None)
     if where:
-        instead = ("edit the file" if where != "[config]" or any(
-            key in (v.get("set") or {}) for v in variants) else
-            f"--set {key}=VALUE sets the control's value")
+        settable = where == "[config]" and not (in_sets and all(in_sets))  # as shadowed allows
+        instead = f"--set {key}=VALUE sets the control's value" if settable else "edit the file"
         raise SpecError(f"--set {given}: {key} is free in the spec ({where}); a key is either "
                         f"held or free ({instead})")
 

@@ -4,12 +4,6 @@ counts, tags, params and metric series equal the ledger's; run again, it adds on
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +14,7 @@ from campaign.loop.train import execute
 from tests.conftest import require
 from tests.support.launch_helpers import run
 from tests.support.loop_helpers import plan_quick
+from tests.support.mlflow_server import mlflow_server as running_mlflow_server
 from tests.support.ray_cluster import random_ports
 
 pytestmark = pytest.mark.engine
@@ -28,35 +23,10 @@ require("mlflow", "mlflow")
 
 @pytest.fixture
 def mlflow_server(tmp_path: Path) -> Iterator[str]:
-    (port,) = random_ports(1)
     folder = tmp_path / "mlflow"
     folder.mkdir()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-         "--backend-store-uri", f"sqlite:///{folder / 'mlflow.db'}",
-         "--artifacts-destination", str(folder / "artifacts"), "--workers", "1"],
-        cwd=folder, stdout=subprocess.DEVNULL, stderr=(folder / "server.log").open("w"),
-        start_new_session=True)
-    uri = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(f"{uri}/health", timeout=2) as answer:
-                    if answer.status == 200:
-                        break
-            except OSError:
-                pass
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError((folder / "server.log").read_text()[-3000:])
-            time.sleep(0.5)
+    with running_mlflow_server(folder) as uri:
         yield uri
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
 
 
 def _children(client, experiment_id: str) -> dict[str, object]:

@@ -336,8 +336,9 @@
     // per variant: mean and min-max band over the seeds that count
     const bands = [];
     chart.legend.replaceChildren();
+    // a search counts its confirmation runs alone (PAGE.confirm_seeds), as its tables do
+    const confirming = (r) => !PAGE.confirm_seeds || PAGE.confirm_seeds.includes(r.seed);
     for (const variant of variants) {
-      const confirming = (r) => !PAGE.confirm_seeds || PAGE.confirm_seeds.includes(Number(r.seed));
       const counted = runs.filter((r) => r.variant === variant && r.original && COUNTED.has(r.status)
         && confirming(r));
       const tint = colour.get(variant);
